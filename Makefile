@@ -1,0 +1,104 @@
+# Cirrus build. `make` builds the binaries; `make demo` and `make test` also install what
+# is missing (Debian packages, the corpus) first. See README.md.
+
+BUILD   ?= build
+CC      ?= gcc
+OPT     ?= -O3
+MARCH   ?= -march=native
+BIN     := $(BUILD)/bin
+
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+
+WARN    := -Wall -Wextra -Werror
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fopenmp $(BLAS_CFLAGS) -MMD -MP
+LDLIBS  := $(BLAS_LIBS) -lz -lm -fopenmp
+
+# Debian packages the build, tests and demo need (checked every time; installed if missing).
+DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev bible-kjv gnuplot-nox
+
+COMMON_SRC  := $(wildcard common/*.c)
+TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))
+LIB_SRC     := $(COMMON_SRC) $(TRAINER_SRC)
+TEST_SRC    := $(wildcard tests/unit/*.c)
+
+obj = $(patsubst %.c,$(1)/obj/%.o,$(2))
+
+LIB_OBJ      := $(call obj,$(BUILD),$(LIB_SRC))
+TEST_OBJ     := $(call obj,$(BUILD),$(TEST_SRC))
+ASAN_BUILD   := $(BUILD)/asan
+ASAN_FLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+ASAN_LIB_OBJ := $(call obj,$(ASAN_BUILD),$(LIB_SRC))
+ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
+
+CORPUS := $(BUILD)/data/kjv.txt
+
+.PHONY: all deps data demo test test-unit test-asan test-cli bench-train clean
+all: $(BIN)/cirrus-trainer
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(ASAN_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(ASAN_FLAGS) -c $< -o $@
+
+# ops_vecmath.c alone uses -ffast-math: it lets GCC call glibc's vectorised tanhf/expf.
+$(BUILD)/obj/trainer/model/ops_vecmath.o $(ASAN_BUILD)/obj/trainer/model/ops_vecmath.o: CFLAGS += -ffast-math
+
+$(BIN)/cirrus-trainer: $(call obj,$(BUILD),trainer/main.c) $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+$(BIN)/unit-tests: $(TEST_OBJ) $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+$(BIN)/unit-tests-asan: $(ASAN_TEST_OBJ) $(ASAN_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_FLAGS) $^ -o $@ $(LDLIBS)
+
+# ---- set-up: Debian packages and the corpus ----
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "cirrus: Debian packages present"; exit 0; fi; \
+	echo "cirrus: installing Debian packages:$$missing"; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "cirrus: installing packages needs root; run as root or: sudo apt-get install$$missing" >&2; exit 1; \
+	fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+
+# The King James Bible from Debian's bible-kjv, verse labels stripped: ~4.3 MB of English.
+data: $(CORPUS)
+$(CORPUS):
+	@mkdir -p $(dir $@)
+	@echo "cirrus: extracting the corpus to $@"
+	bible -f "Gen1:1-Rev22:21" | sed -E 's/^[0-9A-Za-z]+:[0-9]+ //' > $@.tmp
+	@test $$(wc -c < $@.tmp) -gt 4000000 || { echo "cirrus: corpus too small" >&2; exit 1; }
+	mv $@.tmp $@
+
+# ---- tests ----
+test: deps
+	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
+	$(MAKE) test-unit test-asan test-cli
+
+test-unit: $(BIN)/unit-tests $(CORPUS)
+	@echo "cirrus: unit tests"
+	CIRRUS_CORPUS=$(CORPUS) $(BIN)/unit-tests
+
+# Under ASan+UBSan: everything but the long learning run (which the optimised build runs).
+test-asan: $(BIN)/unit-tests-asan $(CORPUS)
+	@echo "cirrus: unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+	CIRRUS_CORPUS=$(CORPUS) CIRRUS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 $(BIN)/unit-tests-asan
+
+test-cli: $(BIN)/cirrus-trainer $(CORPUS)
+	@echo "cirrus: command-line tests"
+	CIRRUS_CORPUS=$(CORPUS) bash tests/cli/run.sh $(BIN)/cirrus-trainer
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

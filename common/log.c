@@ -1,0 +1,32 @@
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static char log_role[64] = "cirrus";
+
+void log_set_role(const char *role)
+{
+    snprintf(log_role, sizeof log_role, "%s", role);
+}
+
+static void log_emit(const char *level, const char *fmt, va_list ap)
+{
+    char line[1024];
+    vsnprintf(line, sizeof line, fmt, ap);
+    /* One fprintf per line so concurrent processes sharing stderr do not interleave. */
+    fprintf(stderr, "[%s] %s: %s\n", log_role, level, line);
+}
+
+#define LOG_FN(fn, level)                  \
+    void fn(const char *fmt, ...)          \
+    {                                      \
+        va_list ap;                        \
+        va_start(ap, fmt);                 \
+        log_emit(level, fmt, ap);          \
+        va_end(ap);                        \
+    }
+LOG_FN(log_info, "info")
+LOG_FN(log_warn, "warn")
+LOG_FN(log_error, "error")

@@ -1,0 +1,11 @@
+/* log: one line per event on stderr, prefixed with the process role ("trainer",
+ * "stage 1", "operator", ...) so interleaved logs of a whole region stay readable. */
+#ifndef CIRRUS_LOG_H
+#define CIRRUS_LOG_H
+
+void log_set_role(const char *role);
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

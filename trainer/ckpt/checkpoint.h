@@ -1,0 +1,48 @@
+/* checkpoint: versioned, checksummed, atomically written training state.
+ *
+ * One file, DIR/cirrus.ckpt, all integers little-endian:
+ *   header   magic "CIRRUSCK", format version, model config, step, data position, RNG state,
+ *            seed, the span of the flat parameter buffer stored (a stage stores its own)
+ *   payload  parameters, AdamW first moment, AdamW second moment (span.count floats each)
+ *   trailer  CRC-32 (zlib) of everything before it
+ * Saving writes DIR/cirrus.ckpt.tmp, fsyncs it, renames it over the old file and fsyncs
+ * DIR, so a crash at any point leaves the previous checkpoint loadable. Loading checks
+ * magic, version, sizes, the checksum and (if asked) the config before it touches the
+ * caller's buffers, so a rejected file changes nothing.
+ */
+#ifndef CIRRUS_CHECKPOINT_H
+#define CIRRUS_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "../../common/cerr.h"
+#include "../data/loader.h"
+#include "../model/gpt.h"
+
+#define CKPT_FILE "cirrus.ckpt"
+#define CKPT_VERSION 1
+
+typedef struct ckpt_meta {
+    gpt_config cfg;
+    uint64_t step;          /* optimizer steps completed */
+    data_position data_pos; /* where the train loader resumes */
+    uint64_t rng_state;
+    uint64_t seed;
+    gpt_span span;          /* part of the flat buffer stored: (0, n_params) for a model */
+} ckpt_meta;
+
+/* Save params/adam_m/adam_v (meta->span.count floats each) to dir (created if missing). */
+int ckpt_save(const char *dir, const ckpt_meta *meta, const float *params,
+              const float *adam_m, const float *adam_v, cirrus_error *err);
+
+/* Read only the header (to learn the config before allocating). */
+int ckpt_read_meta(const char *dir, ckpt_meta *meta, cirrus_error *err);
+
+/* Load into buffers of meta->span.count floats. If expect is not NULL the stored config
+ * must equal it and the stored span must equal *expect_span. adam_m/adam_v may be NULL
+ * (sampling needs only parameters). On failure nothing is written to the buffers. */
+int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_span,
+              ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
+              cirrus_error *err);
+
+#endif

@@ -1,0 +1,80 @@
+/* flags: see flags.h. */
+#include "flags.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_number(const flag_spec *f, const char *text, cirrus_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    double v;
+    if (f->type == FLAG_FLOAT)
+        v = strtod(text, &end);
+    else
+        v = (double)strtoll(text, &end, 10);
+    if (errno || end == text || *end != '\0' || !isfinite(v))
+        return cirrus_fail(err, CIRRUS_EINVAL, "--%s: '%s' is not a valid number", f->name,
+                           text);
+    if (v < f->min || v > f->max)
+        return cirrus_fail(err, CIRRUS_EINVAL, "--%s must be in [%g, %g], got %s", f->name,
+                           f->min, f->max, text);
+    switch (f->type) {
+    case FLAG_INT: *(int *)f->dst = (int)v; break;
+    case FLAG_U64: *(uint64_t *)f->dst = (uint64_t)strtoull(text, NULL, 10); break;
+    case FLAG_FLOAT: *(float *)f->dst = (float)v; break;
+    default: break;
+    }
+    return 0;
+}
+
+int flags_parse(flag_spec *flags, int n, int argc, char **argv, cirrus_error *err)
+{
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0)
+            return cirrus_fail(err, CIRRUS_EINVAL, "unexpected argument '%s'", arg);
+        const char *name = arg + 2;
+        flag_spec *f = NULL;
+        for (int k = 0; k < n; k++)
+            if (strcmp(flags[k].name, name) == 0) f = &flags[k];
+        if (!f) return cirrus_fail(err, CIRRUS_EINVAL, "unknown flag '%s'", arg);
+        f->seen = 1;
+        if (f->type == FLAG_BOOL) {
+            *(int *)f->dst = 1;
+            continue;
+        }
+        if (i + 1 >= argc) return cirrus_fail(err, CIRRUS_EINVAL, "%s needs a value", arg);
+        const char *val = argv[++i];
+        if (f->type == FLAG_STR) {
+            if (!*val) return cirrus_fail(err, CIRRUS_EINVAL, "%s needs a non-empty value", arg);
+            *(const char **)f->dst = val;
+        } else {
+            if (f->type == FLAG_U64 && val[0] == '-')
+                return cirrus_fail(err, CIRRUS_EINVAL, "--%s must not be negative", f->name);
+            int rc = parse_number(f, val, err);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+void flags_usage(const flag_spec *flags, int n)
+{
+    for (int k = 0; k < n; k++) {
+        char left[48];
+        snprintf(left, sizeof left, "--%s%s", flags[k].name,
+                 flags[k].type == FLAG_BOOL ? "" : " X");
+        fprintf(stderr, "  %-22s %s\n", left, flags[k].help);
+    }
+}
+
+int flags_seen(const flag_spec *flags, int n, const char *name)
+{
+    for (int k = 0; k < n; k++)
+        if (strcmp(flags[k].name, name) == 0) return flags[k].seen;
+    return 0;
+}

@@ -1,0 +1,29 @@
+/* flags: a small table-driven command-line parser shared by every cirrus-trainer
+ * subcommand. Each flag names its type, destination and bounds; anything unknown, missing a
+ * value, malformed or out of range is refused with a one-line message naming the flag. */
+#ifndef CIRRUS_FLAGS_H
+#define CIRRUS_FLAGS_H
+
+#include <stdint.h>
+
+#include "../common/cerr.h"
+
+enum flag_type { FLAG_INT, FLAG_U64, FLAG_FLOAT, FLAG_STR, FLAG_BOOL };
+
+typedef struct flag_spec {
+    const char *name; /* without the leading "--" */
+    enum flag_type type;
+    void *dst;        /* int*, uint64_t*, float*, const char**, int* (bool) */
+    double min, max;  /* bounds for numbers (inclusive) */
+    const char *help;
+    int seen;         /* set by flags_parse */
+} flag_spec;
+
+/* Parse argv[0..argc) (no program or subcommand name) into the table. */
+int flags_parse(flag_spec *flags, int n, int argc, char **argv, cirrus_error *err);
+/* Print "  --name  help" lines. */
+void flags_usage(const flag_spec *flags, int n);
+/* Was the flag given on the command line? */
+int flags_seen(const flag_spec *flags, int n, const char *name);
+
+#endif

@@ -1,0 +1,65 @@
+/* ops: the layer kernels of the CPU backend (fp32, OpenBLAS sgemm + OpenMP loops).
+ *
+ * N = B*T rows of a (B,T,C) activation. Forward kernels write their outputs; backward
+ * kernels ADD parameter gradients (dw, db) and either add to or overwrite input gradients as
+ * each comment says. Every reduction over rows is split by columns across threads, so
+ * results do not depend on the number of threads.
+ */
+#ifndef CIRRUS_OPS_H
+#define CIRRUS_OPS_H
+
+#include <stdint.h>
+
+/* out (N,C) = wte[tokens] + wpe[t]; tokens are checked by the caller. */
+void ops_encoder_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                         int B, int T, int C);
+/* dwte[token] += dout; dwpe[t] += dout. */
+void ops_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                          int B, int T, int C);
+
+/* LayerNorm over the last dimension, eps 1e-5; saves per-row mean and 1/std. */
+void ops_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *b, int N, int C);
+/* dinp += d/dinp; dw += ; db += . */
+void ops_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const float *mean,
+                            const float *rstd, int N, int C);
+
+/* out (N,OC) = base + inp (N,IC) @ w(OC,IC)^T + bias, where base is a (N,OC) tensor to add
+ * (the residual stream) or NULL. out may alias base. */
+void ops_matmul_forward(float *out, const float *base, const float *inp, const float *w,
+                        const float *bias, int N, int IC, int OC);
+/* dinp (N,IC) = (accumulate ? dinp : 0) + dout @ w ; dw += dout^T @ inp ; dbias += sum. */
+void ops_matmul_backward(float *dinp, int accumulate, float *dw, float *dbias,
+                         const float *dout, const float *inp, const float *w, int N, int IC,
+                         int OC);
+
+/* Causal multi-head attention from fused qkv (B,T,3C): out (B,T,C), att (B,NH,T,T) the
+ * softmax probabilities (zero above the diagonal). */
+void ops_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                           int NH);
+/* dqkv (B,T,3C) overwritten; datt is (B,NH,T,T) scratch. */
+void ops_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                            const float *att, int B, int T, int C, int NH);
+
+/* GELU, tanh approximation (GPT-2). backward: dinp = dout * gelu'(inp), overwriting. */
+void ops_gelu_forward(float *out, const float *inp, int n);
+void ops_gelu_backward(float *dinp, const float *inp, const float *dout, int n);
+
+/* In place: row[0..n) = softmax(scale * row[0..n)). */
+void ops_softmax_row(float *row, int n, float scale);
+
+/* probs (N,V) = softmax(logits); losses[n] = -log probs[n, targets[n]]. */
+void ops_crossentropy_forward(float *probs, float *losses, const float *logits,
+                              const int32_t *targets, int N, int V);
+/* dlogits (N,V) = (probs - onehot(targets)) * dloss, overwriting. */
+void ops_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets,
+                               float dloss, int N, int V);
+
+/* logits (N,V) = inp (N,C) @ wte^T (the tied LM head). */
+void ops_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V);
+/* dinp (N,C) = dlogits @ wte (overwrite); dwte += dlogits^T @ inp. */
+void ops_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                       const float *wte, int N, int C, int V);
+
+#endif

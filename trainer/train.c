@@ -1,0 +1,201 @@
+/* train: see train.h. */
+#include "train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../common/log.h"
+#include "ckpt/checkpoint.h"
+#include "data/loader.h"
+#include "model/stage.h"
+#include "optim/adamw.h"
+
+void train_options_defaults(train_options *o)
+{
+    memset(o, 0, sizeof *o);
+    gpt_config_preset(&o->model, "tiny", NULL);
+    o->batch = 8;
+    o->seq = 0; /* 0: the model's context */
+    o->steps = 1000;
+    o->lr = 3e-3f;
+    o->warmup = -1;
+    o->val_fraction = 0.05;
+    o->seed = 1337;
+    o->log_every = 10;
+    o->eval_batches = 16;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Mean loss over the first n batches of the validation split. */
+static float evaluate(gpt_stage *st, const data_corpus *corpus, int B, int T, int n,
+                      uint64_t seed, int32_t *x, int32_t *y)
+{
+    data_loader *val = NULL;
+    if (data_loader_create(&val, corpus, DATA_VAL, B, T, 0, 1, seed, NULL)) return -1.0f;
+    uint64_t avail = data_loader_batches_per_epoch(val);
+    if ((uint64_t)n > avail) n = (int)avail;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        data_loader_next(val, x, y);
+        gpt_stage_input in = {.id = 0, .B = B, .T = T, .tokens = x, .targets = y};
+        float loss = 0.0f;
+        gpt_stage_forward(st, &in, NULL, &loss, 0);
+        sum += loss;
+    }
+    data_loader_destroy(val);
+    return n > 0 ? (float)(sum / n) : -1.0f;
+}
+
+static void format_eta(char *buf, size_t len, double s)
+{
+    if (s < 0) s = 0;
+    int h = (int)(s / 3600), m = (int)(s / 60) % 60, sec = (int)s % 60;
+    if (h)
+        snprintf(buf, len, "%dh%02dm", h, m);
+    else
+        snprintf(buf, len, "%dm%02ds", m, sec);
+}
+
+static int ckpt_exists(const char *dir)
+{
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_FILE);
+    return stat(path, &sb) == 0;
+}
+
+int train_run(const train_options *o, train_result *res, cirrus_error *err)
+{
+    const int B = o->batch, T = o->seq > 0 ? o->seq : o->model.seq_len;
+    int rc;
+    data_corpus corpus = {0};
+    gpt_model model = {0};
+    gpt_stage *st = NULL;
+    adamw opt = {0};
+    data_loader *train = NULL;
+    int32_t *x = NULL, *y = NULL;
+    res->tokens = res->seconds = 0;
+
+    if ((rc = gpt_config_validate(&o->model, err))) goto out;
+    if (o->steps < 1) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "steps must be at least 1, got %d", o->steps);
+        goto out;
+    }
+    if (B < 1 || T < 1 || T > o->model.seq_len) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "batch %d x seq %d invalid (seq must be in [1, %d])",
+                         B, T, o->model.seq_len);
+        goto out;
+    }
+    if ((rc = data_corpus_load(&corpus, o->data, o->val_fraction, err))) goto out;
+    if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
+    gpt_model_init(&model, o->seed);
+    if ((rc = gpt_stage_create(&st, &model, 0, o->model.n_layer, B, T, err))) goto out;
+    adamw_config ac = adamw_defaults(o->lr, o->steps);
+    if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
+    gpt_span all = {0, model.n_params};
+    if ((rc = adamw_create(&opt, &o->model, all, &ac, err))) goto out;
+    if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, 0, 1, o->seed, err)))
+        goto out;
+    x = malloc(sizeof(int32_t) * (size_t)B * T);
+    y = malloc(sizeof(int32_t) * (size_t)B * T);
+    if (!x || !y) {
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a batch");
+        goto out;
+    }
+
+    uint64_t step = 0;
+    if (o->resume && o->ckpt_dir && ckpt_exists(o->ckpt_dir)) {
+        ckpt_meta meta;
+        if ((rc = ckpt_load(o->ckpt_dir, &o->model, &all, &meta, model.params, opt.m, opt.v,
+                            err)))
+            goto out;
+        if ((rc = data_loader_seek(train, meta.data_pos, err))) goto out;
+        step = meta.step;
+        if (!o->quiet) log_info("resumed from %s at step %llu", o->ckpt_dir,
+                                (unsigned long long)step);
+    }
+
+    double t0 = now_s(), t_last = t0;
+    uint64_t last_step = step;
+    int ran = 0;
+    for (; step < (uint64_t)o->steps; step++) {
+        data_loader_next(train, x, y);
+        gpt_stage_input in = {.id = step + 1, .B = B, .T = T, .tokens = x, .targets = y};
+        float loss = 0.0f;
+        gpt_zero_grads(&model);
+        if ((rc = gpt_stage_forward(st, &in, NULL, &loss, 1))) goto out;
+        if ((rc = gpt_stage_backward(st, &in, NULL, NULL))) goto out;
+        gpt_fold_tied_grads(&model);
+        float lr = adamw_lr(&ac, step);
+        double sumsq = adamw_grad_sumsq(model.grads, model.n_params, 1.0f);
+        adamw_step(&opt, model.params, model.grads, 1.0f, sumsq, lr, step + 1);
+        res->loss = loss;
+        if (res->losses && step < (uint64_t)res->losses_cap) res->losses[step] = loss;
+        res->tokens += (double)B * T;
+        ran++;
+
+        int last = step + 1 == (uint64_t)o->steps;
+        if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last)) {
+            double t = now_s();
+            double tps = (double)(step + 1 - last_step) * B * T / (t - t_last + 1e-9);
+            if (o->json) {
+                printf("{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f}\n",
+                       (unsigned long long)(step + 1), loss, lr, tps);
+            } else {
+                char eta[32];
+                format_eta(eta, sizeof eta, (o->steps - step - 1) * B * T / (tps + 1e-9));
+                printf("step %6llu/%d | loss %.4f | lr %.2e | %7.0f tok/s | ETA %s\n",
+                       (unsigned long long)(step + 1), o->steps, loss, lr, tps, eta);
+            }
+            fflush(stdout);
+            t_last = t;
+            last_step = step + 1;
+        }
+        int ckpt_due = o->ckpt_dir && (last || (o->ckpt_every > 0 &&
+                                                (step + 1) % (uint64_t)o->ckpt_every == 0));
+        if (ckpt_due) {
+            ckpt_meta meta = {.cfg = o->model, .step = step + 1,
+                              .data_pos = data_loader_tell(train), .rng_state = o->seed,
+                              .seed = o->seed, .span = all};
+            if ((rc = ckpt_save(o->ckpt_dir, &meta, model.params, opt.m, opt.v, err))) goto out;
+        }
+        if (o->stop_after > 0 && ran >= o->stop_after) {
+            step++;
+            break;
+        }
+    }
+    res->seconds = now_s() - t0;
+    res->step = step;
+    res->val_loss = evaluate(st, &corpus, B, T, o->eval_batches, o->seed, x, y);
+    if (!o->quiet) {
+        if (o->json)
+            printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%.9g,"
+                   "\"tokens\":%.0f,\"seconds\":%.3f}\n",
+                   (unsigned long long)step, res->loss, res->val_loss, res->tokens,
+                   res->seconds);
+        else
+            printf("done: %llu steps, train loss %.4f, val loss %.4f, %.0f tokens in %.1fs\n",
+                   (unsigned long long)step, res->loss, res->val_loss, res->tokens,
+                   res->seconds);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(x);
+    free(y);
+    data_loader_destroy(train);
+    adamw_destroy(&opt);
+    gpt_stage_destroy(st);
+    gpt_model_destroy(&model);
+    data_corpus_free(&corpus);
+    return rc;
+}

@@ -1,0 +1,49 @@
+/* train: the single-process training loop (every stage in one process).
+ *
+ * Reads the corpus, builds the model from a seed (or resumes a checkpoint), runs AdamW
+ * steps over batches from the loader, reports progress, evaluates on the validation split
+ * and saves checkpoints. `cirrus-trainer train` is a thin flag parser around train_run();
+ * tests call train_run() directly.
+ */
+#ifndef CIRRUS_TRAIN_H
+#define CIRRUS_TRAIN_H
+
+#include <stdint.h>
+
+#include "model/gpt.h"
+
+typedef struct train_options {
+    gpt_config model;
+    int batch, seq;     /* B x T tokens per step */
+    int steps;          /* total optimizer steps (a resumed run continues to this) */
+    float lr;           /* peak learning rate */
+    int warmup;         /* warmup steps; < 0 means 5% of steps */
+    const char *data;   /* corpus path */
+    double val_fraction;
+    const char *ckpt_dir; /* NULL: no checkpoints */
+    int ckpt_every;     /* steps between checkpoints (0: only at the end) */
+    int resume;         /* continue from ckpt_dir if it holds a checkpoint */
+    uint64_t seed;
+    int json;           /* one JSON object per line on stdout instead of human lines */
+    int quiet;          /* no progress output (tests) */
+    int log_every;      /* steps between progress lines */
+    int eval_batches;   /* validation batches for val_loss */
+    int stop_after;     /* stop (as if killed) after this many steps of this run; 0: never */
+} train_options;
+
+/* Sensible defaults for everything; the caller sets model, data and steps. */
+void train_options_defaults(train_options *o);
+
+typedef struct train_result {
+    uint64_t step;       /* steps completed in total (including resumed ones) */
+    float loss;          /* last training loss */
+    float val_loss;      /* validation loss at the end */
+    double tokens;       /* tokens trained on in this run */
+    double seconds;      /* wall time of this run's steps */
+    float *losses;       /* optional, caller-owned: losses[step] for each step run */
+    int losses_cap;
+} train_result;
+
+int train_run(const train_options *o, train_result *res, cirrus_error *err);
+
+#endif
