@@ -212,7 +212,8 @@ int main(int argc, char **argv)
 {
     log_set_role("trainer");
     if (argc < 2) {
-        usage();
+        fprintf(stderr, "cirrus-trainer: no command given (train, sample, bench; see "
+                        "'cirrus-trainer help')\n");
         return EXIT_BAD_INPUT;
     }
     const char *cmd = argv[1];
