@@ -80,6 +80,11 @@ $(CORPUS):
 	@test $$(wc -c < $@.tmp) -gt 4000000 || { echo "cirrus: corpus too small" >&2; exit 1; }
 	mv $@.tmp $@
 
+# ---- the demo: train, plot, sample ----
+demo: deps
+	$(MAKE) data all
+	bash trainer/scripts/demo.sh $(BIN)/cirrus-trainer $(CORPUS) $(BUILD)/demo
+
 # ---- tests ----
 test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan

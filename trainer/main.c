@@ -77,6 +77,8 @@ static int cmd_train(int argc, char **argv)
         {"resume", FLAG_BOOL, &o.resume, 0, 0, "continue from the checkpoint in --ckpt", 0},
         {"seed", FLAG_U64, &o.seed, 0, 0, "random seed (default 1337)", 0},
         {"log-every", FLAG_INT, &o.log_every, 1, 1e9, "steps between progress lines", 0},
+        {"eval-every", FLAG_INT, &o.eval_every, 1, 1e9, "steps between validation runs", 0},
+        {"metrics", FLAG_STR, &o.metrics, 0, 0, "append per-step JSON lines to this file", 0},
         {"eval-batches", FLAG_INT, &o.eval_batches, 1, 1e6, "validation batches", 0},
         {"json", FLAG_BOOL, &o.json, 0, 0, "one JSON object per line on stdout", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},

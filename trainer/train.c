@@ -83,6 +83,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     adamw opt = {0};
     data_loader *train = NULL;
     int32_t *x = NULL, *y = NULL;
+    FILE *metrics = NULL;
     res->tokens = res->seconds = 0;
 
     if ((rc = gpt_config_validate(&o->model, err))) goto out;
@@ -109,6 +110,11 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     y = malloc(sizeof(int32_t) * (size_t)B * T);
     if (!x || !y) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a batch");
+        goto out;
+    }
+
+    if (o->metrics && !(metrics = fopen(o->metrics, o->resume ? "a" : "w"))) {
+        rc = cirrus_fail(err, CIRRUS_EIO, "cannot write metrics file %s", o->metrics);
         goto out;
     }
 
@@ -144,17 +150,30 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         ran++;
 
         int last = step + 1 == (uint64_t)o->steps;
-        if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last)) {
+        float val = -1.0f; /* evaluated only every eval_every steps */
+        if (o->eval_every > 0 && (step + 1) % (uint64_t)o->eval_every == 0 && !last)
+            val = evaluate(st, &corpus, B, T, o->eval_batches, o->seed, x, y);
+        if (metrics) {
+            fprintf(metrics, "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g",
+                    (unsigned long long)(step + 1), loss, lr);
+            if (val >= 0) fprintf(metrics, ",\"val_loss\":%.6g", val);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+        }
+        if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last || val >= 0)) {
             double t = now_s();
             double tps = (double)(step + 1 - last_step) * B * T / (t - t_last + 1e-9);
             if (o->json) {
-                printf("{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f}\n",
+                printf("{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f",
                        (unsigned long long)(step + 1), loss, lr, tps);
+                if (val >= 0) printf(",\"val_loss\":%.6g", val);
+                printf("}\n");
             } else {
-                char eta[32];
+                char eta[32], vbuf[32] = "";
                 format_eta(eta, sizeof eta, (o->steps - step - 1) * B * T / (tps + 1e-9));
-                printf("step %6llu/%d | loss %.4f | lr %.2e | %7.0f tok/s | ETA %s\n",
-                       (unsigned long long)(step + 1), o->steps, loss, lr, tps, eta);
+                if (val >= 0) snprintf(vbuf, sizeof vbuf, " | val %.4f", val);
+                printf("step %6llu/%d | loss %.4f%s | lr %.2e | %7.0f tok/s | ETA %s\n",
+                       (unsigned long long)(step + 1), o->steps, loss, vbuf, lr, tps, eta);
             }
             fflush(stdout);
             t_last = t;
@@ -176,6 +195,10 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     res->seconds = now_s() - t0;
     res->step = step;
     res->val_loss = evaluate(st, &corpus, B, T, o->eval_batches, o->seed, x, y);
+    if (metrics) {
+        fprintf(metrics, "{\"step\":%llu,\"final\":true,\"val_loss\":%.6g}\n",
+                (unsigned long long)step, res->val_loss);
+    }
     if (!o->quiet) {
         if (o->json)
             printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%.9g,"
@@ -190,6 +213,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     }
     rc = 0;
 out:
+    if (metrics) fclose(metrics);
     free(x);
     free(y);
     data_loader_destroy(train);

@@ -28,6 +28,8 @@ typedef struct train_options {
     int quiet;          /* no progress output (tests) */
     int log_every;      /* steps between progress lines */
     int eval_batches;   /* validation batches for val_loss */
+    int eval_every;     /* steps between validation evaluations (0: only at the end) */
+    const char *metrics; /* append one JSON line per step to this file (NULL: none) */
     int stop_after;     /* stop (as if killed) after this many steps of this run; 0: never */
 } train_options;
 
