@@ -11,7 +11,7 @@ BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 
 WARN    := -Wall -Wextra -Werror
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fopenmp $(BLAS_CFLAGS) -MMD -MP
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) -MMD -MP
 LDLIBS  := $(BLAS_LIBS) -lz -lm -fopenmp
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
@@ -36,11 +36,11 @@ CORPUS := $(BUILD)/data/kjv.txt
 .PHONY: all deps data demo test test-unit test-asan test-cli bench-train clean
 all: $(BIN)/cirrus-trainer
 
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(ASAN_BUILD)/obj/%.o: %.c
+$(ASAN_BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(ASAN_FLAGS) -c $< -o $@
 
@@ -102,6 +102,14 @@ test-asan: $(BIN)/unit-tests-asan $(CORPUS)
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: command-line tests"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/cli/run.sh $(BIN)/cirrus-trainer
+
+# ---- benchmarks (not tests): record results in docs/BENCHMARKS.md ----
+bench-train: deps
+	$(MAKE) all
+	@echo "cirrus: small model, batch 8 x 256"
+	$(BIN)/cirrus-trainer bench --model small --batch 8 --seq 256 --steps 10
+	@echo "cirrus: llm.c's CPU comparison point: 6 layers x 384, 6 heads, batch 4 x 64"
+	$(BIN)/cirrus-trainer bench --model small --batch 4 --seq 64 --steps 30
 
 clean:
 	rm -rf $(BUILD)

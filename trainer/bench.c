@@ -110,19 +110,27 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
         x[i] = (int32_t)rng_below(&rng, (uint64_t)cfg->vocab);
         y[i] = (int32_t)rng_below(&rng, (uint64_t)cfg->vocab);
     }
-    double t0 = 0.0;
+    double t0 = 0.0, phase[3] = {0};
     for (int s = 0; s < steps + 2; s++) {
         if (s == 2) t0 = now_s(); /* two warm-up steps: page faults, thread pools */
         gpt_stage_input in = {.id = (uint64_t)s + 1, .B = B, .T = T, .tokens = x, .targets = y};
         float loss;
-        gpt_zero_grads(&m);
+        double ta = now_s();
         gpt_stage_forward(st, &in, NULL, &loss, 1);
+        double tb = now_s();
         gpt_stage_backward(st, &in, NULL, NULL);
+        double tc = now_s();
         gpt_fold_tied_grads(&m);
         double ss = adamw_grad_sumsq(m.grads, m.n_params, 1.0f);
         adamw_step(&opt, m.params, m.grads, 1.0f, ss, 1e-4f, (uint64_t)s + 1);
+        if (s >= 2) {
+            phase[0] += tb - ta;
+            phase[1] += tc - tb;
+            phase[2] += now_s() - tc;
+        }
     }
     double dt = now_s() - t0;
+    for (int i = 0; i < 3; i++) r->phase_ms[i] = 1e3 * phase[i] / steps;
     r->tokens_per_s = (double)steps * B * T / dt;
     r->model_flops_per_token = bench_flops_per_token(cfg, T);
     r->model_gflops = r->tokens_per_s * r->model_flops_per_token / 1e9;

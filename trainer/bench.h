@@ -15,6 +15,7 @@ typedef struct bench_result {
     double model_flops_per_token; /* forward + backward, attention included */
     double model_gflops;          /* achieved */
     double sgemm_gflops;          /* ceiling on the same shapes */
+    double phase_ms[3];           /* per step: forward, backward, optimizer */
 } bench_result;
 
 /* Model FLOPs per trained token: 3 x forward (backward = 2 x forward). */

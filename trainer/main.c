@@ -12,6 +12,7 @@
 
 #include "../common/log.h"
 #include "bench.h"
+#include "blas_kernel.h"
 #include "ckpt/checkpoint.h"
 #include "flags.h"
 #include "model/gpt.h"
@@ -186,16 +187,19 @@ static int cmd_bench(int argc, char **argv)
     }
     double ratio = r.sgemm_gflops > 0 ? r.model_gflops / r.sgemm_gflops : 0.0;
     if (json)
-        printf("{\"layers\":%d,\"width\":%d,\"heads\":%d,\"batch\":%d,\"seq\":%d,"
+        printf("{\"blas_kernel\":\"%s\",\"layers\":%d,\"width\":%d,\"heads\":%d,\"batch\":%d,\"seq\":%d,"
                "\"params\":%zu,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,"
                "\"sgemm_gflops\":%.2f,\"ratio\":%.3f}\n",
-               cfg.n_layer, cfg.n_embd, cfg.n_head, batch, seq, gpt_num_params(&cfg),
+               blas_kernel_name(), cfg.n_layer, cfg.n_embd, cfg.n_head, batch, seq, gpt_num_params(&cfg),
                r.tokens_per_s, r.model_gflops, r.sgemm_gflops, ratio);
     else
         printf("model %dL x %d (%d heads, %zu params), batch %d x %d: %.0f tokens/s, "
-               "%.1f model GFLOP/s; sgemm on the same shapes %.1f GFLOP/s; ratio %.2f\n",
+               "%.1f model GFLOP/s; sgemm on the same shapes %.1f GFLOP/s (%s); ratio %.2f\n",
                cfg.n_layer, cfg.n_embd, cfg.n_head, gpt_num_params(&cfg), batch, seq,
-               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, ratio);
+               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, blas_kernel_name(), ratio);
+    if (!json)
+        printf("  per step: forward %.1f ms, backward %.1f ms, optimizer %.1f ms\n",
+               r.phase_ms[0], r.phase_ms[1], r.phase_ms[2]);
     return 0;
 }
 
@@ -212,6 +216,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
+    blas_kernel_ensure(argv);
     log_set_role("trainer");
     if (argc < 2) {
         fprintf(stderr, "cirrus-trainer: no command given (train, sample, bench; see "

@@ -133,11 +133,11 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     double t0 = now_s(), t_last = t0;
     uint64_t last_step = step;
     int ran = 0;
+    /* Gradients are zero at the top of every step: calloc'd, then consumed by adamw_step. */
     for (; step < (uint64_t)o->steps; step++) {
         data_loader_next(train, x, y);
         gpt_stage_input in = {.id = step + 1, .B = B, .T = T, .tokens = x, .targets = y};
         float loss = 0.0f;
-        gpt_zero_grads(&model);
         if ((rc = gpt_stage_forward(st, &in, NULL, &loss, 1))) goto out;
         if ((rc = gpt_stage_backward(st, &in, NULL, NULL))) goto out;
         gpt_fold_tied_grads(&model);

@@ -1,6 +1,8 @@
 /* The unit-test runner: see test.h. */
 #include "test.h"
 
+#include "../../trainer/blas_kernel.h"
+
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -89,6 +91,7 @@ static int run_one(int i)
 
 int main(int argc, char **argv)
 {
+    blas_kernel_ensure(argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {

@@ -19,7 +19,7 @@ static const struct {
     /* ~10.8M parameters: the shape of llm.c's CPU comparison point. */
     {"small", {.n_layer = 6, .n_embd = 384, .n_head = 6, .seq_len = 256, .vocab = GPT_VOCAB},
      "6 layers, 384 wide"},
-    /* ~29M parameters: the largest model that still trains usefully on 2 cores. */
+    /* ~25M parameters: the largest preset that still trains usefully on 2 cores. */
     {"medium", {.n_layer = 8, .n_embd = 512, .n_head = 8, .seq_len = 256, .vocab = GPT_VOCAB},
      "8 layers, 512 wide"},
 };

@@ -97,7 +97,7 @@ double adamw_grad_sumsq(const float *grads, size_t n, float scale)
     return total;
 }
 
-float adamw_step(adamw *o, float *params, const float *grads, float grad_scale,
+float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
                  double total_sumsq, float lr, uint64_t step)
 {
     const adamw_config *c = &o->cfg;
@@ -111,10 +111,11 @@ float adamw_step(adamw *o, float *params, const float *grads, float grad_scale,
         const adamw_segment *seg = &o->seg[s];
         const float wd = seg->decay ? c->weight_decay : 0.0f;
         float *p = params + seg->offset, *m = o->m + seg->offset, *v = o->v + seg->offset;
-        const float *g = grads + seg->offset;
+        float *g = grads + seg->offset;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < seg->count; i++) {
             float gi = g[i] * gs;
+            g[i] = 0.0f;
             m[i] = b1 * m[i] + (1.0f - b1) * gi;
             v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
             float mhat = m[i] / bc1, vhat = v[i] / bc2;

@@ -51,10 +51,12 @@ float adamw_lr(const adamw_config *cfg, uint64_t step);
 double adamw_grad_sumsq(const float *grads, size_t n, float scale);
 
 /* One update of params[span] from grads[span] (both pointing at the span's first float).
+ * The gradients are consumed: they are left zero, ready for the next step's accumulation
+ * (zeroing inside the update saves a separate pass over memory).
  * grad_scale multiplies the gradients first (1 / microbatches accumulated); total_sumsq is
  * the global sum of squares of the scaled gradients, for clipping. step is 1-based (bias
  * correction). Returns the global gradient norm before clipping. */
-float adamw_step(adamw *o, float *params, const float *grads, float grad_scale,
+float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
                  double total_sumsq, float lr, uint64_t step);
 
 #endif
