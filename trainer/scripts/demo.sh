@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # The Cirrus demo (make demo): train the tiny model on the King James Bible for a few
 # minutes with live progress, plot the loss curves to a PNG, and generate text from the
-# trained model. Usage: demo.sh TRAINER CORPUS OUTDIR   (CIRRUS_DEMO_STEPS overrides 1500)
+# trained model. Usage: demo.sh TRAINER CORPUS OUTDIR   (CIRRUS_DEMO_STEPS overrides 4000)
 set -euo pipefail
 bin=$1 corpus=$2 out=$3
-steps=${CIRRUS_DEMO_STEPS:-1500}
+steps=${CIRRUS_DEMO_STEPS:-4000}
 rm -rf "$out"
 mkdir -p "$out"
 
 echo "cirrus demo: training the tiny model ($steps steps) on $corpus"
-"$bin" train --model tiny --steps "$steps" --batch 8 --lr 3e-3 --eval-every 100 \
-    --log-every 25 --data "$corpus" --ckpt "$out/ckpt" --ckpt-every 500 \
+"$bin" train --model tiny --steps "$steps" --batch 8 --lr 3e-3 --eval-every 250 \
+    --log-every 25 --data "$corpus" --ckpt "$out/ckpt" --ckpt-every 1000 \
     --metrics "$out/metrics.jsonl"
 
-# Loss curves: training loss every step, validation loss every 100 steps.
+# Loss curves: training loss every step, validation loss every 250 steps.
 sed -nE 's/^\{"step":([0-9]+),"loss":([^,}]+).*/\1 \2/p' "$out/metrics.jsonl" >"$out/train.dat"
 sed -nE 's/^\{"step":([0-9]+),.*"val_loss":([^,}]+).*/\1 \2/p' "$out/metrics.jsonl" >"$out/val.dat"
 gnuplot <<GP
@@ -24,7 +24,7 @@ set xlabel "step"
 set ylabel "cross-entropy (nats per byte)"
 set grid
 set key top right
-set yrange [1:6]
+set yrange [0.8:6]
 plot "$out/train.dat" using 1:2 with lines lc rgb "#4c72b0" title "train loss", \
      "$out/val.dat" using 1:2 with linespoints pt 7 lc rgb "#dd8452" title "validation loss", \
      log(256) with lines dt 2 lc rgb "#888888" title "chance: ln 256"
