@@ -12,10 +12,10 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) -MMD -MP
-LDLIBS  := $(BLAS_LIBS) -lz -lm -fopenmp
+LDLIBS  := $(BLAS_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
-DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev bible-kjv gnuplot-nox
+DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv gnuplot-nox
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))

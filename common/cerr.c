@@ -14,6 +14,8 @@ const char *cirrus_strerror(int code)
     case CIRRUS_EMISMATCH: return "configuration mismatch";
     case CIRRUS_ENOENT: return "not found";
     case CIRRUS_ETRUNC: return "truncated input";
+    case CIRRUS_ETIMEDOUT: return "timed out";
+    case CIRRUS_ECLOSED: return "connection closed";
     default: return "unknown error";
     }
 }

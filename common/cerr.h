@@ -19,6 +19,8 @@ enum cirrus_status {
     CIRRUS_EMISMATCH = -5, /* valid data that does not fit this model/config */
     CIRRUS_ENOENT = -6,    /* file or object does not exist */
     CIRRUS_ETRUNC = -7,    /* input ended early */
+    CIRRUS_ETIMEDOUT = -8, /* a deadline passed */
+    CIRRUS_ECLOSED = -9,   /* the other end closed the connection */
 };
 
 typedef struct cirrus_error {
