@@ -7,12 +7,21 @@ void rng_seed(rng_state *r, uint64_t seed)
     r->s = seed;
 }
 
-uint64_t rng_next(rng_state *r)
+static uint64_t rng_mix(uint64_t z)
 {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+uint64_t rng_next(rng_state *r)
+{
+    return rng_mix(r->s += 0x9e3779b97f4a7c15ULL);
+}
+
+uint64_t rng_derive(uint64_t seed, uint64_t stream)
+{
+    return rng_mix(seed) ^ rng_mix(stream ^ 0xd1b54a32d192ed03ULL);
 }
 
 float rng_uniform(rng_state *r)

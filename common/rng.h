@@ -20,6 +20,9 @@ uint64_t rng_next(rng_state *r);
 float rng_uniform(rng_state *r);
 /* Uniform integer in [0, n), n > 0, without modulo bias. */
 uint64_t rng_below(rng_state *r, uint64_t n);
+/* A seed for a sub-stream named by (seed, stream), e.g. the data order of one epoch: any
+ * stream can be rebuilt from scratch without replaying the others. */
+uint64_t rng_derive(uint64_t seed, uint64_t stream);
 /* Standard normal (Box-Muller). */
 float rng_normal(rng_state *r);
 

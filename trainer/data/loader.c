@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../../common/rng.h"
+
 struct data_loader {
     const uint8_t *base; /* first byte of the split; borrowed from the corpus */
     size_t n_windows;    /* windows of T+1 bytes starting every T bytes */
@@ -17,45 +19,16 @@ struct data_loader {
     size_t *order;        /* window visiting order of order_epoch (NULL when !shuffle) */
 };
 
-/* ---- a hand-rolled PRNG ----
- * The shuffle decides which bytes every rank trains on, and a run resumed on another
- * machine (or another libc) must read exactly the bytes an uninterrupted one would. rand()
- * and friends differ between platforms, so the generator and the bounded draw are spelled
- * out here: splitmix64 (Steele, Lea, Flood 2014) for the stream, rejection sampling for an
- * unbiased index. */
-
-static uint64_t loader_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t loader_rng_next(uint64_t *state)
-{
-    *state += 0x9E3779B97F4A7C15ULL;
-    return loader_mix64(*state);
-}
-
-/* Uniform in [0, bound), bound > 0, without modulo bias. */
-static uint64_t loader_rng_below(uint64_t *state, uint64_t bound)
-{
-    uint64_t threshold = (0 - bound) % bound; /* 2^64 mod bound */
-    for (;;) {
-        uint64_t r = loader_rng_next(state);
-        if (r >= threshold) return r % bound;
-    }
-}
-
 /* The epoch's order: a Fisher-Yates shuffle seeded by (seed, epoch) alone, so any epoch's
  * order can be rebuilt from scratch after a seek. */
 static void loader_build_order(data_loader *l, uint64_t epoch)
 {
     size_t n = l->n_windows;
     for (size_t i = 0; i < n; i++) l->order[i] = i;
-    uint64_t state = loader_mix64(l->seed) ^ loader_mix64(epoch ^ 0xD1B54A32D192ED03ULL);
+    rng_state r;
+    rng_seed(&r, rng_derive(l->seed, epoch));
     for (size_t i = n - 1; i > 0; i--) {
-        size_t j = (size_t)loader_rng_below(&state, (uint64_t)i + 1);
+        size_t j = (size_t)rng_below(&r, (uint64_t)i + 1);
         size_t t = l->order[i];
         l->order[i] = l->order[j];
         l->order[j] = t;
