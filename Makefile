@@ -33,7 +33,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli bench-train clean
+.PHONY: all deps data demo test test-unit test-asan test-cli bench-train bench-collective clean
 all: $(BIN)/cirrus-trainer
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -88,7 +88,7 @@ demo: deps
 # ---- tests ----
 test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
-	$(MAKE) test-unit test-asan test-cli
+	$(MAKE) test-unit test-asan test-cli test-cluster
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -111,7 +111,20 @@ bench-train: deps
 	@echo "cirrus: llm.c's CPU comparison point: 6 layers x 384, 6 heads, batch 4 x 64"
 	$(BIN)/cirrus-trainer bench --model small --batch 4 --seq 64 --steps 30
 
+# The ring all-reduce vs OpenMPI (installed here, not needed by the tests).
+bench-collective: deps
+	@dpkg-query -W -f='$${Status}' openmpi-bin 2>/dev/null | grep -q 'ok installed' && \
+	 dpkg-query -W -f='$${Status}' libopenmpi-dev 2>/dev/null | grep -q 'ok installed' || { \
+	  echo "cirrus: installing OpenMPI for the comparison"; \
+	  [ "$$(id -u)" = 0 ] || { echo "cirrus: needs root: apt-get install openmpi-bin libopenmpi-dev" >&2; exit 1; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev; }
+	$(MAKE) all
+	bash tests/bench/collective.sh $(BIN)/cirrus-trainer $(BUILD)/bench
+
 clean:
 	rm -rf $(BUILD)
+
+# The real Kubernetes control plane: cluster-deps, cluster-up, cluster-down, test-cluster.
+include tests/cluster/cluster.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

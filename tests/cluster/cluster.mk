@@ -1,0 +1,27 @@
+# Test cluster (real kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok on
+# 127.0.0.1). Include from the top Makefile:  include tests/cluster/cluster.mk
+#
+#   make cluster-deps   build/install the binaries into the cache (once per version)
+#   make cluster-up     start the cluster; state in $(BUILD)/cluster, then
+#                       eval "$$(tests/cluster/cluster.sh env)" for KUBECONFIG and kubectl
+#   make cluster-down   stop it and remove $(BUILD)/cluster
+#   make test-cluster   smoke test: up, checks, down (reuses a running cluster-up cluster)
+
+BUILD ?= build
+CLUSTER_SCRIPTS := $(dir $(lastword $(MAKEFILE_LIST)))
+CLUSTER_STATE_DIR ?= $(abspath $(BUILD)/cluster)
+export CLUSTER_STATE_DIR
+
+.PHONY: cluster-deps cluster-up cluster-down test-cluster
+
+cluster-deps:
+	$(CLUSTER_SCRIPTS)install.sh
+
+cluster-up: cluster-deps
+	$(CLUSTER_SCRIPTS)cluster.sh up
+
+cluster-down:
+	$(CLUSTER_SCRIPTS)cluster.sh down
+
+test-cluster: cluster-deps
+	$(CLUSTER_SCRIPTS)smoke_test.sh

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Installs the binaries the cluster tests need into a cache outside the repository, keyed by
+# the Kubernetes version:
+#
+#   ${CIRRUS_CACHE:-$HOME/.cache/cirrus}/k8s-<version>/bin/
+#       kube-apiserver kube-controller-manager kube-scheduler kubectl   built from k8s/ (go build)
+#       etcd    Debian etcd-server if new enough, else built from k8s/ (the etcd server module
+#               that the pinned Kubernetes release itself requires)
+#       kwok    go install sigs.k8s.io/kwok/cmd/kwok@<pinned>
+#   ${CIRRUS_CACHE:-$HOME/.cache/cirrus}/k8s-<version>/kwok-stages.yaml
+#       kwok's default node/pod lifecycle stages, from the same kwok module version
+#
+# Idempotent: binaries already in the cache are skipped. Needs Go (see k8s/go.mod for the
+# minimum) and network access to the Go module proxy on the first run.
+#
+# Environment: CIRRUS_CACHE (cache root), CIRRUS_NICE (nice level of the builds, default 0),
+# CIRRUS_BUILD_ETCD=1 (always build etcd, ignore the Debian package).
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+NICE=(nice -n "${CIRRUS_NICE:-0}")
+export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
+
+command -v go >/dev/null || die "go is not installed (need the version in $K8S_MOD_DIR/go.mod or newer)"
+mkdir -p "$K8S_BIN"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cirrus-install.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+have() { [[ -x "$K8S_BIN/$1" ]]; }
+now() { date +%s; }
+
+log "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION -> $K8S_BIN"
+
+# ---- etcd from Debian, when its version is new enough --------------------------------------
+# The package is only downloaded and unpacked into the cache (no root, no etcd system service).
+etcd_from_debian() {
+    [[ "${CIRRUS_BUILD_ETCD:-0}" == 1 ]] && return 1
+    command -v apt-cache >/dev/null && command -v dpkg >/dev/null || return 1
+    local cand
+    cand=$(apt-cache policy etcd-server 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    if [[ -z "$cand" || "$cand" == "(none)" ]]; then
+        log "etcd: no Debian etcd-server package known to apt (package lists may need 'apt-get update', as root); building etcd $ETCD_VERSION"
+        return 1
+    fi
+    if ! dpkg --compare-versions "$cand" ge "$ETCD_DEBIAN_MIN"; then
+        log "etcd: Debian etcd-server $cand is older than $ETCD_DEBIAN_MIN; building etcd $ETCD_VERSION"
+        return 1
+    fi
+    log "etcd: using Debian etcd-server $cand"
+    (cd "$WORK" && apt-get download etcd-server >/dev/null) || { log "etcd: apt-get download failed; building instead"; return 1; }
+    dpkg-deb -x "$WORK"/etcd-server_*.deb "$WORK/etcd-deb"
+    install -m 0755 "$WORK/etcd-deb/usr/bin/etcd" "$K8S_BIN/etcd"
+}
+
+# ---- Kubernetes (and etcd) from the wrapper module -----------------------------------------
+declare -A PKG=(
+    [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+    [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+    [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+    [kubectl]=k8s.io/kubernetes/cmd/kubectl
+    [etcd]=go.etcd.io/etcd/server/v3
+)
+todo=()
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd; do
+    if have "$b"; then
+        log "$b: present, skipping"
+    elif [[ "$b" == etcd ]] && etcd_from_debian; then
+        :
+    else
+        todo+=("$b")
+    fi
+done
+
+if ((${#todo[@]})); then
+    # Version stamps as the Kubernetes release build sets them (hack/lib/version.sh).
+    minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+    build_date=$(cd "$K8S_MOD_DIR" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>/dev/null) || build_date=""
+    ldflags="-s -w"
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+        [[ -n "$build_date" ]] && ldflags+=" -X $p.buildDate=$build_date"
+    done
+    pkgs=(); for b in "${todo[@]}"; do pkgs+=("${PKG[$b]}"); done
+
+    t0=$(now)
+    log "downloading Go modules for: ${todo[*]}"
+    (cd "$K8S_MOD_DIR" && go list -deps "${pkgs[@]}" >/dev/null)
+    t1=$(now)
+    log "modules ready in $((t1 - t0))s; building ${todo[*]} (this takes a while on a cold Go build cache)"
+    (cd "$K8S_MOD_DIR" && "${NICE[@]}" go build -tags notest,grpcnotrace -ldflags "$ldflags" -o "$WORK/out/" "${pkgs[@]}")
+    [[ -e "$WORK/out/server" ]] && mv "$WORK/out/server" "$WORK/out/etcd" # go.etcd.io/etcd/server/v3
+    for b in "${todo[@]}"; do
+        [[ -x "$WORK/out/$b" ]] || die "build produced no $b"
+        mv "$WORK/out/$b" "$K8S_BIN/$b"
+    done
+    log "built ${todo[*]} in $(($(now) - t1))s"
+fi
+
+# ---- kwok ----------------------------------------------------------------------------------
+if have kwok; then
+    log "kwok: present, skipping"
+else
+    t0=$(now)
+    log "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    # Outside any module so that the wrapper's go.mod does not interfere.
+    (cd "$WORK" && GOBIN="$WORK/gobin" "${NICE[@]}" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+    mv "$WORK/gobin/kwok" "$K8S_BIN/kwok"
+    log "kwok: built in $(($(now) - t0))s"
+fi
+
+# kwok only simulates what its Stage objects describe; the binary has none built in. Use the
+# defaults of kwokctl: node-fast, node heartbeat with leases, pod-fast.
+if [[ -s "$KWOK_STAGES" ]]; then
+    log "kwok stages: present, skipping"
+else
+    kwok_src=$(cd "$WORK" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+    [[ -d "$kwok_src/kustomize/stage" ]] || die "cannot find the kwok $KWOK_VERSION sources in the Go module cache"
+    for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+        pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+        printf -- '---\n# sigs.k8s.io/kwok@%s kustomize/stage/%s.yaml\n' "$KWOK_VERSION" "$f"
+        cat "$kwok_src/kustomize/stage/$f.yaml"
+    done >"$WORK/kwok-stages.yaml"
+    mv "$WORK/kwok-stages.yaml" "$KWOK_STAGES"
+    log "kwok stages: written to $KWOK_STAGES"
+fi
+
+# ---- check ---------------------------------------------------------------------------------
+got=$("$K8S_BIN/kube-apiserver" --version 2>&1 | awk '{ print $2 }')
+[[ "$got" == "$K8S_VERSION" ]] || die "kube-apiserver reports '$got', expected $K8S_VERSION"
+log "ready: ${K8S_BINARIES[*]} ($(du -sh "$K8S_BIN" | cut -f1))"

@@ -1,0 +1,33 @@
+# shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
+# Shared settings for install.sh, cluster.sh and smoke_test.sh. Source it; do not run it.
+#
+# The Kubernetes and etcd versions come from k8s/go.mod (the single place they are pinned);
+# kwok is pinned here.
+
+CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+K8S_MOD_DIR="$CLUSTER_DIR/k8s"
+
+KWOK_VERSION=v0.8.0
+# Oldest Debian etcd-server accepted instead of building etcd (kube-apiserver needs etcd 3.5.13+
+# for consistent reads from its watch cache; the release itself is tested against 3.6).
+ETCD_DEBIAN_MIN=3.5.13
+
+gomod_version() { # module path -> required version in k8s/go.mod
+    awk -v m="$1" '{ sub(/^require[ \t]+/, "") } $1 == m && $2 ~ /^v/ { print $2; exit }' "$K8S_MOD_DIR/go.mod"
+}
+K8S_VERSION=$(gomod_version k8s.io/kubernetes)
+ETCD_VERSION=$(gomod_version go.etcd.io/etcd/server/v3)
+if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
+    echo "cannot read the pinned versions from $K8S_MOD_DIR/go.mod" >&2
+    exit 1
+fi
+
+CIRRUS_CACHE=${CIRRUS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cirrus}
+K8S_HOME=${K8S_HOME:-$CIRRUS_CACHE/k8s-$K8S_VERSION}
+K8S_BIN=$K8S_HOME/bin
+# kwok's default node and pod lifecycle stages (as kwokctl uses them), taken from the kwok module.
+KWOK_STAGES=$K8S_HOME/kwok-stages.yaml
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
