@@ -10,17 +10,26 @@ BIN     := $(BUILD)/bin
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 
+KUBE_CFLAGS := $(shell pkg-config --cflags libcurl jansson libcrypto 2>/dev/null)
+KUBE_LIBS   := $(shell pkg-config --libs libcurl jansson libcrypto 2>/dev/null)
+
 WARN    := -Wall -Wextra -Werror
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) -MMD -MP
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) -MMD -MP
 LDLIBS  := $(BLAS_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
+OPERATOR_LDLIBS := $(KUBE_LIBS) -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
-DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv gnuplot-nox
+DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
+            gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev openssl
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))
 LIB_SRC     := $(COMMON_SRC) $(TRAINER_SRC)
 TEST_SRC    := $(wildcard tests/unit/*.c)
+# The operator: operator/*.c plus common/; its tests run against the real control plane.
+OPERATOR_SRC      := $(filter-out operator/main.c,$(sort $(shell find operator -name '*.c')))
+OPERATOR_TEST_SRC := $(wildcard tests/operator/*.c) tests/unit/runner.c
+OPERATOR_BIN      := $(if $(wildcard operator/main.c),$(BIN)/cirrus-operator)
 
 obj = $(patsubst %.c,$(1)/obj/%.o,$(2))
 
@@ -33,8 +42,8 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli bench-train bench-collective clean
-all: $(BIN)/cirrus-trainer
+.PHONY: all deps data demo test test-unit test-asan test-cli test-operator bench-train bench-collective clean
+all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
@@ -50,6 +59,14 @@ $(BUILD)/obj/trainer/model/ops_vecmath.o $(ASAN_BUILD)/obj/trainer/model/ops_vec
 $(BIN)/cirrus-trainer: $(call obj,$(BUILD),trainer/main.c) $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
+
+$(BIN)/cirrus-operator: $(call obj,$(BUILD),operator/main.c $(OPERATOR_SRC) $(COMMON_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(OPERATOR_LDLIBS)
+
+$(BIN)/operator-tests: $(call obj,$(BUILD),$(OPERATOR_TEST_SRC) $(OPERATOR_SRC) $(COMMON_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(OPERATOR_LDLIBS)
 
 $(BIN)/unit-tests: $(TEST_OBJ) $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -88,7 +105,7 @@ demo: deps
 # ---- tests ----
 test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
-	$(MAKE) test-unit test-asan test-cli test-cluster
+	$(MAKE) test-unit test-asan test-cli test-cluster test-operator
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -120,6 +137,11 @@ bench-collective: deps
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev; }
 	$(MAKE) all
 	bash tests/bench/collective.sh $(BIN)/cirrus-trainer $(BUILD)/bench
+
+# Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
+test-operator: cluster-deps all $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+	@echo "cirrus: operator tests against the real control plane"
+	bash tests/operator/run.sh $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
 
 clean:
 	rm -rf $(BUILD)

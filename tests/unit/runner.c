@@ -1,7 +1,9 @@
 /* The unit-test runner: see test.h. */
 #include "test.h"
 
-#include "../../trainer/blas_kernel.h"
+/* Optional per-binary set-up before any test runs (tests/unit/setup.c defines it for the
+ * trainer's tests; the operator's test binary has none). */
+void test_setup(char **argv) __attribute__((weak));
 
 #include <signal.h>
 #include <string.h>
@@ -91,7 +93,7 @@ static int run_one(int i)
 
 int main(int argc, char **argv)
 {
-    blas_kernel_ensure(argv);
+    if (test_setup) test_setup(argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {

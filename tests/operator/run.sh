@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Operator tests against the real local control plane (tests/cluster): brings the cluster
+# up (or reuses one already running in the same state dir), runs every
+# tests/operator/*_test.sh and the operator-tests binary (if given), then tears down what it
+# started. Exits non-zero if anything failed.
+# Usage: run.sh [OPERATOR_TESTS_BINARY]
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cluster="$here/../cluster/cluster.sh"
+started=0
+if ! "$cluster" status >/dev/null 2>&1; then
+    "$cluster" up || { echo "operator tests: the control plane did not come up" >&2; exit 1; }
+    started=1
+fi
+cleanup() { [ "$started" = 1 ] && "$cluster" down >/dev/null 2>&1; }
+trap cleanup EXIT
+eval "$("$cluster" env)"
+failed=0
+for t in "$here"/*_test.sh; do
+    [ -e "$t" ] || continue
+    echo "operator tests: $(basename "$t")"
+    bash "$t" || failed=1
+done
+if [ $# -ge 1 ] && [ -x "$1" ]; then
+    echo "operator tests: $(basename "$1")"
+    "$1" || failed=1
+fi
+exit "$failed"
