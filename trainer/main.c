@@ -3,6 +3,7 @@
  *   cirrus-trainer train   train a model in one process
  *   cirrus-trainer sample  generate text from a checkpoint
  *   cirrus-trainer bench   training throughput vs the sgemm ceiling
+ *   cirrus-trainer bench-collective   all-reduce bandwidth of the TCP ring
  *
  * Exit codes: 0 success, 1 runtime failure, 2 bad input (flags, files, checkpoints).
  */
@@ -12,6 +13,7 @@
 
 #include "../common/log.h"
 #include "bench.h"
+#include "bench_collective.h"
 #include "blas_kernel.h"
 #include "ckpt/checkpoint.h"
 #include "flags.h"
@@ -203,6 +205,37 @@ static int cmd_bench(int argc, char **argv)
     return 0;
 }
 
+static int cmd_bench_collective(int argc, char **argv)
+{
+    int ranks = 2, min_mb = 1, max_mb = 256, chunk_kb = 1024, json = 0, help = 0;
+    flag_spec flags[] = {
+        {"ranks", FLAG_INT, &ranks, 2, 64, "ranks, one process each (default 2)", 0},
+        {"min-mb", FLAG_INT, &min_mb, 1, 4096, "smallest message in MiB (default 1)", 0},
+        {"max-mb", FLAG_INT, &max_mb, 1, 4096, "largest message in MiB (default 256)", 0},
+        {"chunk-kb", FLAG_INT, &chunk_kb, 4, 65536, "ring chunk in KiB (default 1024)", 0},
+        {"json", FLAG_BOOL, &json, 0, 0, "one JSON object per size", 0},
+        {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
+    };
+    cirrus_error err = {0};
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err))
+        return fail_input("bench-collective", &err);
+    if (help) {
+        fprintf(stderr, "usage: cirrus-trainer bench-collective [flags]\n");
+        flags_usage(flags, NFLAGS(flags));
+        return 0;
+    }
+    bench_collective_options o = {.world = ranks, .min_bytes = (size_t)min_mb << 20,
+                                  .max_bytes = (size_t)max_mb << 20,
+                                  .chunk_bytes = (size_t)chunk_kb << 10, .json = json};
+    int rc = bench_collective(&o, &err);
+    if (rc == CIRRUS_EINVAL) return fail_input("bench-collective", &err);
+    if (rc) {
+        fprintf(stderr, "cirrus-trainer bench-collective: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -211,6 +244,7 @@ static void usage(void)
             "  train   train a model in one process\n"
             "  sample  generate text from a checkpoint\n"
             "  bench   training throughput vs the sgemm ceiling\n"
+            "  bench-collective  all-reduce bandwidth of the TCP ring\n"
             "Run 'cirrus-trainer COMMAND --help' for the flags of a command.\n");
 }
 
@@ -227,6 +261,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(cmd, "bench-collective") == 0) return cmd_bench_collective(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
         usage();
         return 0;

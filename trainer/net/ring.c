@@ -1,0 +1,320 @@
+/* ring: bandwidth-optimal all-reduce over TCP (reduce-scatter, then all-gather).
+ *
+ * The buffer is cut into `world` segments and each segment into chunks. There are
+ * 2(world-1) phases; in each, every rank sends one segment to its right neighbour and
+ * receives one from its left (adding it during reduce-scatter, copying it during
+ * all-gather), so each rank sends 2(world-1)/world of the data: the bandwidth optimum.
+ *
+ * Phases are pipelined chunk by chunk: a sender thread streams chunk j of phase p as soon
+ * as the receiver (the calling thread) has finished chunk j of phase p-1, which is exactly
+ * the data it forwards. Sending and receiving thus overlap on both links all the time.
+ *
+ * Every rank ends with bit-identical sums: each segment is reduced once, in ring order, by
+ * the rank that ends up owning it, and then copied verbatim to the others.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "collective.h"
+#include "conn.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ring chunks carry floats in host order, which the wire defines as little-endian"
+#endif
+
+#define RING_ROLE 128        /* handshake role of a ring link */
+#define RING_CHUNK_TYPE 128  /* wire type of a chunk frame */
+#define RING_DEFAULT_CHUNK (1u << 20)
+
+typedef struct ring {
+    collective base;
+    net_conn *left, *right; /* receive from left, send to right */
+    ring_options opt;
+    uint64_t calls;         /* tags frames so a stale chunk can never be mistaken */
+} ring;
+
+/* Shared between the receiving (calling) thread and the sender thread of one call. */
+typedef struct ring_call {
+    ring *r;
+    float *data;
+    size_t n, nchunks, chunk;  /* chunk in floats */
+    int phases;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t done;               /* items (phase * nchunks + chunk) fully received */
+    int failed;
+    cirrus_error send_err;
+    int send_rc;
+} ring_call;
+
+static size_t seg_start(size_t n, int world, int k)
+{
+    /* Balanced split: the first n % world segments hold one extra float. */
+    size_t base = n / (size_t)world, extra = n % (size_t)world;
+    return (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
+}
+
+static int mod(int a, int w)
+{
+    return ((a % w) + w) % w;
+}
+
+/* Segment a rank sends (recv = 0) or receives (recv = 1) in a phase. */
+static int phase_segment(int rank, int world, int phase, int recv)
+{
+    if (phase < world - 1) /* reduce-scatter step s = phase */
+        return mod(rank - phase - recv, world);
+    int s = phase - (world - 1); /* all-gather step */
+    return mod(rank + 1 - s - recv, world);
+}
+
+/* The floats of chunk j of segment k: [*off, *off + *len). */
+static void chunk_range(const ring_call *c, int k, size_t j, size_t *off, size_t *len)
+{
+    const int world = c->r->base.world;
+    size_t s0 = seg_start(c->n, world, k), s1 = seg_start(c->n, world, k + 1);
+    size_t lo = s0 + j * c->chunk, hi = lo + c->chunk;
+    if (lo > s1) lo = s1;
+    if (hi > s1) hi = s1;
+    *off = lo;
+    *len = hi - lo;
+}
+
+static uint64_t chunk_tag(const ring *r, size_t item)
+{
+    return (r->calls << 32) | (uint64_t)item;
+}
+
+static void *ring_sender(void *arg)
+{
+    ring_call *c = arg;
+    ring *r = c->r;
+    const int rank = r->base.rank, world = r->base.world;
+    for (int p = 0; p < c->phases; p++) {
+        int k = phase_segment(rank, world, p, 0);
+        for (size_t j = 0; j < c->nchunks; j++) {
+            size_t item = (size_t)p * c->nchunks + j;
+            pthread_mutex_lock(&c->mu);
+            /* Phase p forwards what phase p-1 received: wait for that chunk. */
+            while (!c->failed && p > 0 && c->done <= item - c->nchunks)
+                pthread_cond_wait(&c->cv, &c->mu);
+            int failed = c->failed;
+            pthread_mutex_unlock(&c->mu);
+            if (failed) return NULL;
+            size_t off, len;
+            chunk_range(c, k, j, &off, &len);
+            int rc = net_send_frame(r->right, RING_CHUNK_TYPE, chunk_tag(r, item),
+                                    c->data + off, (uint32_t)(len * sizeof(float)),
+                                    r->opt.timeout_ms);
+            if (rc) {
+                pthread_mutex_lock(&c->mu);
+                c->failed = 1;
+                c->send_rc = rc;
+                cirrus_fail(&c->send_err, rc, "ring rank %d: sending to rank %d: %s", rank,
+                            mod(rank + 1, world), cirrus_strerror(rc));
+                pthread_cond_broadcast(&c->cv);
+                pthread_mutex_unlock(&c->mu);
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int ring_receive(ring_call *c, cirrus_error *err)
+{
+    ring *r = c->r;
+    const int rank = r->base.rank, world = r->base.world;
+    for (int p = 0; p < c->phases; p++) {
+        int k = phase_segment(rank, world, p, 1);
+        for (size_t j = 0; j < c->nchunks; j++) {
+            size_t item = (size_t)p * c->nchunks + j, off, len;
+            chunk_range(c, k, j, &off, &len);
+            wire_header h;
+            const uint8_t *payload;
+            int rc = net_recv_frame(r->left, &h, &payload, r->opt.timeout_ms, err);
+            if (rc) return rc;
+            if (h.type != RING_CHUNK_TYPE || h.request_id != chunk_tag(r, item) ||
+                h.payload_len != len * sizeof(float))
+                return cirrus_fail(err, CIRRUS_ECORRUPT,
+                                   "ring rank %d: unexpected frame (type %u, %u bytes) for "
+                                   "chunk %zu of phase %d",
+                                   rank, h.type, h.payload_len, j, p);
+            float *dst = c->data + off;
+            if (p < world - 1) {
+                const float *src = (const float *)payload;
+                for (size_t i = 0; i < len; i++) dst[i] += src[i];
+            } else if (len) {
+                memcpy(dst, payload, len * sizeof(float));
+            }
+            pthread_mutex_lock(&c->mu);
+            c->done = item + 1;
+            int failed = c->failed;
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            if (failed) return c->send_rc;
+        }
+    }
+    return 0;
+}
+
+static int ring_allreduce_sum(collective *base, float *data, size_t n, cirrus_error *err)
+{
+    ring *r = (ring *)base;
+    const int world = base->world;
+    if (world == 1 || n == 0) return 0;
+    ring_call c = {.r = r, .data = data, .n = n, .phases = 2 * (world - 1)};
+    c.chunk = r->opt.chunk_bytes / sizeof(float);
+    size_t max_seg = seg_start(n, world, 1);
+    c.nchunks = (max_seg + c.chunk - 1) / c.chunk;
+    if (c.nchunks == 0) c.nchunks = 1;
+    r->calls++;
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
+    pthread_t sender;
+    int rc;
+    if (pthread_create(&sender, NULL, ring_sender, &c) != 0) {
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the sender thread");
+        goto out;
+    }
+    rc = ring_receive(&c, err);
+    pthread_mutex_lock(&c.mu);
+    if (rc) c.failed = 1;
+    pthread_cond_broadcast(&c.cv);
+    pthread_mutex_unlock(&c.mu);
+    pthread_join(sender, NULL);
+    if (!rc && c.send_rc) {
+        rc = c.send_rc;
+        if (err) *err = c.send_err;
+    } else if (rc && rc == c.send_rc && err) {
+        *err = c.send_err;
+    }
+out:
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
+    return rc;
+}
+
+static void ring_destroy(collective *base)
+{
+    ring *r = (ring *)base;
+    net_close(r->left);
+    net_close(r->right);
+    free(r);
+}
+
+static const collective_ops ring_ops = {
+    .name = "tcp-ring",
+    .allreduce_sum = ring_allreduce_sum,
+    .destroy = ring_destroy,
+};
+
+/* ---- building the ring ---- */
+
+typedef struct ring_dial {
+    const char *host;
+    int port, rank, timeout_ms;
+    const char *job_id;
+    net_conn *conn;
+    int rc;
+    cirrus_error err;
+} ring_dial;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Connect to the right neighbour, retrying while it is not listening yet. Runs in its own
+ * thread: every rank dials and accepts at once, and doing the two in sequence on all ranks
+ * would wait in a circle. */
+static void *ring_dial_right(void *arg)
+{
+    ring_dial *d = arg;
+    double deadline = now_ms() + d->timeout_ms;
+    for (;;) {
+        int left = (int)(deadline - now_ms());
+        if (left <= 0) break;
+        d->rc = net_connect(d->host, d->port, left, &d->conn, &d->err);
+        if (d->rc == 0) {
+            d->rc = net_hello_client(d->conn, d->job_id, RING_ROLE, (uint32_t)d->rank,
+                                     (int)(deadline - now_ms()), &d->err);
+            if (d->rc) {
+                net_close(d->conn);
+                d->conn = NULL;
+            }
+            return NULL;
+        }
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    if (!d->rc) d->rc = cirrus_fail(&d->err, CIRRUS_ETIMEDOUT, "connecting timed out");
+    return NULL;
+}
+
+int ring_create(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
+                const int *ports, const ring_options *opt, cirrus_error *err)
+{
+    *out = NULL;
+    if (world < 1 || rank < 0 || rank >= world)
+        return cirrus_fail(err, CIRRUS_EINVAL, "ring: rank %d outside world %d", rank, world);
+    ring *r = calloc(1, sizeof *r);
+    if (!r) return cirrus_fail(err, CIRRUS_ENOMEM, "ring: out of memory");
+    r->base.ops = &ring_ops;
+    r->base.rank = rank;
+    r->base.world = world;
+    r->opt = *opt;
+    if (r->opt.chunk_bytes < sizeof(float)) r->opt.chunk_bytes = RING_DEFAULT_CHUNK;
+    if (r->opt.timeout_ms <= 0) r->opt.timeout_ms = 30000;
+    if (world == 1) {
+        *out = &r->base;
+        return 0;
+    }
+    const int right = (rank + 1) % world, left = (rank + world - 1) % world;
+    ring_dial d = {.host = hosts[right], .port = ports[right], .rank = rank,
+                   .timeout_ms = r->opt.timeout_ms, .job_id = opt->job_id};
+    pthread_t dialer;
+    if (pthread_create(&dialer, NULL, ring_dial_right, &d) != 0) {
+        free(r);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the dialer thread");
+    }
+    int rc = 0;
+    double deadline = now_ms() + r->opt.timeout_ms;
+    /* Accept until the left neighbour shows up; anything else is refused and dropped. */
+    while (!r->left) {
+        int wait = (int)(deadline - now_ms());
+        if (wait <= 0) {
+            rc = cirrus_fail(err, CIRRUS_ETIMEDOUT, "ring rank %d: rank %d never connected",
+                             rank, left);
+            break;
+        }
+        net_conn *c = NULL;
+        if ((rc = net_accept(listen_fd, wait, &c, err))) break;
+        uint16_t role;
+        uint32_t peer;
+        cirrus_error herr;
+        if (net_hello_server(c, opt->job_id, &role, &peer, wait, &herr) == 0 &&
+            role == RING_ROLE && peer == (uint32_t)left)
+            r->left = c;
+        else
+            net_close(c);
+    }
+    pthread_join(dialer, NULL);
+    if (!rc && d.rc) {
+        rc = d.rc;
+        cirrus_fail(err, rc, "ring rank %d: connecting to rank %d at %s:%d: %s", rank, right,
+                    hosts[right], ports[right], d.err.msg);
+    }
+    r->right = d.conn;
+    if (rc) {
+        ring_destroy(&r->base);
+        return rc;
+    }
+    *out = &r->base;
+    return 0;
+}
