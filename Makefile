@@ -10,8 +10,8 @@ BIN     := $(BUILD)/bin
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 
-KUBE_CFLAGS := $(shell pkg-config --cflags libcurl jansson libcrypto 2>/dev/null)
-KUBE_LIBS   := $(shell pkg-config --libs libcurl jansson libcrypto 2>/dev/null)
+KUBE_CFLAGS := $(shell pkg-config --cflags libcurl jansson libcrypto yaml-0.1 2>/dev/null)
+KUBE_LIBS   := $(shell pkg-config --libs libcurl jansson libcrypto yaml-0.1 2>/dev/null)
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) -MMD -MP
@@ -20,7 +20,7 @@ OPERATOR_LDLIBS := $(KUBE_LIBS) -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
-            gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev openssl
+            gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))

@@ -16,6 +16,8 @@ const char *cirrus_strerror(int code)
     case CIRRUS_ETRUNC: return "truncated input";
     case CIRRUS_ETIMEDOUT: return "timed out";
     case CIRRUS_ECLOSED: return "connection closed";
+    case CIRRUS_ECONFLICT: return "conflict";
+    case CIRRUS_EGONE: return "gone";
     default: return "unknown error";
     }
 }

@@ -21,6 +21,8 @@ enum cirrus_status {
     CIRRUS_ETRUNC = -7,    /* input ended early */
     CIRRUS_ETIMEDOUT = -8, /* a deadline passed */
     CIRRUS_ECLOSED = -9,   /* the other end closed the connection */
+    CIRRUS_ECONFLICT = -10, /* stale write (HTTP 409): re-read and retry */
+    CIRRUS_EGONE = -11,    /* expired resourceVersion (HTTP 410): re-list */
 };
 
 typedef struct cirrus_error {

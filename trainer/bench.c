@@ -99,7 +99,7 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     if ((rc = gpt_stage_create(&st, &m, 0, cfg->n_layer, B, T, err))) goto out;
     adamw_config ac = adamw_defaults(1e-3f, steps + 2);
     gpt_span all = {0, m.n_params};
-    if ((rc = adamw_create(&opt, cfg, all, &ac, err))) goto out;
+    if ((rc = adamw_create(&opt, cfg, &all, 1, &ac, err))) goto out;
     if (!x || !y) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a batch");
         goto out;
@@ -121,7 +121,7 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
         gpt_stage_backward(st, &in, NULL, NULL);
         double tc = now_s();
         gpt_fold_tied_grads(&m);
-        double ss = adamw_grad_sumsq(m.grads, m.n_params, 1.0f);
+        double ss = adamw_total_sumsq(&opt, m.grads, 1.0f);
         adamw_step(&opt, m.params, m.grads, 1.0f, ss, 1e-4f, (uint64_t)s + 1);
         if (s >= 2) {
             phase[0] += tb - ta;

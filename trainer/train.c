@@ -103,7 +103,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     adamw_config ac = adamw_defaults(o->lr, o->steps);
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, model.n_params};
-    if ((rc = adamw_create(&opt, &o->model, all, &ac, err))) goto out;
+    if ((rc = adamw_create(&opt, &o->model, &all, 1, &ac, err))) goto out;
     if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, 0, 1, o->seed, err)))
         goto out;
     x = malloc(sizeof(int32_t) * (size_t)B * T);
@@ -142,7 +142,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         if ((rc = gpt_stage_backward(st, &in, NULL, NULL))) goto out;
         gpt_fold_tied_grads(&model);
         float lr = adamw_lr(&ac, step);
-        double sumsq = adamw_grad_sumsq(model.grads, model.n_params, 1.0f);
+        double sumsq = adamw_total_sumsq(&opt, model.grads, 1.0f);
         adamw_step(&opt, model.params, model.grads, 1.0f, sumsq, lr, step + 1);
         res->loss = loss;
         if (res->losses && step < (uint64_t)res->losses_cap) res->losses[step] = loss;

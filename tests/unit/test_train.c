@@ -133,17 +133,29 @@ TEST(adamw_schedule_and_clipping)
     size_t nt = gpt_num_tensors(&cfg);
     gpt_tensor_info *tab = calloc(nt, sizeof *tab);
     gpt_tensor_table(&cfg, tab);
-    gpt_span span = {tab[3].offset, 2}; /* layer0.ln1b: a vector, not decayed */
+    const size_t off = tab[3].offset;
+    gpt_span span = {off, 2}; /* the first 2 floats of layer0.ln1b: a vector, not decayed */
     ASSERT(!tab[3].decay);
     adamw o;
-    ASSERT_OK(adamw_create(&o, &cfg, span, &c, NULL));
-    float p[2] = {1.0f, 1.0f}, g[2] = {30.0f, -40.0f};
-    double ss = adamw_grad_sumsq(g, 2, 1.0f);
+    ASSERT_OK(adamw_create(&o, &cfg, &span, 1, &c, NULL));
+    ASSERT_EQ(o.n_seg, 1);
+    ASSERT_EQ(o.state_count, 2);
+    size_t n = gpt_num_params(&cfg);
+    float *p = calloc(n, sizeof(float)), *g = calloc(n, sizeof(float));
+    p[off] = p[off + 1] = 1.0f;
+    g[off] = 30.0f;
+    g[off + 1] = -40.0f;
+    g[off + 2] = 7.0f; /* outside the span: neither counted nor touched */
+    double ss = adamw_total_sumsq(&o, g, 1.0f);
     ASSERT_NEAR(ss, 2500.0, 1e-9);
     float norm = adamw_step(&o, p, g, 1.0f, ss, 1e-3f, 1);
     ASSERT_NEAR(norm, 50.0, 1e-5);
-    ASSERT_NEAR(p[0], 1.0 - 1e-3, 1e-6);
-    ASSERT_NEAR(p[1], 1.0 + 1e-3, 1e-6);
+    ASSERT_NEAR(p[off], 1.0 - 1e-3, 1e-6);
+    ASSERT_NEAR(p[off + 1], 1.0 + 1e-3, 1e-6);
+    ASSERT(g[off] == 0.0f && g[off + 1] == 0.0f); /* consumed */
+    ASSERT(g[off + 2] == 7.0f && p[off + 2] == 0.0f);
+    free(p);
+    free(g);
     adamw_destroy(&o);
     free(tab);
 }

@@ -21,32 +21,37 @@ adamw_config adamw_defaults(float lr, int total_steps)
     return c;
 }
 
-int adamw_create(adamw *o, const gpt_config *model, gpt_span span, const adamw_config *cfg,
-                 cirrus_error *err)
+int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
+                 const adamw_config *cfg, cirrus_error *err)
 {
     memset(o, 0, sizeof *o);
     o->cfg = *cfg;
-    o->span = span;
     size_t nt = gpt_num_tensors(model);
     gpt_tensor_info *table = calloc(nt, sizeof *table);
-    o->m = calloc(span.count ? span.count : 1, sizeof(float));
-    o->v = calloc(span.count ? span.count : 1, sizeof(float));
     o->seg = calloc(nt, sizeof *o->seg);
-    if (!table || !o->m || !o->v || !o->seg) {
-        free(table);
-        adamw_destroy(o);
-        return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate optimizer state");
-    }
+    if (!table || !o->seg) goto nomem;
     gpt_tensor_table(model, table);
     for (size_t i = 0; i < nt; i++) {
-        size_t lo = table[i].offset, hi = lo + table[i].numel;
-        if (hi <= span.offset || lo >= span.offset + span.count) continue;
-        if (lo < span.offset) lo = span.offset;
-        if (hi > span.offset + span.count) hi = span.offset + span.count;
-        o->seg[o->n_seg++] = (adamw_segment){lo - span.offset, hi - lo, table[i].decay};
+        for (int s = 0; s < n_spans; s++) {
+            size_t lo = table[i].offset, hi = lo + table[i].numel;
+            size_t s0 = spans[s].offset, s1 = s0 + spans[s].count;
+            if (hi <= s0 || lo >= s1) continue;
+            if (lo < s0) lo = s0;
+            if (hi > s1) hi = s1;
+            o->seg[o->n_seg++] = (adamw_segment){lo, o->state_count, hi - lo, table[i].decay};
+            o->state_count += hi - lo;
+        }
     }
     free(table);
+    table = NULL;
+    o->m = calloc(o->state_count ? o->state_count : 1, sizeof(float));
+    o->v = calloc(o->state_count ? o->state_count : 1, sizeof(float));
+    if (!o->m || !o->v) goto nomem;
     return 0;
+nomem:
+    free(table);
+    adamw_destroy(o);
+    return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate optimizer state");
 }
 
 void adamw_destroy(adamw *o)
@@ -97,6 +102,27 @@ double adamw_grad_sumsq(const float *grads, size_t n, float scale)
     return total;
 }
 
+void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out)
+{
+    for (int s = 0; s < o->n_seg; s++)
+        out[s] = adamw_grad_sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+}
+
+double adamw_sum_in_order(const double *parts, int n)
+{
+    double total = 0.0;
+    for (int i = 0; i < n; i++) total += parts[i];
+    return total;
+}
+
+double adamw_total_sumsq(const adamw *o, const float *grads, float scale)
+{
+    double total = 0.0;
+    for (int s = 0; s < o->n_seg; s++)
+        total += adamw_grad_sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+    return total;
+}
+
 float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
                  double total_sumsq, float lr, uint64_t step)
 {
@@ -110,7 +136,7 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
     for (int s = 0; s < o->n_seg; s++) {
         const adamw_segment *seg = &o->seg[s];
         const float wd = seg->decay ? c->weight_decay : 0.0f;
-        float *p = params + seg->offset, *m = o->m + seg->offset, *v = o->v + seg->offset;
+        float *p = params + seg->offset, *m = o->m + seg->state, *v = o->v + seg->state;
         float *g = grads + seg->offset;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < seg->count; i++) {

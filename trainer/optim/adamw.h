@@ -26,33 +26,48 @@ typedef struct adamw_config {
 /* The defaults Cirrus trains with (GPT-2/3 style: betas 0.9/0.95, decay 0.1, clip 1). */
 adamw_config adamw_defaults(float lr, int total_steps);
 
+/* A run of the flat buffer optimised as one unit: one tensor (or the part of one inside a
+ * span). Segments are in buffer order. */
 typedef struct adamw_segment {
-    size_t offset, count; /* relative to the span */
+    size_t offset; /* into the flat parameter/gradient buffer */
+    size_t state;  /* into m and v */
+    size_t count;
     int decay;
 } adamw_segment;
 
 typedef struct adamw {
     adamw_config cfg;
-    gpt_span span;
-    float *m, *v;      /* span.count each */
-    adamw_segment *seg; /* the span cut along tensor boundaries */
+    size_t state_count; /* floats of m (and of v): the spans' total */
+    float *m, *v;
+    adamw_segment *seg;
     int n_seg;
 } adamw;
 
-int adamw_create(adamw *o, const gpt_config *model, gpt_span span, const adamw_config *cfg,
-                 cirrus_error *err);
+/* Optimizer state for the parameters inside `spans` (in buffer order, not overlapping): a
+ * whole model is one span; a pipeline stage is its own span, plus wte for the last stage,
+ * which applies the tied LM head's update to its copy of the embedding. */
+int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
+                 const adamw_config *cfg, cirrus_error *err);
 void adamw_destroy(adamw *o);
 
 /* Learning rate at step (0-based): linear warmup, then cosine decay to min_lr_ratio * lr. */
 float adamw_lr(const adamw_config *cfg, uint64_t step);
 
-/* Sum of squares of (scale * grads) over n floats, in double, in an order that does not
+/* Sum of squares of (scale * x) over n floats, in double, in an order that does not
  * depend on the thread count. */
-double adamw_grad_sumsq(const float *grads, size_t n, float scale);
+double adamw_grad_sumsq(const float *x, size_t n, float scale);
 
-/* One update of params[span] from grads[span] (both pointing at the span's first float).
- * The gradients are consumed: they are left zero, ready for the next step's accumulation
- * (zeroing inside the update saves a separate pass over memory).
+/* Per-segment sums of squares of (scale * grads), grads being the flat buffer. The global
+ * total is the sum of all segments' values in buffer order (adamw_sum_in_order), which is
+ * the same whether one process or several stages computed the parts. */
+void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out);
+double adamw_sum_in_order(const double *parts, int n);
+/* Both of the above for an optimizer that owns every segment (one process). */
+double adamw_total_sumsq(const adamw *o, const float *grads, float scale);
+
+/* One update of the segments' parameters from their gradients (params and grads are the
+ * flat buffers). The gradients are consumed: left zero, ready for the next step's
+ * accumulation (zeroing inside the update saves a separate pass over memory).
  * grad_scale multiplies the gradients first (1 / microbatches accumulated); total_sumsq is
  * the global sum of squares of the scaled gradients, for clipping. step is 1-based (bias
  * correction). Returns the global gradient norm before clipping. */
