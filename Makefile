@@ -42,7 +42,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli test-operator bench-train bench-collective clean
+.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-operator bench-train bench-collective clean
 all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -105,7 +105,7 @@ demo: deps
 # ---- tests ----
 test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
-	$(MAKE) test-unit test-asan test-cli test-cluster test-operator
+	$(MAKE) test-unit test-asan test-cli test-swarm test-cluster test-operator
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -115,6 +115,10 @@ test-unit: $(BIN)/unit-tests $(CORPUS)
 test-asan: $(BIN)/unit-tests-asan $(CORPUS)
 	@echo "cirrus: unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	CIRRUS_CORPUS=$(CORPUS) CIRRUS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 $(BIN)/unit-tests-asan
+
+test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
+	@echo "cirrus: SWARM pipeline tests (stage peer processes over loopback)"
+	CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/run.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: command-line tests"

@@ -11,6 +11,14 @@ static int parse_number(const flag_spec *f, const char *text, cirrus_error *err)
 {
     char *end = NULL;
     errno = 0;
+    if (f->type == FLAG_U64) { /* full 64-bit range: no detour through double */
+        unsigned long long u = strtoull(text, &end, 10);
+        if (errno || end == text || *end != '\0')
+            return cirrus_fail(err, CIRRUS_EINVAL, "--%s: '%s' is not a valid number", f->name,
+                               text);
+        *(uint64_t *)f->dst = (uint64_t)u;
+        return 0;
+    }
     double v;
     if (f->type == FLAG_FLOAT)
         v = strtod(text, &end);
@@ -24,7 +32,6 @@ static int parse_number(const flag_spec *f, const char *text, cirrus_error *err)
                            f->min, f->max, text);
     switch (f->type) {
     case FLAG_INT: *(int *)f->dst = (int)v; break;
-    case FLAG_U64: *(uint64_t *)f->dst = (uint64_t)strtoull(text, NULL, 10); break;
     case FLAG_FLOAT: *(float *)f->dst = (float)v; break;
     default: break;
     }

@@ -4,6 +4,7 @@
  *   cirrus-trainer sample  generate text from a checkpoint
  *   cirrus-trainer bench   training throughput vs the sgemm ceiling
  *   cirrus-trainer bench-collective   all-reduce bandwidth of the TCP ring
+ *   cirrus-trainer stage | client | local   SWARM roles (swarm/roles.c)
  *
  * Exit codes: 0 success, 1 runtime failure, 2 bad input (flags, files, checkpoints).
  */
@@ -16,101 +17,41 @@
 #include "bench_collective.h"
 #include "blas_kernel.h"
 #include "ckpt/checkpoint.h"
+#include "cli.h"
 #include "flags.h"
 #include "model/gpt.h"
 #include "sample.h"
+#include "swarm/roles.h"
 #include "train.h"
-
-#define EXIT_BAD_INPUT 2
-#define NFLAGS(f) ((int)(sizeof(f) / sizeof((f)[0])))
-
-static const char *default_data(void)
-{
-    const char *env = getenv("CIRRUS_CORPUS");
-    return env && *env ? env : "build/data/kjv.txt";
-}
-
-static int fail_input(const char *cmd, const cirrus_error *err)
-{
-    fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err->msg);
-    return EXIT_BAD_INPUT;
-}
-
-/* Model shape flags shared by train and bench: a preset, then optional overrides. */
-typedef struct model_flags {
-    const char *preset;
-    int layers, width, heads, context;
-} model_flags;
-
-#define MODEL_FLAGS(mf)                                                                       \
-    {"model", FLAG_STR, &(mf).preset, 0, 0, "model preset: tiny, small, medium", 0},          \
-        {"layers", FLAG_INT, &(mf).layers, 1, 1024, "override the preset's layer count", 0},  \
-        {"width", FLAG_INT, &(mf).width, 1, 16384, "override the preset's width", 0},         \
-        {"heads", FLAG_INT, &(mf).heads, 1, 16384, "override the preset's head count", 0},    \
-        {"context", FLAG_INT, &(mf).context, 1, 65536, "override the preset's context", 0}
-
-static int model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *err)
-{
-    int rc = gpt_config_preset(cfg, mf->preset, err);
-    if (rc) return rc;
-    if (mf->layers) cfg->n_layer = mf->layers;
-    if (mf->width) cfg->n_embd = mf->width;
-    if (mf->heads) cfg->n_head = mf->heads;
-    if (mf->context) cfg->seq_len = mf->context;
-    return gpt_config_validate(cfg, err);
-}
 
 static int cmd_train(int argc, char **argv)
 {
     train_options o;
     train_options_defaults(&o);
-    o.data = default_data();
+    o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     int help = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
-        {"steps", FLAG_INT, &o.steps, 1, 1e9, "optimizer steps (default 1000)", 0},
-        {"batch", FLAG_INT, &o.batch, 1, 65536, "sequences per step (default 8)", 0},
-        {"seq", FLAG_INT, &o.seq, 1, 65536, "tokens per sequence (default: the context)", 0},
-        {"lr", FLAG_FLOAT, &o.lr, 1e-9, 10, "peak learning rate (default 3e-3)", 0},
-        {"warmup", FLAG_INT, &o.warmup, 0, 1e9, "warmup steps (default 5% of steps)", 0},
-        {"data", FLAG_STR, &o.data, 0, 0, "training text file (default: the KJV corpus)", 0},
+        TRAIN_FLAGS(o),
         {"ckpt", FLAG_STR, &o.ckpt_dir, 0, 0, "checkpoint directory", 0},
         {"ckpt-every", FLAG_INT, &o.ckpt_every, 1, 1e9, "steps between checkpoints", 0},
         {"resume", FLAG_BOOL, &o.resume, 0, 0, "continue from the checkpoint in --ckpt", 0},
-        {"seed", FLAG_U64, &o.seed, 0, 0, "random seed (default 1337)", 0},
-        {"log-every", FLAG_INT, &o.log_every, 1, 1e9, "steps between progress lines", 0},
-        {"eval-every", FLAG_INT, &o.eval_every, 1, 1e9, "steps between validation runs", 0},
-        {"metrics", FLAG_STR, &o.metrics, 0, 0, "append per-step JSON lines to this file", 0},
-        {"eval-batches", FLAG_INT, &o.eval_batches, 1, 1e6, "validation batches", 0},
-        {"json", FLAG_BOOL, &o.json, 0, 0, "one JSON object per line on stdout", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
-    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return fail_input("train", &err);
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("train", &err);
     if (help) {
         fprintf(stderr, "usage: cirrus-trainer train [flags]\n");
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
-    if (model_from_flags(&mf, &o.model, &err)) return fail_input("train", &err);
+    if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("train", &err);
     if (o.resume && !o.ckpt_dir) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--resume needs --ckpt DIR");
-        return fail_input("train", &err);
+        return cli_fail_input("train", &err);
     }
-    if (!o.json)
-        printf("cirrus: training %d layers x %d wide (%d heads, %zu params) on %s, "
-               "%d steps of %d x %d tokens\n",
-               o.model.n_layer, o.model.n_embd, o.model.n_head, gpt_num_params(&o.model),
-               o.data, o.steps, o.batch, o.seq ? o.seq : o.model.seq_len);
-    train_result res = {0};
-    int rc = train_run(&o, &res, &err);
-    if (rc == CIRRUS_ENOMEM || rc == CIRRUS_EIO) {
-        fprintf(stderr, "cirrus-trainer train: %s\n", err.msg);
-        return 1;
-    }
-    if (rc) return fail_input("train", &err);
-    return 0;
+    return cli_run_training("train", &o);
 }
 
 static int cmd_sample(int argc, char **argv)
@@ -128,7 +69,7 @@ static int cmd_sample(int argc, char **argv)
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
-    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return fail_input("sample", &err);
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("sample", &err);
     if (help) {
         fprintf(stderr, "usage: cirrus-trainer sample --ckpt DIR [flags]\n");
         flags_usage(flags, NFLAGS(flags));
@@ -136,16 +77,16 @@ static int cmd_sample(int argc, char **argv)
     }
     if (!dir) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt DIR is required");
-        return fail_input("sample", &err);
+        return cli_fail_input("sample", &err);
     }
     ckpt_meta meta;
-    if (ckpt_read_meta(dir, &meta, &err)) return fail_input("sample", &err);
+    if (ckpt_read_meta(dir, &meta, &err)) return cli_fail_input("sample", &err);
     gpt_model m;
-    if (gpt_model_create(&m, &meta.cfg, &err)) return fail_input("sample", &err);
+    if (gpt_model_create(&m, &meta.cfg, &err)) return cli_fail_input("sample", &err);
     gpt_span all = {0, m.n_params};
     if (ckpt_load(dir, &meta.cfg, &all, &meta, m.params, NULL, NULL, &err)) {
         gpt_model_destroy(&m);
-        return fail_input("sample", &err);
+        return cli_fail_input("sample", &err);
     }
     int rc = sample_generate(&m, prompt, tokens, temperature, seed, stdout, &err);
     gpt_model_destroy(&m);
@@ -169,18 +110,18 @@ static int cmd_bench(int argc, char **argv)
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
-    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return fail_input("bench", &err);
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("bench", &err);
     if (help) {
         fprintf(stderr, "usage: cirrus-trainer bench [flags]\n");
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
     gpt_config cfg;
-    if (model_from_flags(&mf, &cfg, &err)) return fail_input("bench", &err);
+    if (cli_model_from_flags(&mf, &cfg, &err)) return cli_fail_input("bench", &err);
     if (!seq) seq = cfg.seq_len;
     if (seq > cfg.seq_len) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--seq %d exceeds the context %d", seq, cfg.seq_len);
-        return fail_input("bench", &err);
+        return cli_fail_input("bench", &err);
     }
     bench_result r;
     if (bench_train(&cfg, batch, seq, steps, &r, &err)) {
@@ -218,7 +159,7 @@ static int cmd_bench_collective(int argc, char **argv)
     };
     cirrus_error err = {0};
     if (flags_parse(flags, NFLAGS(flags), argc, argv, &err))
-        return fail_input("bench-collective", &err);
+        return cli_fail_input("bench-collective", &err);
     if (help) {
         fprintf(stderr, "usage: cirrus-trainer bench-collective [flags]\n");
         flags_usage(flags, NFLAGS(flags));
@@ -228,7 +169,7 @@ static int cmd_bench_collective(int argc, char **argv)
                                   .max_bytes = (size_t)max_mb << 20,
                                   .chunk_bytes = (size_t)chunk_kb << 10, .json = json};
     int rc = bench_collective(&o, &err);
-    if (rc == CIRRUS_EINVAL) return fail_input("bench-collective", &err);
+    if (rc == CIRRUS_EINVAL) return cli_fail_input("bench-collective", &err);
     if (rc) {
         fprintf(stderr, "cirrus-trainer bench-collective: %s\n", err.msg);
         return 1;
@@ -245,6 +186,9 @@ static void usage(void)
             "  sample  generate text from a checkpoint\n"
             "  bench   training throughput vs the sgemm ceiling\n"
             "  bench-collective  all-reduce bandwidth of the TCP ring\n"
+            "  stage   serve layers of the model to pipeline clients (SWARM peer)\n"
+            "  client  train through a pipeline of stage peers\n"
+            "  local   a pipeline region on loopback: stage processes and a client\n"
             "Run 'cirrus-trainer COMMAND --help' for the flags of a command.\n");
 }
 
@@ -253,7 +197,7 @@ int main(int argc, char **argv)
     blas_kernel_ensure(argv);
     log_set_role("trainer");
     if (argc < 2) {
-        fprintf(stderr, "cirrus-trainer: no command given (train, sample, bench; see "
+        fprintf(stderr, "cirrus-trainer: no command given (train, sample, local, ...; see "
                         "'cirrus-trainer help')\n");
         return EXIT_BAD_INPUT;
     }
@@ -262,6 +206,9 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "bench-collective") == 0) return cmd_bench_collective(argc - 2, argv + 2);
+    if (strcmp(cmd, "stage") == 0) return roles_cmd_stage(argc - 2, argv + 2);
+    if (strcmp(cmd, "client") == 0) return roles_cmd_client(argc - 2, argv + 2);
+    if (strcmp(cmd, "local") == 0) return roles_cmd_local(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
         usage();
         return 0;

@@ -36,7 +36,7 @@ static double now_s(void)
 }
 
 /* Mean loss over the first n batches of the validation split. */
-static float evaluate(gpt_stage *st, const data_corpus *corpus, int B, int T, int n,
+static float evaluate(const train_executor *ex, const data_corpus *corpus, int B, int T, int n,
                       uint64_t seed, int32_t *x, int32_t *y)
 {
     data_loader *val = NULL;
@@ -46,13 +46,47 @@ static float evaluate(gpt_stage *st, const data_corpus *corpus, int B, int T, in
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         data_loader_next(val, x, y);
-        gpt_stage_input in = {.id = 0, .B = B, .T = T, .tokens = x, .targets = y};
         float loss = 0.0f;
-        gpt_stage_forward(st, &in, NULL, &loss, 0);
+        if (ex->eval(ex->ctx, B, T, x, y, &loss, NULL)) {
+            sum = -1.0 * n;
+            break;
+        }
         sum += loss;
     }
     data_loader_destroy(val);
     return n > 0 ? (float)(sum / n) : -1.0f;
+}
+
+/* The in-process executor: one stage spanning the whole model. */
+typedef struct local_exec {
+    gpt_model *model;
+    gpt_stage *stage;
+    adamw *opt;
+} local_exec;
+
+static int local_step(void *vctx, uint64_t id, int B, int T, const int32_t *x,
+                      const int32_t *y, float lr, uint64_t step, float *loss,
+                      cirrus_error *err)
+{
+    local_exec *l = vctx;
+    gpt_stage_input in = {.id = id, .B = B, .T = T, .tokens = x, .targets = y};
+    int rc = gpt_stage_forward(l->stage, &in, NULL, loss, 1);
+    if (!rc) rc = gpt_stage_backward(l->stage, &in, NULL, NULL);
+    if (rc) return cirrus_fail(err, rc, "training step %llu failed", (unsigned long long)step);
+    /* Gradients are zero on entry: calloc'd, then consumed by every adamw_step. */
+    gpt_fold_tied_grads(l->model);
+    double sumsq = adamw_total_sumsq(l->opt, l->model->grads, 1.0f);
+    adamw_step(l->opt, l->model->params, l->model->grads, 1.0f, sumsq, lr, step);
+    return 0;
+}
+
+static int local_eval(void *vctx, int B, int T, const int32_t *x, const int32_t *y,
+                      float *loss, cirrus_error *err)
+{
+    local_exec *l = vctx;
+    gpt_stage_input in = {.id = 0, .B = B, .T = T, .tokens = x, .targets = y};
+    int rc = gpt_stage_forward(l->stage, &in, NULL, loss, 0);
+    return rc ? cirrus_fail(err, rc, "evaluation failed") : 0;
 }
 
 static void format_eta(char *buf, size_t len, double s)
@@ -96,14 +130,25 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
                          B, T, o->model.seq_len);
         goto out;
     }
+    if (o->executor && (o->ckpt_dir || o->resume)) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL,
+                         "checkpoints are written by the process that holds the model");
+        goto out;
+    }
     if ((rc = data_corpus_load(&corpus, o->data, o->val_fraction, err))) goto out;
-    if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
-    gpt_model_init(&model, o->seed);
-    if ((rc = gpt_stage_create(&st, &model, 0, o->model.n_layer, B, T, err))) goto out;
     adamw_config ac = adamw_defaults(o->lr, o->steps);
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
-    gpt_span all = {0, model.n_params};
-    if ((rc = adamw_create(&opt, &o->model, &all, 1, &ac, err))) goto out;
+    gpt_span all = {0, gpt_num_params(&o->model)};
+    local_exec local = {&model, NULL, &opt};
+    train_executor local_ex = {&local, local_step, local_eval};
+    const train_executor *ex = o->executor ? o->executor : &local_ex;
+    if (!o->executor) {
+        if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
+        gpt_model_init(&model, o->seed);
+        if ((rc = gpt_stage_create(&st, &model, 0, o->model.n_layer, B, T, err))) goto out;
+        local.stage = st;
+        if ((rc = adamw_create(&opt, &o->model, &all, 1, &ac, err))) goto out;
+    }
     if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, 0, 1, o->seed, err)))
         goto out;
     x = malloc(sizeof(int32_t) * (size_t)B * T);
@@ -133,17 +178,10 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     double t0 = now_s(), t_last = t0;
     uint64_t last_step = step;
     int ran = 0;
-    /* Gradients are zero at the top of every step: calloc'd, then consumed by adamw_step. */
     for (; step < (uint64_t)o->steps; step++) {
         data_loader_next(train, x, y);
-        gpt_stage_input in = {.id = step + 1, .B = B, .T = T, .tokens = x, .targets = y};
-        float loss = 0.0f;
-        if ((rc = gpt_stage_forward(st, &in, NULL, &loss, 1))) goto out;
-        if ((rc = gpt_stage_backward(st, &in, NULL, NULL))) goto out;
-        gpt_fold_tied_grads(&model);
-        float lr = adamw_lr(&ac, step);
-        double sumsq = adamw_total_sumsq(&opt, model.grads, 1.0f);
-        adamw_step(&opt, model.params, model.grads, 1.0f, sumsq, lr, step + 1);
+        float loss = 0.0f, lr = adamw_lr(&ac, step);
+        if ((rc = ex->step(ex->ctx, step + 1, B, T, x, y, lr, step + 1, &loss, err))) goto out;
         res->loss = loss;
         if (res->losses && step < (uint64_t)res->losses_cap) res->losses[step] = loss;
         res->tokens += (double)B * T;
@@ -152,7 +190,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         int last = step + 1 == (uint64_t)o->steps;
         float val = -1.0f; /* evaluated only every eval_every steps */
         if (o->eval_every > 0 && (step + 1) % (uint64_t)o->eval_every == 0 && !last)
-            val = evaluate(st, &corpus, B, T, o->eval_batches, o->seed, x, y);
+            val = evaluate(ex, &corpus, B, T, o->eval_batches, o->seed, x, y);
         if (metrics) {
             fprintf(metrics, "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g",
                     (unsigned long long)(step + 1), loss, lr);
@@ -194,7 +232,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     }
     res->seconds = now_s() - t0;
     res->step = step;
-    res->val_loss = evaluate(st, &corpus, B, T, o->eval_batches, o->seed, x, y);
+    res->val_loss = evaluate(ex, &corpus, B, T, o->eval_batches, o->seed, x, y);
     if (metrics) {
         fprintf(metrics, "{\"step\":%llu,\"final\":true,\"val_loss\":%.6g}\n",
                 (unsigned long long)step, res->val_loss);

@@ -12,6 +12,18 @@
 
 #include "model/gpt.h"
 
+/* Where the model lives. NULL in train_options means in this process; the pipeline client
+ * supplies one that runs the stages on remote peers. */
+typedef struct train_executor {
+    void *ctx;
+    /* Forward, backward and optimizer step of one batch. */
+    int (*step)(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
+                float lr, uint64_t step, float *loss, cirrus_error *err);
+    /* Mean loss of one batch, nothing kept. */
+    int (*eval)(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
+                cirrus_error *err);
+} train_executor;
+
 typedef struct train_options {
     gpt_config model;
     int batch, seq;     /* B x T tokens per step */
@@ -31,6 +43,7 @@ typedef struct train_options {
     int eval_every;     /* steps between validation evaluations (0: only at the end) */
     const char *metrics; /* append one JSON line per step to this file (NULL: none) */
     int stop_after;     /* stop (as if killed) after this many steps of this run; 0: never */
+    const train_executor *executor; /* NULL: the model lives in this process */
 } train_options;
 
 /* Sensible defaults for everything; the caller sets model, data and steps. */

@@ -35,6 +35,8 @@ expect unknown_command 2 "unknown command 'fly'" -- "$bin" fly
 expect unknown_flag 2 "unknown flag '--bogus'" -- "$bin" train --bogus
 expect missing_value 2 '--steps needs a value' -- "$bin" train --steps
 expect zero_steps 2 '--steps must be in \[1, ' -- "$bin" train --steps 0
+expect bad_seed 2 "--seed: 'x1' is not a valid number" -- "$bin" train --seed x1
+expect negative_seed 2 '--seed must not be negative' -- "$bin" train --seed -3
 expect bad_number 2 "--lr: 'fast' is not a valid number" -- "$bin" train --lr fast
 expect heads_not_dividing 2 'heads \(5\) must divide the width \(128\)' -- "$bin" train --heads 5
 expect unknown_preset 2 "unknown model preset 'huge'" -- "$bin" train --model huge

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SWARM pipeline tests over real loopback sockets: stage peer processes and clients.
+# Usage: tests/swarm/run.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
+set -u
+bin=$1
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+model=(--layers 3 --width 64 --heads 4 --context 32 --batch 4)
+run=(--steps 25 --log-every 1 --eval-batches 4 --json)
+losses() { sed 's/,"tokens_per_s"[^}]*//; s/,"seconds"[^}]*//' "$1"; }
+
+# 1. Equivalence: one peer per stage, one client, no compression: every step's loss and the
+#    validation loss equal single-process training bit for bit (losses printed with 9
+#    significant digits, which round-trips a float exactly).
+"$bin" train "${model[@]}" "${run[@]}" >"$tmp/train.json" 2>"$tmp/train.err" || bad "train ran"
+for s in 1 2 3; do
+    if "$bin" local --stages "$s" "${model[@]}" "${run[@]}" >"$tmp/local$s.json" 2>"$tmp/local$s.err" &&
+        [ "$(grep -c '"step"' "$tmp/local$s.json")" -eq 26 ] &&
+        cmp -s <(losses "$tmp/train.json") <(losses "$tmp/local$s.json"); then
+        ok "local_${s}_stages_bit_identical_to_train"
+    else
+        bad "local_${s}_stages_bit_identical_to_train"; diff <(losses "$tmp/train.json") <(losses "$tmp/local$s.json") | head -5
+    fi
+done
+
+# 2. q8 activation compression on all four transfers still trains: the final validation
+#    loss is within 3% of the uncompressed pipeline's.
+if "$bin" local --stages 3 --act-compress q8 "${model[@]}" "${run[@]}" >"$tmp/q8.json" 2>"$tmp/q8.err"; then
+    python3 - "$tmp/local3.json" "$tmp/q8.json" <<'PY' && ok q8_compression_within_3_percent || bad q8_compression_within_3_percent
+import json, sys
+ref = json.loads(open(sys.argv[1]).read().splitlines()[-1])["val_loss"]
+q8 = json.loads(open(sys.argv[2]).read().splitlines()[-1])["val_loss"]
+print(f"    val loss: none {ref:.4f}, q8 {q8:.4f}")
+assert abs(q8 - ref) / ref < 0.03 and q8 != ref
+PY
+else
+    bad q8_compression_within_3_percent
+fi
+
+# 3. A stage peer started by hand; a client of another job, another model, and protocol
+#    abuse are refused, and the peer still serves a proper client afterwards.
+port_file="$tmp/stage.log"
+"$bin" stage --serve 0:3 "${model[@]}" --job jobA --listen 127.0.0.1:0 2>"$port_file" &
+pids+=($!)
+for _ in $(seq 50); do grep -q 'listening on' "$port_file" && break; sleep 0.1; done
+port=$(sed -nE 's/.*listening on 127.0.0.1:([0-9]+).*/\1/p' "$port_file" | head -1)
+if [ -n "$port" ]; then ok stage_peer_listening; else bad stage_peer_listening; fi
+
+expect_fail() { # NAME PATTERN -- CMD...
+    local name=$1 pattern=$2
+    shift 3
+    if "$@" >"$tmp/out" 2>"$tmp/err"; then bad "$name (succeeded)"; return; fi
+    if grep -qE -- "$pattern" "$tmp/err"; then ok "$name"; else bad "$name"; cat "$tmp/err"; fi
+}
+expect_fail wrong_job_refused "wrong job id 'jobB'" -- \
+    "$bin" client --job jobB --stages "127.0.0.1:$port" "${model[@]}" --steps 1
+expect_fail other_model_refused 'serves layers \[0, 3\) of a model of 3 layers x 64' -- \
+    "$bin" client --job jobA --stages "127.0.0.1:$port" --layers 3 --width 32 --heads 4 --context 32 --batch 4 --steps 1
+
+abuse() { # NAME BYTES-PRINTF-FORMAT
+    exec 3<>"/dev/tcp/127.0.0.1/$port" || { bad "$1 (connect)"; return; }
+    # shellcheck disable=SC2059
+    printf "$2" >&3
+    if timeout 5 cat <&3 >/dev/null; then :; fi # the peer drops the connection
+    exec 3<&- 3>&-
+    ok "$1"
+}
+abuse garbage_bytes 'GET / HTTP/1.1\r\nHost: cirrus\r\nAccept: */*\r\n\r\n'
+abuse wrong_magic 'XXXX\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+abuse huge_length 'CRRS\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+abuse truncated_frame 'CRRS\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\xe8\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00abc'
+for why in "wrong job id 'jobB'" 'bad frame magic 0x20544547' 'bad frame magic 0x58585858' \
+    'frame of 2147483648 bytes exceeds' 'connection closed mid-frame'; do
+    if grep -q "dropped .*$why" "$port_file"; then ok "peer_dropped: $why"; else bad "peer_dropped: $why"; fi
+done
+
+if "$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" "${run[@]}" >"$tmp/client.json" 2>"$tmp/client.err" &&
+    cmp -s <(losses "$tmp/train.json") <(losses "$tmp/client.json"); then
+    ok peer_still_serves_after_abuse_bit_identical
+else
+    bad peer_still_serves_after_abuse_bit_identical; tail -3 "$tmp/client.err"
+fi
+kill "${pids[0]}" 2>/dev/null
+if wait "${pids[0]}"; then ok stage_peer_exits_cleanly_on_sigterm; else bad stage_peer_exits_cleanly_on_sigterm; fi
+pids=()
+
+echo "swarm: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

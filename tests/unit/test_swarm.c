@@ -1,0 +1,114 @@
+/* Stage peers and the pipeline client in one process (threads, real loopback sockets), so
+ * the sanitizer build covers them: three steps through two stage peers equal three steps
+ * of the in-process model, bit for bit, losses and parameters. */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../common/rng.h"
+#include "../../trainer/model/stage.h"
+#include "../../trainer/net/conn.h"
+#include "../../trainer/optim/adamw.h"
+#include "../../trainer/swarm/pipeline.h"
+#include "../../trainer/swarm/stage_peer.h"
+#include "../../trainer/swarm/stage_proto.h"
+#include "test.h"
+
+enum { B = 2, T = 8, STEPS = 3 };
+
+static const gpt_config cfg = {.n_layer = 3, .n_embd = 16, .n_head = 2, .seq_len = 8,
+                               .vocab = GPT_VOCAB};
+
+typedef struct peer_thread {
+    stage_peer_options o;
+    volatile sig_atomic_t stop;
+    int rc;
+} peer_thread;
+
+static void *peer_main(void *arg)
+{
+    peer_thread *t = arg;
+    t->rc = stage_peer_run(&t->o, &t->stop, NULL);
+    return NULL;
+}
+
+static void batch(int step, int32_t *x, int32_t *y)
+{
+    rng_state r;
+    rng_seed(&r, 100 + (uint64_t)step);
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int32_t)rng_below(&r, GPT_VOCAB);
+        y[i] = (int32_t)rng_below(&r, GPT_VOCAB);
+    }
+}
+
+TEST(swarm_two_peers_equal_one_process)
+{
+    const adamw_config ac = adamw_defaults(1e-2f, STEPS);
+    /* Reference: the whole model in this process, the same steps as train.c takes. */
+    gpt_model m;
+    ASSERT_OK(gpt_model_create(&m, &cfg, NULL));
+    gpt_model_init(&m, 5);
+    gpt_stage *st;
+    ASSERT_OK(gpt_stage_create(&st, &m, 0, cfg.n_layer, B, T, NULL));
+    adamw opt;
+    gpt_span all = {0, m.n_params};
+    ASSERT_OK(adamw_create(&opt, &cfg, &all, 1, &ac, NULL));
+    float ref_loss[STEPS];
+    int32_t x[B * T], y[B * T];
+    for (int s = 0; s < STEPS; s++) {
+        batch(s, x, y);
+        gpt_stage_input in = {.id = (uint64_t)s + 1, .B = B, .T = T, .tokens = x, .targets = y};
+        ASSERT_OK(gpt_stage_forward(st, &in, NULL, &ref_loss[s], 1));
+        ASSERT_OK(gpt_stage_backward(st, &in, NULL, NULL));
+        gpt_fold_tied_grads(&m);
+        adamw_step(&opt, m.params, m.grads, 1.0f, adamw_total_sumsq(&opt, m.grads, 1.0f),
+                   adamw_lr(&ac, (uint64_t)s), (uint64_t)s + 1);
+    }
+    /* Two stage peers: layers [0, 2) and [2, 3). */
+    peer_thread peers[2];
+    pthread_t th[2];
+    char addr[2][32];
+    const char *addrs[2] = {addr[0], addr[1]};
+    const int bounds[3] = {0, 2, 3};
+    for (int i = 0; i < 2; i++) {
+        int port;
+        memset(&peers[i], 0, sizeof peers[i]);
+        peers[i].o = (stage_peer_options){.job_id = "swarm-test", .model = cfg,
+                                          .l0 = bounds[i], .l1 = bounds[i + 1], .max_B = B,
+                                          .max_T = T, .seed = 5, .adam = ac};
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &port, NULL));
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port);
+        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
+    }
+    pipeline *p;
+    cirrus_error err = {0};
+    if (pipeline_connect(&p, "swarm-test", 2, addrs, &cfg, B, T, STAGE_CODEC_NONE, 5000, &err))
+        TEST_FAIL("connect: %s", err.msg);
+    for (int s = 0; s < STEPS; s++) {
+        float loss;
+        batch(s, x, y);
+        if (pipeline_microbatch(p, (uint64_t)s + 1, B, T, x, y, &loss, &err) ||
+            pipeline_step(p, adamw_lr(&ac, (uint64_t)s), 1.0f, (uint64_t)s + 1, &err))
+            TEST_FAIL("step %d: %s", s, err.msg);
+        ASSERT(memcmp(&loss, &ref_loss[s], sizeof loss) == 0);
+    }
+    /* After the steps, a forward of a fresh batch also matches: the peers' weights are the
+     * reference's, the tied embedding included (the first and last stage both use it). */
+    float loss, want;
+    batch(99, x, y);
+    ASSERT_OK(pipeline_eval(p, B, T, x, y, &loss, &err));
+    gpt_stage_input in = {.id = 0, .B = B, .T = T, .tokens = x, .targets = y};
+    ASSERT_OK(gpt_stage_forward(st, &in, NULL, &want, 0));
+    ASSERT(memcmp(&loss, &want, sizeof loss) == 0);
+    pipeline_close(p);
+    for (int i = 0; i < 2; i++) {
+        peers[i].stop = 1;
+        pthread_join(th[i], NULL);
+        close(peers[i].o.listen_fd);
+        ASSERT_OK(peers[i].rc);
+    }
+    adamw_destroy(&opt);
+    gpt_stage_destroy(st);
+    gpt_model_destroy(&m);
+}

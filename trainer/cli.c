@@ -1,0 +1,49 @@
+/* cli: see cli.h. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *cli_default_data(void)
+{
+    const char *env = getenv("CIRRUS_CORPUS");
+    return env && *env ? env : "build/data/kjv.txt";
+}
+
+int cli_fail_input(const char *cmd, const cirrus_error *err)
+{
+    fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err->msg);
+    return EXIT_BAD_INPUT;
+}
+
+int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *err)
+{
+    int rc = gpt_config_preset(cfg, mf->preset, err);
+    if (rc) return rc;
+    if (mf->layers) cfg->n_layer = mf->layers;
+    if (mf->width) cfg->n_embd = mf->width;
+    if (mf->heads) cfg->n_head = mf->heads;
+    if (mf->context) cfg->seq_len = mf->context;
+    return gpt_config_validate(cfg, err);
+}
+
+int cli_run_training(const char *cmd, const train_options *o)
+{
+    if (!o->json)
+        printf("cirrus: training %d layers x %d wide (%d heads, %zu params) on %s, "
+               "%d steps of %d x %d tokens\n",
+               o->model.n_layer, o->model.n_embd, o->model.n_head, gpt_num_params(&o->model),
+               o->data, o->steps, o->batch, o->seq ? o->seq : o->model.seq_len);
+    train_result res = {0};
+    cirrus_error err = {0};
+    int rc = train_run(o, &res, &err);
+    /* Running out of memory or losing a peer is a runtime failure; anything else (flags,
+     * files, checkpoints, a peer serving another model) is bad input. */
+    if (rc && rc != CIRRUS_ENOMEM && rc != CIRRUS_ETIMEDOUT && rc != CIRRUS_ECLOSED)
+        return cli_fail_input(cmd, &err);
+    if (rc) {
+        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,57 @@
+/* cli: what every cirrus-trainer subcommand shares: exit codes, the model and training
+ * flag tables, and running a training loop with the standard output. */
+#ifndef CIRRUS_CLI_H
+#define CIRRUS_CLI_H
+
+#include "../common/cerr.h"
+#include "flags.h"
+#include "model/gpt.h"
+#include "train.h"
+
+#define EXIT_BAD_INPUT 2
+#define NFLAGS(f) ((int)(sizeof(f) / sizeof((f)[0])))
+
+/* The corpus: $CIRRUS_CORPUS, else the one `make data` extracts. */
+const char *cli_default_data(void);
+
+/* Print "cirrus-trainer CMD: message" and return EXIT_BAD_INPUT. */
+int cli_fail_input(const char *cmd, const cirrus_error *err);
+
+/* Model shape flags: a preset, then optional overrides. */
+typedef struct model_flags {
+    const char *preset;
+    int layers, width, heads, context;
+} model_flags;
+
+#define MODEL_FLAGS(mf)                                                                       \
+    {"model", FLAG_STR, &(mf).preset, 0, 0, "model preset: tiny, small, medium", 0},          \
+        {"layers", FLAG_INT, &(mf).layers, 1, 1024, "override the preset's layer count", 0},  \
+        {"width", FLAG_INT, &(mf).width, 1, 16384, "override the preset's width", 0},         \
+        {"heads", FLAG_INT, &(mf).heads, 1, 16384, "override the preset's head count", 0},    \
+        {"context", FLAG_INT, &(mf).context, 1, 65536, "override the preset's context", 0}
+
+int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *err);
+
+/* Training-loop flags shared by train, client and local. */
+#define TRAIN_FLAGS(o)                                                                        \
+    {"steps", FLAG_INT, &(o).steps, 1, 1e9, "optimizer steps (default 1000)", 0},             \
+        {"batch", FLAG_INT, &(o).batch, 1, 65536, "sequences per step (default 8)", 0},       \
+        {"seq", FLAG_INT, &(o).seq, 1, 65536, "tokens per sequence (default: the context)",  \
+         0},                                                                                  \
+        {"lr", FLAG_FLOAT, &(o).lr, 1e-9, 10, "peak learning rate (default 3e-3)", 0},        \
+        {"warmup", FLAG_INT, &(o).warmup, 0, 1e9, "warmup steps (default 5% of steps)", 0},   \
+        {"data", FLAG_STR, &(o).data, 0, 0, "training text file (default: the KJV corpus)", \
+         0},                                                                                  \
+        {"seed", FLAG_U64, &(o).seed, 0, 0, "random seed (default 1337)", 0},                 \
+        {"log-every", FLAG_INT, &(o).log_every, 1, 1e9, "steps between progress lines", 0},   \
+        {"eval-every", FLAG_INT, &(o).eval_every, 1, 1e9, "steps between validation runs",   \
+         0},                                                                                  \
+        {"metrics", FLAG_STR, &(o).metrics, 0, 0, "append per-step JSON lines to this file", \
+         0},                                                                                  \
+        {"eval-batches", FLAG_INT, &(o).eval_batches, 1, 1e6, "validation batches", 0},       \
+        {"json", FLAG_BOOL, &(o).json, 0, 0, "one JSON object per line on stdout", 0}
+
+/* Print the banner, run train_run() and map its result to an exit code. */
+int cli_run_training(const char *cmd, const train_options *o);
+
+#endif

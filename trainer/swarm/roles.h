@@ -1,0 +1,10 @@
+/* roles: the SWARM subcommands of cirrus-trainer (stage, client, local). Each takes the
+ * arguments after the subcommand name and returns the process exit code. */
+#ifndef CIRRUS_ROLES_H
+#define CIRRUS_ROLES_H
+
+int roles_cmd_stage(int argc, char **argv);
+int roles_cmd_client(int argc, char **argv);
+int roles_cmd_local(int argc, char **argv);
+
+#endif

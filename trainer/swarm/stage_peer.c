@@ -1,0 +1,338 @@
+/* stage_peer: see stage_peer.h. */
+#include "stage_peer.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../common/log.h"
+#include "../model/stage.h"
+#include "../net/conn.h"
+#include "stage_proto.h"
+
+#define PEER_IO_TIMEOUT_MS 60000
+#define PEER_REPLY_LIMIT (256u << 20)
+
+typedef struct peer {
+    const stage_peer_options *opt;
+    pthread_mutex_t mu; /* one request at a time: the model, stage and buffers below */
+    gpt_model model;
+    gpt_stage *stage;
+    adamw adam;
+    size_t N, C, V;
+    int32_t *tokens, *targets; /* max_B * max_T */
+    float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
+    size_t act_cap;
+    volatile sig_atomic_t *stop;
+    int active;                /* connection threads alive (under mu) */
+} peer;
+
+typedef struct conn_job {
+    peer *p;
+    net_conn *c;
+} conn_job;
+
+/* A request that cannot be served: tell the client why, then drop the connection. */
+static int refuse(net_conn *c, uint64_t id, int code, const char *msg)
+{
+    wire_writer w;
+    wire_writer_init(&w, 1024);
+    wire_put_u32(&w, (uint32_t)code);
+    wire_put_str(&w, msg);
+    net_send_frame(c, WIRE_ERROR, id, w.data, (uint32_t)w.len, 1000);
+    wire_writer_free(&w);
+    return code;
+}
+
+static void read_bytes_as_tokens(const uint8_t *b, int32_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = b[i];
+}
+
+/* Parse the common head of FORWARD/BACKWARD into in; returns 0 or CIRRUS_ECORRUPT. */
+static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *keep,
+                            int *codec)
+{
+    const stage_peer_options *o = p->opt;
+    in->id = wire_get_u64(r);
+    uint32_t B = wire_get_u32(r), T = wire_get_u32(r);
+    const uint8_t *flags = wire_get_bytes(r, 4); /* keep, codec, has_targets, 0 */
+    if (!flags) return CIRRUS_ECORRUPT;
+    *keep = flags[0];
+    *codec = flags[1];
+    int has_targets = flags[2];
+    if (r->failed || flags[3] != 0 || B < 1 || B > (uint32_t)o->max_B || T < 1 || T > (uint32_t)o->max_T ||
+        (*codec != STAGE_CODEC_NONE && *codec != STAGE_CODEC_Q8) || has_targets > 1 ||
+        (has_targets && o->l1 != o->model.n_layer))
+        return CIRRUS_ECORRUPT;
+    in->B = (int)B;
+    in->T = (int)T;
+    const size_t n = (size_t)B * T;
+    in->tokens = NULL;
+    in->hidden = NULL;
+    in->targets = NULL;
+    if (o->l0 == 0) {
+        const uint8_t *b = wire_get_bytes(r, n);
+        if (!b) return CIRRUS_ECORRUPT;
+        read_bytes_as_tokens(b, p->tokens, n);
+        in->tokens = p->tokens;
+    } else {
+        if (stage_get_floats(r, p->in, n * p->C, *codec)) return CIRRUS_ECORRUPT;
+        in->hidden = p->in;
+    }
+    if (has_targets) {
+        const uint8_t *b = wire_get_bytes(r, n);
+        if (!b) return CIRRUS_ECORRUPT;
+        read_bytes_as_tokens(b, p->targets, n);
+        in->targets = p->targets;
+    }
+    return 0;
+}
+
+/* Serve one request under the lock; fills the reply. Returns 0, or a status code after
+ * which the connection is dropped (with *why set). */
+static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_writer *reply,
+                 const char **why)
+{
+    const stage_peer_options *o = p->opt;
+    const int first = o->l0 == 0, last = o->l1 == o->model.n_layer;
+    const size_t VC = p->V * p->C;
+    wire_reader r;
+    wire_reader_init(&r, payload, h->payload_len);
+    gpt_stage_input in = {0};
+    int keep, codec, rc;
+    *why = "malformed request";
+    switch (h->type) {
+    case STAGE_FORWARD: {
+        if (parse_microbatch(p, &r, &in, &keep, &codec) || wire_reader_done(&r))
+            return CIRRUS_ECORRUPT;
+        float loss = 0.0f;
+        *why = "forward failed";
+        if ((rc = gpt_stage_forward(p->stage, &in, p->out, &loss, keep))) return rc;
+        if (last && in.targets)
+            wire_put_f32(reply, loss);
+        else
+            stage_put_floats(reply, p->out, (size_t)in.B * in.T * (last ? p->V : p->C),
+                             last ? STAGE_CODEC_NONE : codec);
+        return 0;
+    }
+    case STAGE_BACKWARD: {
+        if (parse_microbatch(p, &r, &in, &keep, &codec)) return CIRRUS_ECORRUPT;
+        const size_t n = (size_t)in.B * in.T * p->C;
+        if (!last && stage_get_floats(&r, p->grad, n, codec)) return CIRRUS_ECORRUPT;
+        if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
+        *why = "backward failed";
+        if ((rc = gpt_stage_backward(p->stage, &in, p->grad, p->out))) return rc;
+        if (!first) stage_put_floats(reply, p->out, n, codec);
+        return 0;
+    }
+    case STAGE_HEAD_GRAD:
+        *why = "HEAD_GRAD sent to a stage without the LM head";
+        if (!last || h->payload_len) return CIRRUS_EINVAL;
+        wire_put_bytes(reply, p->model.grad_head, VC * sizeof(float));
+        memset(p->model.grad_head, 0, VC * sizeof(float));
+        return 0;
+    case STAGE_FOLD_TIED: {
+        *why = "FOLD_TIED sent to a stage without the embedding";
+        if (!first) return CIRRUS_EINVAL;
+        const float *head = wire_get_bytes(&r, VC * sizeof(float));
+        *why = "malformed request";
+        if (!head || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
+        /* The same addition, in the same order, as gpt_fold_tied_grads(). */
+        for (size_t i = 0; i < VC; i++) p->model.g.wte[i] += head[i];
+        wire_put_bytes(reply, p->model.g.wte, VC * sizeof(float));
+        return 0;
+    }
+    case STAGE_SET_TIED: {
+        *why = "SET_TIED sent to a stage without the LM head";
+        if (!last || first) return CIRRUS_EINVAL;
+        const void *g = wire_get_bytes(&r, VC * sizeof(float));
+        *why = "malformed request";
+        if (!g || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
+        memcpy(p->model.g.wte, g, VC * sizeof(float));
+        return 0;
+    }
+    case STAGE_SUMSQ: {
+        if (h->payload_len) return CIRRUS_ECORRUPT;
+        double *parts = malloc(sizeof(double) * (size_t)(p->adam.n_seg ? p->adam.n_seg : 1));
+        *why = "out of memory";
+        if (!parts) return CIRRUS_ENOMEM;
+        adamw_segment_sumsq(&p->adam, p->model.grads, 1.0f, parts);
+        wire_put_u32(reply, (uint32_t)p->adam.n_seg);
+        for (int s = 0; s < p->adam.n_seg; s++) {
+            wire_put_u64(reply, p->adam.seg[s].offset);
+            wire_put_f64(reply, parts[s]);
+        }
+        free(parts);
+        return 0;
+    }
+    case STAGE_STEP: {
+        float lr = wire_get_f32(&r), scale = wire_get_f32(&r);
+        uint64_t step = wire_get_u64(&r);
+        double total = wire_get_f64(&r);
+        if (wire_reader_done(&r) || step < 1 || !(lr >= 0.0f) || !(scale > 0.0f) ||
+            !(total >= 0.0))
+            return CIRRUS_ECORRUPT;
+        adamw_step(&p->adam, p->model.params, p->model.grads, scale, total, lr, step);
+        return 0;
+    }
+    case STAGE_INFO: {
+        if (h->payload_len) return CIRRUS_ECORRUPT;
+        const gpt_config *c = &o->model;
+        const uint32_t v[] = {(uint32_t)o->l0, (uint32_t)o->l1, (uint32_t)c->n_layer,
+                              (uint32_t)c->n_embd, (uint32_t)c->n_head, (uint32_t)c->seq_len};
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) wire_put_u32(reply, v[i]);
+        wire_put_u64(reply, p->model.n_params);
+        return 0;
+    }
+    default:
+        *why = "unknown request type";
+        return CIRRUS_ECORRUPT;
+    }
+}
+
+static void *conn_main(void *arg)
+{
+    conn_job *job = arg;
+    peer *p = job->p;
+    net_conn *c = job->c;
+    free(job);
+    cirrus_error err = {0};
+    uint16_t role;
+    uint32_t peer_id;
+    if (net_hello_server(c, p->opt->job_id, &role, &peer_id, 5000, &err)) {
+        log_warn("dropped %s: %s", net_peer_name(c), err.msg);
+        goto out;
+    }
+    net_set_max_payload(c, PEER_REPLY_LIMIT);
+    while (!*p->stop) {
+        wire_header h;
+        const uint8_t *payload;
+        int rc = net_recv_frame(c, &h, &payload, 1000, &err);
+        if (rc == CIRRUS_ETIMEDOUT) continue; /* idle: look at the stop flag again */
+        if (rc == CIRRUS_ECLOSED) break;
+        if (rc) {
+            log_warn("dropped %s: %s", net_peer_name(c), err.msg);
+            break;
+        }
+        wire_writer reply;
+        wire_writer_init(&reply, PEER_REPLY_LIMIT);
+        const char *why = NULL;
+        pthread_mutex_lock(&p->mu);
+        rc = serve(p, &h, payload, &reply, &why);
+        pthread_mutex_unlock(&p->mu);
+        if (!rc && reply.failed) {
+            rc = CIRRUS_ENOMEM;
+            why = "reply too large";
+        }
+        if (rc) {
+            log_warn("dropped %s: %s (request type %u)", net_peer_name(c), why, h.type);
+            refuse(c, h.request_id, rc, why);
+            wire_writer_free(&reply);
+            break;
+        }
+        rc = net_send_frame(c, (uint16_t)(h.type + 1), h.request_id, reply.data,
+                            (uint32_t)reply.len, PEER_IO_TIMEOUT_MS);
+        wire_writer_free(&reply);
+        if (rc) break;
+    }
+out:
+    net_close(c);
+    pthread_mutex_lock(&p->mu);
+    p->active--;
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
+{
+    int rc;
+    if ((rc = gpt_model_create(&p->model, &o->model, err))) return rc;
+    gpt_model_init(&p->model, o->seed);
+    if ((rc = gpt_stage_create(&p->stage, &p->model, o->l0, o->l1, o->max_B, o->max_T, err)))
+        return rc;
+    const int first = o->l0 == 0, last = o->l1 == o->model.n_layer;
+    p->C = (size_t)o->model.n_embd;
+    p->V = (size_t)o->model.vocab;
+    p->N = (size_t)o->max_B * o->max_T;
+    /* The last stage also owns an optimizer copy of wte: the tied head is updated there
+     * with the same folded gradient as in the first stage, so both copies stay equal. */
+    gpt_span spans[2];
+    int n = 0;
+    if (last && !first) spans[n++] = (gpt_span){0, p->V * p->C};
+    spans[n++] = gpt_stage_param_span(&o->model, o->l0, o->l1);
+    if ((rc = adamw_create(&p->adam, &o->model, spans, n, &o->adam, err))) return rc;
+    size_t width = p->C > p->V ? p->C : p->V;
+    p->tokens = malloc(sizeof(int32_t) * p->N);
+    p->targets = malloc(sizeof(int32_t) * p->N);
+    p->in = malloc(sizeof(float) * p->N * width);
+    p->out = malloc(sizeof(float) * p->N * width);
+    p->grad = malloc(sizeof(float) * p->N * width);
+    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad)
+        return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate stage buffers");
+    return 0;
+}
+
+static void peer_teardown(peer *p)
+{
+    free(p->tokens);
+    free(p->targets);
+    free(p->in);
+    free(p->out);
+    free(p->grad);
+    adamw_destroy(&p->adam);
+    gpt_stage_destroy(p->stage);
+    gpt_model_destroy(&p->model);
+}
+
+int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cirrus_error *err)
+{
+    peer p = {.opt = o, .stop = stop};
+    pthread_mutex_init(&p.mu, NULL);
+    int rc = peer_setup(&p, o, err);
+    if (rc) goto out;
+    log_info("serving layers [%d, %d) of %d", o->l0, o->l1, o->model.n_layer);
+    while (!*stop) {
+        net_conn *c = NULL;
+        cirrus_error aerr;
+        int arc = net_accept(o->listen_fd, 200, &c, &aerr);
+        if (arc == CIRRUS_ETIMEDOUT) continue;
+        if (arc) {
+            log_warn("accept: %s", aerr.msg);
+            continue;
+        }
+        conn_job *job = malloc(sizeof *job);
+        pthread_t th;
+        if (!job) {
+            net_close(c);
+            continue;
+        }
+        *job = (conn_job){&p, c};
+        pthread_mutex_lock(&p.mu);
+        p.active++;
+        pthread_mutex_unlock(&p.mu);
+        if (pthread_create(&th, NULL, conn_main, job) != 0) {
+            net_close(c);
+            free(job);
+            pthread_mutex_lock(&p.mu);
+            p.active--;
+            pthread_mutex_unlock(&p.mu);
+            continue;
+        }
+        pthread_detach(th);
+    }
+    /* Connection threads notice the stop flag within a second; wait for them. */
+    for (;;) {
+        pthread_mutex_lock(&p.mu);
+        int active = p.active;
+        pthread_mutex_unlock(&p.mu);
+        if (!active) break;
+        usleep(10000);
+    }
+out:
+    peer_teardown(&p);
+    pthread_mutex_destroy(&p.mu);
+    return rc;
+}

@@ -1,0 +1,32 @@
+/* stage_peer: a process serving one pipeline stage to clients over the wire protocol.
+ *
+ * It builds the whole model from the job's seed (so every peer of every stage starts from
+ * the same weights), keeps the layers [l0, l1) it serves, and answers forward / stateless
+ * backward requests, the tied-embedding gradient exchange, gradient sums and optimizer
+ * steps (stage_proto.h). One thread per connection; requests are served one at a time
+ * under a lock (the model is one). A malformed request drops that connection only.
+ */
+#ifndef CIRRUS_STAGE_PEER_H
+#define CIRRUS_STAGE_PEER_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "../model/gpt.h"
+#include "../optim/adamw.h"
+
+typedef struct stage_peer_options {
+    const char *job_id;
+    gpt_config model;
+    int l0, l1;            /* layers served */
+    int max_B, max_T;      /* largest microbatch accepted */
+    uint64_t seed;         /* the job's seed: identical initial weights everywhere */
+    adamw_config adam;     /* betas, eps, decay; the learning rate comes with each STEP */
+    int listen_fd;         /* a listening socket */
+} stage_peer_options;
+
+/* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */
+int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop,
+                   cirrus_error *err);
+
+#endif

@@ -1,0 +1,58 @@
+/* stage_proto: the messages between pipeline clients and stage peers (wire types 64..127).
+ *
+ * All payloads are built with wire_writer and parsed with wire_reader (little-endian,
+ * bounds-checked). Every request is answered by the type + 1 with the same request id, or
+ * by WIRE_ERROR (i32 code, str message). See docs/PROTOCOL.md.
+ *
+ *   FORWARD   u64 mb_id, u32 B, u32 T, u8 keep, u8 codec, u8 has_targets, u8 0,
+ *             input (first stage: B*T token bytes; others: activations, see below),
+ *             targets (B*T bytes, if has_targets)
+ *     -> OK   last stage with targets: f32 loss; otherwise activations (B*T*C)
+ *   BACKWARD  as FORWARD (keep ignored), then grad_out activations (non-last stages)
+ *     -> OK   grad_in activations (B*T*C), empty for the first stage
+ *   HEAD_GRAD (last stage) -> OK: V*C f32, the LM head's share of d(wte); then zeroed there
+ *   FOLD_TIED (first stage) V*C f32 head share -> OK: V*C f32, the folded d(wte)
+ *   SET_TIED  (last stage)  V*C f32 folded d(wte) -> OK: empty
+ *   SUMSQ     -> OK: u32 n, n x (u64 tensor offset, f64 sum of squares of its gradient)
+ *   STEP      f32 lr, f32 grad_scale, u64 step (1-based), f64 global sum of squares
+ *     -> OK   empty
+ *   INFO      -> OK: u32 l0, l1, n_layer, n_embd, n_head, seq_len, u64 n_params
+ *
+ * Activations travel as `codec`: 0 = raw f32 (B*T*C*4 bytes), 1 = codec_q8 blocks.
+ */
+#ifndef CIRRUS_STAGE_PROTO_H
+#define CIRRUS_STAGE_PROTO_H
+
+#include <stddef.h>
+
+#include "../net/wire.h"
+
+enum stage_msg {
+    STAGE_FORWARD = 64,
+    STAGE_FORWARD_OK = 65,
+    STAGE_BACKWARD = 66,
+    STAGE_BACKWARD_OK = 67,
+    STAGE_HEAD_GRAD = 68,
+    STAGE_HEAD_GRAD_OK = 69,
+    STAGE_FOLD_TIED = 70,
+    STAGE_FOLD_TIED_OK = 71,
+    STAGE_SET_TIED = 72,
+    STAGE_SET_TIED_OK = 73,
+    STAGE_SUMSQ = 74,
+    STAGE_SUMSQ_OK = 75,
+    STAGE_STEP = 76,
+    STAGE_STEP_OK = 77,
+    STAGE_INFO = 78,
+    STAGE_INFO_OK = 79,
+};
+
+enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
+
+#define STAGE_ROLE_CLIENT 2 /* handshake role of a pipeline client */
+
+/* Append n floats encoded with codec. */
+void stage_put_floats(wire_writer *w, const float *x, size_t n, int codec);
+/* Read n floats encoded with codec into out; CIRRUS_ECORRUPT if they are not there. */
+int stage_get_floats(wire_reader *r, float *out, size_t n, int codec);
+
+#endif
