@@ -83,7 +83,9 @@ TEST(swarm_two_peers_equal_one_process)
     }
     pipeline *p;
     cirrus_error err = {0};
-    if (pipeline_connect(&p, "swarm-test", 2, addrs, &cfg, B, T, STAGE_CODEC_NONE, 5000, &err))
+    const int one_peer_each[2] = {1, 1};
+    if (pipeline_connect(&p, "swarm-test", 2, one_peer_each, addrs, &cfg, B, T,
+                         STAGE_CODEC_NONE, 5000, &err))
         TEST_FAIL("connect: %s", err.msg);
     for (int s = 0; s < STEPS; s++) {
         float loss;

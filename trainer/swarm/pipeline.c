@@ -7,18 +7,20 @@
 #include "../net/conn.h"
 #include "stage_proto.h"
 
-#define PIPE_MAX_STAGES 64
 #define PIPE_REPLY_LIMIT (256u << 20)
 
+/* The peers serving one stage. */
 typedef struct stage_link {
-    net_conn *c;
-    int l0, l1;
+    int n;                       /* peers */
+    net_conn *c[PIPE_MAX_PEERS];
+    int next;                    /* round-robin cursor */
 } stage_link;
 
 struct pipeline {
     int n, codec, timeout_ms;
     gpt_config cfg;
     stage_link link[PIPE_MAX_STAGES];
+    int route[PIPE_MAX_STAGES];       /* the peer of each stage serving this microbatch */
     float *acts[PIPE_MAX_STAGES + 1]; /* acts[s]: input of stage s (s >= 1), max_B*max_T*C */
     float *grad[2];                   /* ping-pong gradient buffers */
     float *tied;                      /* V*C */
@@ -26,31 +28,66 @@ struct pipeline {
     uint64_t next_id;                 /* request ids */
 };
 
-/* Send a request to stage s and wait for its reply (type + 1). */
-static int call(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
-                cirrus_error *err)
+static int send_to(pipeline *p, int s, int k, uint16_t type, uint64_t id, const wire_writer *w,
+                   cirrus_error *err)
 {
-    stage_link *L = &p->link[s];
-    uint64_t id = ++p->next_id;
     if (w->failed) return cirrus_fail(err, CIRRUS_ENOMEM, "request to stage %d too large", s);
-    int rc = net_send_frame(L->c, type, id, w->data, (uint32_t)w->len, p->timeout_ms);
-    if (rc) return cirrus_fail(err, rc, "stage %d: send: %s", s, cirrus_strerror(rc));
+    int rc = net_send_frame(p->link[s].c[k], type, id, w->data, (uint32_t)w->len,
+                            p->timeout_ms);
+    return rc ? cirrus_fail(err, rc, "stage %d peer %d: send: %s", s, k, cirrus_strerror(rc))
+              : 0;
+}
+
+/* Wait for peer k of stage s to answer request id of `type` (with type + 1). */
+static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wire_reader *r,
+                       cirrus_error *err)
+{
     wire_header h;
     const uint8_t *payload;
-    if ((rc = net_recv_frame(L->c, &h, &payload, p->timeout_ms, err))) return rc;
+    int rc = net_recv_frame(p->link[s].c[k], &h, &payload, p->timeout_ms, err);
+    if (rc) return rc;
     if (h.type == WIRE_ERROR) {
         wire_reader e;
         wire_reader_init(&e, payload, h.payload_len);
         int code = (int)wire_get_u32(&e);
         char msg[200] = "?";
         wire_get_str(&e, msg, sizeof msg);
-        return cirrus_fail(err, code < 0 ? code : CIRRUS_EIO, "stage %d refused: %s", s, msg);
+        return cirrus_fail(err, code < 0 ? code : CIRRUS_EIO, "stage %d peer %d refused: %s", s,
+                           k, msg);
     }
     if (h.type != type + 1 || h.request_id != id)
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: unexpected reply type %u", s,
-                           h.type);
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %d: unexpected reply type %u",
+                           s, k, h.type);
     wire_reader_init(r, payload, h.payload_len);
     return 0;
+}
+
+/* Send a request to peer k of stage s and wait for its reply. */
+static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
+                     wire_reader *r, cirrus_error *err)
+{
+    uint64_t id = ++p->next_id;
+    int rc = send_to(p, s, k, type, id, w, err);
+    return rc ? rc : await_reply(p, s, k, type, id, r, err);
+}
+
+/* The request to the peer of stage s routed for the current microbatch. */
+static int call(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
+                cirrus_error *err)
+{
+    return call_peer(p, s, p->route[s], type, w, r, err);
+}
+
+/* The same request to every peer of stage s at once, then every reply (AVERAGE needs all
+ * peers inside the all-reduce together). r receives peer 0's reply. */
+static int call_all(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
+                    cirrus_error *err)
+{
+    uint64_t id = ++p->next_id;
+    int rc = 0;
+    for (int k = 0; k < p->link[s].n && !rc; k++) rc = send_to(p, s, k, type, id, w, err);
+    for (int k = p->link[s].n - 1; k >= 0 && !rc; k--) rc = await_reply(p, s, k, type, id, r, err);
+    return rc;
 }
 
 static void put_bytes_of(wire_writer *w, uint8_t *tmp, const int32_t *t, size_t n)
@@ -102,6 +139,12 @@ static int forward_all(pipeline *p, uint64_t id, int B, int T, int keep, const i
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err)
 {
+    /* Round-robin over each stage's peers; forward and backward of a microbatch go to the
+     * same peers, which still hold its activations. */
+    for (int s = 0; s < p->n; s++) {
+        p->route[s] = p->link[s].next;
+        p->link[s].next = (p->link[s].next + 1) % p->link[s].n;
+    }
     int rc = forward_all(p, id, B, T, 1, x, y, loss, err);
     if (rc) return rc;
     const size_t n = (size_t)B * T * p->cfg.n_embd;
@@ -139,7 +182,7 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 0);
-    int rc = call(p, last, STAGE_HEAD_GRAD, &w, &r, err);
+    int rc = call_peer(p, last, 0, STAGE_HEAD_GRAD, &w, &r, err);
     const void *g = rc ? NULL : wire_get_bytes(&r, bytes);
     if (!rc && (!g || wire_reader_done(&r)))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad HEAD_GRAD reply");
@@ -147,7 +190,7 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     memcpy(p->tied, g, bytes);
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
     wire_put_bytes(&w, p->tied, bytes);
-    rc = call(p, first, STAGE_FOLD_TIED, &w, &r, err);
+    rc = call_all(p, first, STAGE_FOLD_TIED, &w, &r, err);
     wire_writer_free(&w);
     g = rc ? NULL : wire_get_bytes(&r, bytes);
     if (!rc && (!g || wire_reader_done(&r)))
@@ -155,7 +198,7 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     if (rc || first == last) return rc;
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
     wire_put_bytes(&w, g, bytes);
-    rc = call(p, last, STAGE_SET_TIED, &w, &r, err);
+    rc = call_all(p, last, STAGE_SET_TIED, &w, &r, err);
     wire_writer_free(&w);
     return rc;
 }
@@ -182,7 +225,7 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
         wire_writer w;
         wire_reader r;
         wire_writer_init(&w, 0);
-        if ((rc = call(p, s, STAGE_SUMSQ, &w, &r, err))) break;
+        if ((rc = call_peer(p, s, 0, STAGE_SUMSQ, &w, &r, err))) break;
         uint32_t k = wire_get_u32(&r);
         for (uint32_t i = 0; i < k && !r.failed; i++) {
             if (n == cap) {
@@ -210,10 +253,25 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
     return rc;
 }
 
+/* Sum each stage's gradients over its peers (stages with one peer have nothing to do). */
+static int average_stages(pipeline *p, cirrus_error *err)
+{
+    int rc = 0;
+    for (int s = 0; s < p->n && !rc; s++) {
+        if (p->link[s].n < 2) continue;
+        wire_writer w;
+        wire_reader r;
+        wire_writer_init(&w, 0);
+        rc = call_all(p, s, STAGE_AVERAGE, &w, &r, err);
+    }
+    return rc;
+}
+
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err)
 {
     double total = 0.0;
-    int rc = exchange_tied(p, err);
+    int rc = average_stages(p, err);
+    if (!rc) rc = exchange_tied(p, err);
     if (!rc) rc = global_sumsq(p, &total, err);
     for (int s = 0; !rc && s < p->n; s++) {
         wire_writer w;
@@ -223,7 +281,7 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
         wire_put_f32(&w, grad_scale);
         wire_put_u64(&w, step);
         wire_put_f64(&w, total);
-        rc = call(p, s, STAGE_STEP, &w, &r, err);
+        rc = call_all(p, s, STAGE_STEP, &w, &r, err);
         wire_writer_free(&w);
     }
     return rc;
@@ -242,14 +300,52 @@ static int parse_addr(const char *addr, char *host, size_t cap, int *port)
     return 0;
 }
 
-int pipeline_connect(pipeline **out, const char *job_id, int n, const char *const *addrs,
-                     const gpt_config *cfg, int max_B, int max_T, int codec, int timeout_ms,
-                     cirrus_error *err)
+/* Connect to one peer and check what it serves. */
+static int connect_peer(pipeline *p, int s, int k, const char *addr, const char *job_id,
+                        int expect_l0, int *l1, cirrus_error *err)
+{
+    const gpt_config *cfg = &p->cfg;
+    char host[256];
+    int port, rc;
+    if (parse_addr(addr, host, sizeof host, &port))
+        return cirrus_fail(err, CIRRUS_EINVAL, "stage address '%s' is not host:port", addr);
+    if ((rc = net_connect(host, port, p->timeout_ms, &p->link[s].c[k], err))) return rc;
+    net_set_max_payload(p->link[s].c[k], PIPE_REPLY_LIMIT);
+    if ((rc = net_hello_client(p->link[s].c[k], job_id, STAGE_ROLE_CLIENT, 0, p->timeout_ms,
+                               err)))
+        return rc;
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, 0);
+    if ((rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err))) return rc;
+    uint32_t v[6];
+    for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
+    (void)wire_get_u64(&r);
+    if (wire_reader_done(&r) || (int)v[0] != expect_l0 || v[1] <= v[0] ||
+        (*l1 >= 0 && (int)v[1] != *l1) || (int)v[2] != cfg->n_layer ||
+        (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head || (int)v[5] != cfg->seq_len)
+        return cirrus_fail(err, CIRRUS_EMISMATCH,
+                           "stage %d at %s serves layers [%u, %u) of a model of %u layers x "
+                           "%u (%u heads, context %u); expected layers from %d of %d x %d "
+                           "(%d heads, context %d)",
+                           s, addr, v[0], v[1], v[2], v[3], v[4], v[5], expect_l0,
+                           cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
+    *l1 = (int)v[1];
+    return 0;
+}
+
+int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers,
+                     const char *const *addrs, const gpt_config *cfg, int max_B, int max_T,
+                     int codec, int timeout_ms, cirrus_error *err)
 {
     *out = NULL;
     if (n < 1 || n > PIPE_MAX_STAGES)
         return cirrus_fail(err, CIRRUS_EINVAL, "stages must be in [1, %d], got %d",
                            PIPE_MAX_STAGES, n);
+    for (int s = 0; s < n; s++)
+        if (peers[s] < 1 || peers[s] > PIPE_MAX_PEERS)
+            return cirrus_fail(err, CIRRUS_EINVAL, "stage %d: peers must be in [1, %d], got %d",
+                               s, PIPE_MAX_PEERS, peers[s]);
     pipeline *p = calloc(1, sizeof *p);
     if (!p) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     p->n = n;
@@ -269,44 +365,17 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const char *cons
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
         goto fail;
     }
-    int expect_l0 = 0;
+    int l0 = 0, a = 0;
     for (int s = 0; s < n; s++) {
-        char host[256];
-        int port;
-        if (parse_addr(addrs[s], host, sizeof host, &port)) {
-            rc = cirrus_fail(err, CIRRUS_EINVAL, "stage address '%s' is not host:port",
-                             addrs[s]);
-            goto fail;
+        int l1 = -1; /* every peer of a stage must serve the same layers */
+        for (int k = 0; k < peers[s]; k++) {
+            if ((rc = connect_peer(p, s, k, addrs[a++], job_id, l0, &l1, err))) goto fail;
+            p->link[s].n = k + 1;
         }
-        if ((rc = net_connect(host, port, timeout_ms, &p->link[s].c, err))) goto fail;
-        net_set_max_payload(p->link[s].c, PIPE_REPLY_LIMIT);
-        if ((rc = net_hello_client(p->link[s].c, job_id, STAGE_ROLE_CLIENT, 0, timeout_ms,
-                                   err)))
-            goto fail;
-        wire_writer w;
-        wire_reader r;
-        wire_writer_init(&w, 0);
-        if ((rc = call(p, s, STAGE_INFO, &w, &r, err))) goto fail;
-        uint32_t v[6];
-        for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
-        (void)wire_get_u64(&r);
-        if (wire_reader_done(&r) || (int)v[0] != expect_l0 || v[1] <= v[0] ||
-            (int)v[2] != cfg->n_layer || (int)v[3] != cfg->n_embd ||
-            (int)v[4] != cfg->n_head || (int)v[5] != cfg->seq_len) {
-            rc = cirrus_fail(err, CIRRUS_EMISMATCH,
-                             "stage %d at %s serves layers [%u, %u) of a model of %u layers x "
-                             "%u (%u heads, context %u); expected layers from %d of %d x %d "
-                             "(%d heads, context %d)",
-                             s, addrs[s], v[0], v[1], v[2], v[3], v[4], v[5], expect_l0,
-                             cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
-            goto fail;
-        }
-        p->link[s].l0 = (int)v[0];
-        p->link[s].l1 = (int)v[1];
-        expect_l0 = (int)v[1];
+        l0 = l1;
     }
-    if (expect_l0 != cfg->n_layer) {
-        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the stages end at layer %d of %d", expect_l0,
+    if (l0 != cfg->n_layer) {
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the stages end at layer %d of %d", l0,
                          cfg->n_layer);
         goto fail;
     }
@@ -321,7 +390,7 @@ void pipeline_close(pipeline *p)
 {
     if (!p) return;
     for (int s = 0; s < p->n; s++) {
-        net_close(p->link[s].c);
+        for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].c[k]);
         free(p->acts[s + 1]);
     }
     free(p->grad[0]);

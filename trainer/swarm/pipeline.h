@@ -1,4 +1,4 @@
-/* pipeline: the client side of a pipeline of stage peers (one peer per stage for now).
+/* pipeline: the client side of a pipeline of stage peers.
  *
  * A client drives each microbatch through the stages in order and keeps every stage's
  * input, so the backward can be sent to the stage with exactly the input its forward saw
@@ -14,20 +14,25 @@
 
 #include "../model/gpt.h"
 
+#define PIPE_MAX_STAGES 64
+#define PIPE_MAX_PEERS 16
+
 typedef struct pipeline pipeline;
 
-/* Connect to stage peers at addrs[0..n) ("host:port", in stage order) and check that they
- * serve consecutive layer ranges covering cfg's model. */
-int pipeline_connect(pipeline **out, const char *job_id, int n, const char *const *addrs,
-                     const gpt_config *cfg, int max_B, int max_T, int codec, int timeout_ms,
-                     cirrus_error *err);
+/* Connect to n stages; stage s has peers[s] peers, whose "host:port" addresses come next in
+ * addrs (stage-major). Checks that each stage's peers serve the same layers and that the
+ * stages cover cfg's model in order. max_B x max_T bounds a microbatch. */
+int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers,
+                     const char *const *addrs, const gpt_config *cfg, int max_B, int max_T,
+                     int codec, int timeout_ms, cirrus_error *err);
 void pipeline_close(pipeline *p);
 
-/* Forward + backward of one microbatch; *loss is its mean loss. Gradients accumulate on
- * the peers until pipeline_step(). */
+/* Forward + backward of one microbatch on the next peer of each stage (round-robin); *loss
+ * is its mean loss. Gradients accumulate on the peers until pipeline_step(). */
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err);
-/* Optimizer step on every stage (grad_scale = 1 / microbatches accumulated). */
+/* Optimizer step: the peers of each stage sum their gradients, then every stage steps
+ * (grad_scale = 1 / microbatches accumulated since the last step). */
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err);
 /* Forward only: the mean loss of a batch, nothing kept. */
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,

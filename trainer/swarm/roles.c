@@ -32,6 +32,19 @@ static void on_signal(int sig)
     stop_requested = 1;
 }
 
+/* Split "a,b,c" in place at sep into at most max pieces; -1 if there are more. */
+static int split_list(char *s, const char **out, int max, char sep)
+{
+    int n = 0;
+    const char seps[2] = {sep, 0};
+    char *save = NULL;
+    for (char *tok = strtok_r(s, seps, &save); tok; tok = strtok_r(NULL, seps, &save)) {
+        if (n == max) return -1;
+        out[n++] = tok;
+    }
+    return n;
+}
+
 static int parse_layers(const char *text, int *l0, int *l1)
 {
     char *end;
@@ -49,7 +62,8 @@ int roles_cmd_stage(int argc, char **argv)
 {
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
-    int listen_fd = -1, batch = 8, seq = 0, help = 0;
+    int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_rank = 0, ring_fd = -1;
+    const char *ring_peers = NULL;
     uint64_t seed = 1337;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -60,6 +74,10 @@ int roles_cmd_stage(int argc, char **argv)
         {"batch", FLAG_INT, &batch, 1, 65536, "largest microbatch (sequences)", 0},
         {"seq", FLAG_INT, &seq, 1, 65536, "largest sequence (default: the context)", 0},
         {"seed", FLAG_U64, &seed, 0, 0, "the job's seed (initial weights)", 0},
+        {"ring-peers", FLAG_STR, &ring_peers, 0, 0,
+         "gradient-averaging addresses of every peer of this stage, HOST:PORT,...", 0},
+        {"ring-rank", FLAG_INT, &ring_rank, 0, 63, "this peer's index in --ring-peers", 0},
+        {"ring-fd", FLAG_INT, &ring_fd, 0, 65535, "inherited socket for --ring-peers", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -83,6 +101,47 @@ int roles_cmd_stage(int argc, char **argv)
         return cli_fail_input("stage", &err);
     }
     o.adam = adamw_defaults(0.0f, 1);
+    /* Gradient averaging with the other peers of the stage. */
+    char *ring_list = ring_peers ? strdup(ring_peers) : NULL;
+    const char *ring_addrs[64];
+    static char ring_host[64][256];
+    static const char *ring_hosts[64];
+    static int ring_ports[64];
+    o.ring_world = 1;
+    if (ring_list) {
+        int n = split_list(ring_list, ring_addrs, 64, ',');
+        for (int i = 0; i < n; i++) {
+            const char *colon = strrchr(ring_addrs[i], ':');
+            size_t hl = colon ? (size_t)(colon - ring_addrs[i]) : 0;
+            ring_ports[i] = colon ? atoi(colon + 1) : 0;
+            if (!colon || hl == 0 || hl >= sizeof ring_host[i] || ring_ports[i] < 1) n = -1;
+            if (n < 0) break;
+            memcpy(ring_host[i], ring_addrs[i], hl);
+            ring_host[i][hl] = '\0';
+            ring_hosts[i] = ring_host[i];
+        }
+        if (n < 1 || ring_rank >= n) {
+            cirrus_fail(&err, CIRRUS_EINVAL,
+                        "--ring-peers must list HOST:PORT addresses including --ring-rank %d",
+                        ring_rank);
+            free(ring_list);
+            return cli_fail_input("stage", &err);
+        }
+        o.ring_world = n;
+        o.ring_rank = ring_rank;
+        o.ring_hosts = ring_hosts;
+        o.ring_ports = ring_ports;
+        if (ring_fd >= 0) {
+            o.ring_listen_fd = ring_fd;
+        } else {
+            int bound;
+            if (net_listen(ring_hosts[ring_rank], ring_ports[ring_rank], &o.ring_listen_fd,
+                           &bound, &err)) {
+                free(ring_list);
+                return cli_fail_input("stage", &err);
+            }
+        }
+    }
     char role[64];
     snprintf(role, sizeof role, "stage %d:%d", o.l0, o.l1);
     log_set_role(role);
@@ -108,6 +167,8 @@ int roles_cmd_stage(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     int rc = stage_peer_run(&o, &stop_requested, &err);
     close(o.listen_fd);
+    if (ring_list) close(o.ring_listen_fd);
+    free(ring_list);
     if (rc) {
         fprintf(stderr, "cirrus-trainer stage: %s\n", err.msg);
         return 1;
@@ -117,17 +178,44 @@ int roles_cmd_stage(int argc, char **argv)
 
 /* ---- the client: the training loop of train.c, with the model on the stage peers ---- */
 
+typedef struct pipe_exec {
+    pipeline *p;
+    int micro; /* sequences per microbatch; a step's batch is split into B / micro of them */
+} pipe_exec;
+
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
-    int rc = pipeline_microbatch(ctx, id, B, T, x, y, loss, err);
-    return rc ? rc : pipeline_step(ctx, lr, 1.0f, step, err);
+    pipe_exec *e = ctx;
+    const int M = B / e->micro;
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) {
+        float l;
+        const size_t off = (size_t)m * e->micro * T;
+        int rc = pipeline_microbatch(e->p, (id - 1) * (uint64_t)M + (uint64_t)m + 1, e->micro,
+                                     T, x + off, y + off, &l, err);
+        if (rc) return rc;
+        sum += l;
+    }
+    *loss = (float)(sum / M);
+    return pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
 }
 
 static int pipe_eval(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
                      cirrus_error *err)
 {
-    return pipeline_eval(ctx, B, T, x, y, loss, err);
+    pipe_exec *e = ctx;
+    const int M = B / e->micro;
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) {
+        float l;
+        const size_t off = (size_t)m * e->micro * T;
+        int rc = pipeline_eval(e->p, e->micro, T, x + off, y + off, &l, err);
+        if (rc) return rc;
+        sum += l;
+    }
+    *loss = (float)(sum / M);
+    return 0;
 }
 
 static int parse_codec(const char *name, int *codec, cirrus_error *err)
@@ -142,35 +230,31 @@ static int parse_codec(const char *name, int *codec, cirrus_error *err)
     return 0;
 }
 
-/* Train through stage peers at addrs[0..n). */
+/* Train through n stages of peers[s] peers each, at addrs (stage-major). */
 static int run_client(const char *cmd, train_options *o, const char *job, int n,
-                      const char *const *addrs, int codec)
+                      const int *peers, const char *const *addrs, int codec, int micro)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
     const int T = o->seq ? o->seq : o->model.seq_len;
-    if (pipeline_connect(&p, job, n, addrs, &o->model, o->batch, T, codec, PIPE_TIMEOUT_MS,
-                         &err)) {
-        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
-        return 1;
+    if (micro < 1 || o->batch % micro) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--microbatch %d must divide --batch %d", micro,
+                    o->batch);
+        return cli_fail_input(cmd, &err);
     }
-    train_executor ex = {p, pipe_step, pipe_eval};
+    if (pipeline_connect(&p, job, n, peers, addrs, &o->model, micro, T, codec,
+                         PIPE_TIMEOUT_MS, &err)) {
+        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
+    }
+    pipe_exec pe = {p, micro};
+    train_executor ex = {&pe, pipe_step, pipe_eval};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
     pipeline_close(p);
     return rc;
 }
 
-/* Split "a,b,c" in place into at most max pieces. */
-static int split_list(char *s, const char **out, int max)
-{
-    int n = 0;
-    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
-        if (n == max) return -1;
-        out[n++] = tok;
-    }
-    return n;
-}
 
 int roles_cmd_client(int argc, char **argv)
 {
@@ -179,12 +263,16 @@ int roles_cmd_client(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *stages = NULL, *act = "none";
-    int help = 0;
+    int help = 0, micro = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
         {"job", FLAG_STR, &job, 0, 0, "job id", 0},
-        {"stages", FLAG_STR, &stages, 0, 0, "stage peers in order: HOST:PORT,... (required)", 0},
+        {"stages", FLAG_STR, &stages, 0, 0,
+         "stage peers, stages in order separated by '/', a stage's peers by ',' (required)",
+         0},
+        {"microbatch", FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
+         0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
@@ -203,14 +291,23 @@ int roles_cmd_client(int argc, char **argv)
         return cli_fail_input("client", &err);
     }
     char *list = strdup(stages);
-    const char *addrs[64];
-    int n = list ? split_list(list, addrs, 64) : -1;
+    const char *stage_lists[PIPE_MAX_STAGES], *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
+    int peers[PIPE_MAX_STAGES], n_addrs = 0;
+    int n = list ? split_list(list, stage_lists, PIPE_MAX_STAGES, '/') : -1;
+    for (int s = 0; s < n; s++) {
+        peers[s] = split_list((char *)stage_lists[s], addrs + n_addrs, PIPE_MAX_PEERS, ',');
+        if (peers[s] < 1) n = -1;
+        if (n < 0) break;
+        n_addrs += peers[s];
+    }
     int rc;
     if (n < 1) {
-        cirrus_fail(&err, CIRRUS_EINVAL, "--stages must list 1 to 64 HOST:PORT addresses");
+        cirrus_fail(&err, CIRRUS_EINVAL,
+                    "--stages must list 1 to %d stages of 1 to %d HOST:PORT peers",
+                    PIPE_MAX_STAGES, PIPE_MAX_PEERS);
         rc = cli_fail_input("client", &err);
     } else {
-        rc = run_client("client", &o, job, n, addrs, codec);
+        rc = run_client("client", &o, job, n, peers, addrs, codec, micro ? micro : o.batch);
     }
     free(list);
     return rc;
@@ -218,31 +315,46 @@ int roles_cmd_client(int argc, char **argv)
 
 /* ---- local: a region on loopback ---- */
 
-/* Start a stage peer process serving [l0, l1) on an inherited listening socket. */
-static pid_t spawn_stage(int listen_fd, int l0, int l1, const gpt_config *cfg,
-                         const train_options *o, const char *job)
+/* What a spawned stage peer is told: its layers, sockets and the stage's ring. */
+typedef struct peer_spec {
+    int l0, l1, listen_fd, ring_fd, ring_rank;
+    const char *ring_peers; /* NULL: the stage's only peer */
+} peer_spec;
+
+/* Start a stage peer process on inherited listening sockets. */
+static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train_options *o,
+                         int micro, const char *job)
 {
     pid_t pid = fork();
     if (pid != 0) return pid;
-    int fd = dup(listen_fd); /* dup clears close-on-exec: the exec'd peer inherits it */
+    /* dup clears close-on-exec: the exec'd peer inherits the sockets. */
+    int fd = dup(ps->listen_fd), rfd = ps->ring_peers ? dup(ps->ring_fd) : -1;
     char a_fd[16], a_layers[32], a_nl[16], a_w[16], a_h[16], a_ctx[16], a_b[16], a_seq[16],
-        a_seed[32];
+        a_seed[32], a_rfd[16], a_rank[16];
     snprintf(a_fd, sizeof a_fd, "%d", fd);
-    snprintf(a_layers, sizeof a_layers, "%d:%d", l0, l1);
+    snprintf(a_layers, sizeof a_layers, "%d:%d", ps->l0, ps->l1);
     snprintf(a_nl, sizeof a_nl, "%d", cfg->n_layer);
     snprintf(a_w, sizeof a_w, "%d", cfg->n_embd);
     snprintf(a_h, sizeof a_h, "%d", cfg->n_head);
     snprintf(a_ctx, sizeof a_ctx, "%d", cfg->seq_len);
-    snprintf(a_b, sizeof a_b, "%d", o->batch);
+    snprintf(a_b, sizeof a_b, "%d", micro);
     snprintf(a_seq, sizeof a_seq, "%d", o->seq ? o->seq : cfg->seq_len);
     snprintf(a_seed, sizeof a_seed, "%llu", (unsigned long long)o->seed);
+    snprintf(a_rfd, sizeof a_rfd, "%d", rfd);
+    snprintf(a_rank, sizeof a_rank, "%d", ps->ring_rank);
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    char *args[] = {"cirrus-trainer", "stage", "--listen-fd", a_fd, "--serve", a_layers,
-                    "--layers", a_nl, "--width", a_w, "--heads", a_h, "--context", a_ctx,
-                    "--batch", a_b, "--seq", a_seq, "--seed", a_seed, "--job", (char *)job,
-                    NULL};
+    char *args[32] = {"cirrus-trainer", "stage", "--listen-fd", a_fd, "--serve", a_layers,
+                      "--layers", a_nl, "--width", a_w, "--heads", a_h, "--context", a_ctx,
+                      "--batch", a_b, "--seq", a_seq, "--seed", a_seed, "--job", (char *)job};
+    int n = 22;
+    if (ps->ring_peers) {
+        char *ring[] = {"--ring-peers", (char *)ps->ring_peers, "--ring-fd", a_rfd,
+                        "--ring-rank", a_rank};
+        for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) args[n++] = ring[i];
+    }
+    args[n] = NULL;
     execv("/proc/self/exe", args);
     _exit(127);
 }
@@ -254,18 +366,21 @@ int roles_cmd_local(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *act = "none";
-    int n_stages = 2, help = 0;
+    int n_stages = 2, n_peers = 1, micro = 0, help = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
-        {"stages", FLAG_INT, &n_stages, 1, 64, "pipeline stages (default 2)", 0},
+        {"stages", FLAG_INT, &n_stages, 1, PIPE_MAX_STAGES, "pipeline stages (default 2)", 0},
+        {"peers", FLAG_INT, &n_peers, 1, PIPE_MAX_PEERS, "peers per stage (default 1)", 0},
+        {"microbatch", FLAG_INT, &micro, 1, 65536,
+         "sequences per microbatch (default: batch / peers)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
     if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("local", &err);
     if (help) {
-        fprintf(stderr, "usage: cirrus-trainer local --stages S [flags]\n");
+        fprintf(stderr, "usage: cirrus-trainer local --stages S --peers P [flags]\n");
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
@@ -277,33 +392,51 @@ int roles_cmd_local(int argc, char **argv)
                     o.model.n_layer);
         return cli_fail_input("local", &err);
     }
+    if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
     const char *job = "cirrus-local";
-    pid_t pids[64];
-    char addr_buf[64][32];
-    const char *addrs[64];
-    int started = 0, rc = 0;
-    for (int s = 0; s < n_stages; s++) {
-        int fd, port;
-        if (net_listen("127.0.0.1", 0, &fd, &port, &err)) {
-            rc = cli_fail_input("local", &err);
-            break;
+    enum { MAXP = PIPE_MAX_STAGES * PIPE_MAX_PEERS };
+    static pid_t pids[MAXP];
+    static char addr_buf[MAXP][32], ring_buf[PIPE_MAX_STAGES][PIPE_MAX_PEERS * 24];
+    static const char *addrs[MAXP];
+    int peers[PIPE_MAX_STAGES], started = 0, rc = 0;
+    for (int s = 0; s < n_stages && !rc; s++) {
+        const int l0 = s * o.model.n_layer / n_stages, l1 = (s + 1) * o.model.n_layer / n_stages;
+        int fds[PIPE_MAX_PEERS], rfds[PIPE_MAX_PEERS], port, rport;
+        char *ring = ring_buf[s];
+        ring[0] = '\0';
+        peers[s] = n_peers;
+        /* Bind every socket of the stage first: each peer must know all ring addresses. */
+        for (int k = 0; k < n_peers && !rc; k++) {
+            if (net_listen("127.0.0.1", 0, &fds[k], &port, &err) ||
+                net_listen("127.0.0.1", 0, &rfds[k], &rport, &err)) {
+                rc = cli_fail_input("local", &err);
+                break;
+            }
+            snprintf(addr_buf[started + k], sizeof addr_buf[0], "127.0.0.1:%d", port);
+            addrs[started + k] = addr_buf[started + k];
+            snprintf(ring + strlen(ring), sizeof ring_buf[0] - strlen(ring), "%s127.0.0.1:%d",
+                     k ? "," : "", rport);
         }
-        int l0 = s * o.model.n_layer / n_stages, l1 = (s + 1) * o.model.n_layer / n_stages;
-        fflush(stdout);
-        pids[s] = spawn_stage(fd, l0, l1, &o.model, &o, job);
-        close(fd);
-        if (pids[s] < 0) {
-            rc = 1;
-            break;
+        for (int k = 0; k < n_peers && !rc; k++) {
+            peer_spec ps = {l0, l1, fds[k], rfds[k], k, n_peers > 1 ? ring : NULL};
+            fflush(stdout);
+            pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
+            if (pids[started] < 0) {
+                rc = 1;
+                break;
+            }
+            if (!o.json)
+                printf("cirrus: stage %d peer %d serves layers [%d, %d) at %s (pid %d)\n", s,
+                       k, l0, l1, addrs[started], (int)pids[started]);
+            started++;
         }
-        started++;
-        snprintf(addr_buf[s], sizeof addr_buf[s], "127.0.0.1:%d", port);
-        addrs[s] = addr_buf[s];
-        if (!o.json) printf("cirrus: stage %d serves layers [%d, %d) at %s (pid %d)\n", s, l0,
-                            l1, addrs[s], (int)pids[s]);
+        for (int k = 0; k < n_peers; k++) {
+            close(fds[k]);
+            close(rfds[k]);
+        }
     }
-    if (!rc) rc = run_client("local", &o, job, n_stages, addrs, codec);
-    for (int s = 0; s < started; s++) kill(pids[s], SIGTERM);
-    for (int s = 0; s < started; s++) waitpid(pids[s], NULL, 0);
+    if (!rc) rc = run_client("local", &o, job, n_stages, peers, addrs, codec, micro);
+    for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
+    for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
     return rc;
 }

@@ -9,6 +9,7 @@
 
 #include "../../common/log.h"
 #include "../model/stage.h"
+#include "../net/collective.h"
 #include "../net/conn.h"
 #include "stage_proto.h"
 
@@ -25,6 +26,9 @@ typedef struct peer {
     int32_t *tokens, *targets; /* max_B * max_T */
     float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
     size_t act_cap;
+    collective *ring;          /* the stage's peers, built at the first AVERAGE */
+    float *pack;               /* gradients packed for the all-reduce */
+    size_t pack_count;
     volatile sig_atomic_t *stop;
     int active;                /* connection threads alive (under mu) */
 } peer;
@@ -91,6 +95,47 @@ static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *k
     return 0;
 }
 
+/* Sum this stage's gradients over its peers: every optimizer segment, and the LM head's
+ * share for the last stage, packed into one buffer for one all-reduce. */
+static int average_gradients(peer *p)
+{
+    const stage_peer_options *o = p->opt;
+    if (o->ring_world <= 1) return 0;
+    cirrus_error err = {0};
+    if (!p->ring) {
+        ring_options ro = {.job_id = o->job_id, .timeout_ms = 30000, .chunk_bytes = 1 << 20};
+        int rc = ring_create(&p->ring, o->ring_rank, o->ring_world, o->ring_listen_fd,
+                             o->ring_hosts, o->ring_ports, &ro, &err);
+        if (rc) {
+            log_warn("averaging: %s", err.msg);
+            return rc;
+        }
+    }
+    const int last = o->l1 == o->model.n_layer;
+    const size_t VC = p->V * p->C;
+    float *g = p->pack;
+    for (int s = 0; s < p->adam.n_seg; s++) {
+        memcpy(g, p->model.grads + p->adam.seg[s].offset, sizeof(float) * p->adam.seg[s].count);
+        g += p->adam.seg[s].count;
+    }
+    if (last) memcpy(g, p->model.grad_head, sizeof(float) * VC);
+    int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);
+    if (rc) {
+        /* The ring is broken (a peer left): drop it; the next AVERAGE builds a new one. */
+        log_warn("averaging: %s", err.msg);
+        collective_destroy(p->ring);
+        p->ring = NULL;
+        return rc;
+    }
+    g = p->pack;
+    for (int s = 0; s < p->adam.n_seg; s++) {
+        memcpy(p->model.grads + p->adam.seg[s].offset, g, sizeof(float) * p->adam.seg[s].count);
+        g += p->adam.seg[s].count;
+    }
+    if (last) memcpy(p->model.grad_head, g, sizeof(float) * VC);
+    return 0;
+}
+
 /* Serve one request under the lock; fills the reply. Returns 0, or a status code after
  * which the connection is dropped (with *why set). */
 static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_writer *reply,
@@ -128,11 +173,14 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         if (!first) stage_put_floats(reply, p->out, n, codec);
         return 0;
     }
+    case STAGE_AVERAGE:
+        if (h->payload_len) return CIRRUS_ECORRUPT;
+        *why = "gradient averaging failed";
+        return average_gradients(p);
     case STAGE_HEAD_GRAD:
         *why = "HEAD_GRAD sent to a stage without the LM head";
         if (!last || h->payload_len) return CIRRUS_EINVAL;
         wire_put_bytes(reply, p->model.grad_head, VC * sizeof(float));
-        memset(p->model.grad_head, 0, VC * sizeof(float));
         return 0;
     case STAGE_FOLD_TIED: {
         *why = "FOLD_TIED sent to a stage without the embedding";
@@ -142,6 +190,7 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         if (!head || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
         /* The same addition, in the same order, as gpt_fold_tied_grads(). */
         for (size_t i = 0; i < VC; i++) p->model.g.wte[i] += head[i];
+        if (last) memset(p->model.grad_head, 0, VC * sizeof(float)); /* folded */
         wire_put_bytes(reply, p->model.g.wte, VC * sizeof(float));
         return 0;
     }
@@ -152,6 +201,7 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         *why = "malformed request";
         if (!g || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
         memcpy(p->model.g.wte, g, VC * sizeof(float));
+        memset(p->model.grad_head, 0, VC * sizeof(float)); /* folded into g.wte */
         return 0;
     }
     case STAGE_SUMSQ: {
@@ -270,13 +320,17 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
     p->in = malloc(sizeof(float) * p->N * width);
     p->out = malloc(sizeof(float) * p->N * width);
     p->grad = malloc(sizeof(float) * p->N * width);
-    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad)
+    p->pack_count = p->adam.state_count + (last ? p->V * p->C : 0);
+    p->pack = malloc(sizeof(float) * (p->pack_count ? p->pack_count : 1));
+    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad || !p->pack)
         return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate stage buffers");
     return 0;
 }
 
 static void peer_teardown(peer *p)
 {
+    collective_destroy(p->ring);
+    free(p->pack);
     free(p->tokens);
     free(p->targets);
     free(p->in);

@@ -2,8 +2,9 @@
  *
  * It builds the whole model from the job's seed (so every peer of every stage starts from
  * the same weights), keeps the layers [l0, l1) it serves, and answers forward / stateless
- * backward requests, the tied-embedding gradient exchange, gradient sums and optimizer
- * steps (stage_proto.h). One thread per connection; requests are served one at a time
+ * backward requests, gradient averaging with the other peers of its stage (a TCP ring
+ * all-reduce), the tied-embedding gradient exchange, gradient sums and optimizer steps
+ * (stage_proto.h). One thread per connection; requests are served one at a time
  * under a lock (the model is one). A malformed request drops that connection only.
  */
 #ifndef CIRRUS_STAGE_PEER_H
@@ -23,6 +24,12 @@ typedef struct stage_peer_options {
     uint64_t seed;         /* the job's seed: identical initial weights everywhere */
     adamw_config adam;     /* betas, eps, decay; the learning rate comes with each STEP */
     int listen_fd;         /* a listening socket */
+    /* The other peers of this stage, for gradient averaging (AVERAGE): this peer is
+     * ring_rank of ring_world; ring_hosts/ring_ports list every peer's ring address and
+     * ring_listen_fd is this peer's. ring_world 1: no averaging needed. */
+    int ring_rank, ring_world, ring_listen_fd;
+    const char *const *ring_hosts;
+    const int *ring_ports;
 } stage_peer_options;
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */

@@ -10,9 +10,13 @@
  *     -> OK   last stage with targets: f32 loss; otherwise activations (B*T*C)
  *   BACKWARD  as FORWARD (keep ignored), then grad_out activations (non-last stages)
  *     -> OK   grad_in activations (B*T*C), empty for the first stage
- *   HEAD_GRAD (last stage) -> OK: V*C f32, the LM head's share of d(wte); then zeroed there
- *   FOLD_TIED (first stage) V*C f32 head share -> OK: V*C f32, the folded d(wte)
- *   SET_TIED  (last stage)  V*C f32 folded d(wte) -> OK: empty
+ *   AVERAGE   -> OK: empty. Sent to every peer of a stage at once: they sum their
+ *             gradients with a ring all-reduce (each peer's gradient is the sum over the
+ *             microbatches it served, so the sum weights peers by the work they did).
+ *   HEAD_GRAD (last stage) -> OK: V*C f32, the LM head's share of d(wte)
+ *   FOLD_TIED (first stage) V*C f32 head share -> OK: V*C f32, the folded d(wte); a stage
+ *             that is also the last clears its head share (it has been folded)
+ *   SET_TIED  (last stage)  V*C f32 folded d(wte) -> OK: empty; clears the head share
  *   SUMSQ     -> OK: u32 n, n x (u64 tensor offset, f64 sum of squares of its gradient)
  *   STEP      f32 lr, f32 grad_scale, u64 step (1-based), f64 global sum of squares
  *     -> OK   empty
@@ -44,6 +48,8 @@ enum stage_msg {
     STAGE_STEP_OK = 77,
     STAGE_INFO = 78,
     STAGE_INFO_OK = 79,
+    STAGE_AVERAGE = 80,
+    STAGE_AVERAGE_OK = 81,
 };
 
 enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };

@@ -1,0 +1,165 @@
+/* coord_proto: the messages between the region coordinator and its members (wire types
+ * 16..63), and the client side of them.
+ *
+ * Stage peers and pipeline clients register with the coordinator, heartbeat with their
+ * statistics, and ask it for the live peers of a stage; pipeline clients also report the
+ * training totals shown on /status. Payloads are built with wire_writer and parsed with
+ * wire_reader (little-endian, bounds-checked, consumed exactly). Every request is answered
+ * by its type + 1 with the same request id, or by WIRE_ERROR (i32 code, str message):
+ *
+ *   REGISTER       u16 role, u32 stage, u32 l0, u32 l1, str name, str host, u16 port,
+ *                  f64 throughput
+ *     -> OK        u32 peer_id, u32 heartbeat_ms, u32 expire_ms, u64 epoch
+ *   HEARTBEAT      u64 epoch, u32 peer_id, u64 samples, u64 step, f32 loss,
+ *                  f64 tokens_per_s, f64 fwd_throughput, f64 bwd_throughput
+ *     -> OK        u64 epoch, u32 instruction (a stage to move to, or COORD_NO_INSTRUCTION)
+ *   PEERS          u32 stage (or COORD_ALL_STAGES)
+ *     -> OK        u64 epoch, u32 n_stages, u32 count, count x (u32 id, u32 stage, u32 l0,
+ *                  u32 l1, str name, str host, u16 port, f64 throughput)
+ *   CLIENT_REPORT  u64 epoch, u32 peer_id, u64 step, f32 loss, f64 tokens_per_s,
+ *                  u64 microbatches_retried, u64 microbatches_lost   (totals since start)
+ *     -> OK        u64 epoch
+ *   LEAVE          u64 epoch, u32 peer_id -> OK: empty
+ *
+ * A HEARTBEAT, CLIENT_REPORT or LEAVE naming a peer id the coordinator does not know, or
+ * an epoch other than its own, is answered ERROR(CIRRUS_ENOENT, "unknown peer ..."): the
+ * member re-registers (coord_client does so by itself). A malformed request is answered
+ * ERROR(CIRRUS_ECORRUPT, why) and that connection is dropped. See docs/PROTOCOL.md.
+ */
+#ifndef CIRRUS_COORD_PROTO_H
+#define CIRRUS_COORD_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../common/cerr.h"
+#include "../net/wire.h"
+
+enum coord_msg {
+    COORD_REGISTER = 16,
+    COORD_REGISTER_OK = 17,
+    COORD_HEARTBEAT = 18,
+    COORD_HEARTBEAT_OK = 19,
+    COORD_PEERS = 20,
+    COORD_PEERS_OK = 21,
+    COORD_CLIENT_REPORT = 22,
+    COORD_CLIENT_REPORT_OK = 23,
+    COORD_LEAVE = 24,
+    COORD_LEAVE_OK = 25,
+};
+
+/* Roles in REGISTER (and in the connection's HELLO). */
+enum coord_role { COORD_ROLE_STAGE = 1, COORD_ROLE_CLIENT = 2 };
+
+#define COORD_NAME_MAX 63          /* bytes of a member's stable name (may be empty) */
+#define COORD_HOST_MAX 255         /* bytes of a listen host */
+#define COORD_MAX_STAGES 1024      /* largest stage count a coordinator serves */
+#define COORD_MAX_LAYERS 65536     /* l1 bound when the coordinator knows no layer count */
+#define COORD_NO_STAGE 0xffffffffu /* the stage of a client */
+#define COORD_ALL_STAGES 0xffffffffu
+#define COORD_NO_INSTRUCTION 0xffffffffu
+#define COORD_REQUEST_LIMIT 4096u    /* largest request payload a coordinator accepts */
+#define COORD_REPLY_LIMIT (16u << 20) /* largest reply payload a member accepts */
+
+typedef struct coord_registration {
+    uint16_t role;                   /* enum coord_role */
+    uint32_t stage;                  /* < n_stages; COORD_NO_STAGE for a client */
+    uint32_t l0, l1;                 /* layers [l0, l1) served; 0, 0 for a client */
+    char name[COORD_NAME_MAX + 1];   /* stable name: re-registering under it keeps the id */
+    char host[COORD_HOST_MAX + 1];   /* where the peer listens; may be empty for a client */
+    uint16_t port;                   /* 1..65535 for a stage peer */
+    double throughput;               /* measured samples/s, finite and >= 0 */
+} coord_registration;
+
+typedef struct coord_registered {
+    uint32_t peer_id;
+    uint32_t heartbeat_ms, expire_ms;
+    uint64_t epoch;
+} coord_registered;
+
+typedef struct coord_stats {
+    uint64_t samples, step;
+    float loss;                      /* NaN: none */
+    double tokens_per_s;
+    double fwd_throughput, bwd_throughput; /* samples/s; 0: not measured yet */
+} coord_stats;
+
+typedef struct coord_report {
+    uint64_t step;
+    float loss;                      /* NaN: none */
+    double tokens_per_s;
+    uint64_t mb_retried, mb_lost;    /* totals since the client started */
+} coord_report;
+
+typedef struct coord_peer_info {
+    uint32_t id, stage, l0, l1;
+    char name[COORD_NAME_MAX + 1];
+    char host[COORD_HOST_MAX + 1];
+    uint16_t port;
+    double throughput;               /* samples/s: the latest measured forward rate */
+} coord_peer_info;
+
+/* ---- payload encoding and decoding (shared by coordinator and members) ----
+ * Decoders check the syntax and everything a message says about itself (string lengths
+ * and characters, finite non-negative rates, role/stage/layer consistency); the
+ * coordinator then checks what depends on it (stage < n_stages, l1 <= n_layer). They
+ * return 0 or CIRRUS_ECORRUPT with a message naming the field. */
+
+void coord_put_registration(wire_writer *w, const coord_registration *r);
+int coord_get_registration(const void *p, size_t n, coord_registration *r, cirrus_error *err);
+void coord_put_heartbeat(wire_writer *w, uint64_t epoch, uint32_t peer_id, const coord_stats *s);
+int coord_get_heartbeat(const void *p, size_t n, uint64_t *epoch, uint32_t *peer_id,
+                        coord_stats *s, cirrus_error *err);
+void coord_put_report(wire_writer *w, uint64_t epoch, uint32_t peer_id, const coord_report *r);
+int coord_get_report(const void *p, size_t n, uint64_t *epoch, uint32_t *peer_id,
+                     coord_report *r, cirrus_error *err);
+void coord_put_peer_info(wire_writer *w, const coord_peer_info *pi);
+int coord_get_peer_info(wire_reader *r, coord_peer_info *pi);
+
+/* 1 if s is a valid name (COORD_NAME_MAX bytes of [A-Za-z0-9._:-], may be empty) or host
+ * (1..COORD_HOST_MAX bytes of the same set; IPv6 literals need no brackets). */
+int coord_name_ok(const char *s);
+int coord_host_ok(const char *s);
+
+/* ---- the member side: one connection to the coordinator, re-established on demand ---- */
+
+typedef struct coord_client coord_client;
+
+/* Create a client for the coordinator at host:port of job job_id. Connects lazily: the
+ * first call (and the first after a connection failure) connects and shakes hands within
+ * that call's deadline. Calls on one client are serialised by its own lock. */
+int coord_client_open(const char *host, int port, const char *job_id, coord_client **out,
+                      cirrus_error *err);
+void coord_client_close(coord_client *c);
+
+/* Register (or re-register) as reg; the registration is remembered for automatic
+ * re-registration. */
+int coord_client_register(coord_client *c, const coord_registration *reg, int timeout_ms,
+                          coord_registered *out, cirrus_error *err);
+
+/* Heartbeat with stats. If the coordinator does not know this peer (it restarted: new
+ * epoch, or the peer expired), re-register with the remembered registration and heartbeat
+ * again, all within timeout_ms; *reregistered (if not NULL) says whether that happened.
+ * *instruction receives the rebalancing instruction (COORD_NO_INSTRUCTION: none). */
+int coord_client_heartbeat(coord_client *c, const coord_stats *stats, int timeout_ms,
+                           uint32_t *instruction, int *reregistered, cirrus_error *err);
+
+/* Training totals of a pipeline client; re-registers like coord_client_heartbeat. */
+int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms,
+                        int *reregistered, cirrus_error *err);
+
+/* The live stage peers of one stage (or COORD_ALL_STAGES). *peers is malloc'd (free()
+ * it; NULL when *n is 0); *n_stages (if not NULL) receives the coordinator's stage count.
+ * Needs no registration. */
+int coord_client_peers(coord_client *c, uint32_t stage, int timeout_ms,
+                       coord_peer_info **peers, size_t *n, uint32_t *n_stages,
+                       cirrus_error *err);
+
+/* Leave the membership now rather than expiring; forgets the registration. */
+int coord_client_leave(coord_client *c, int timeout_ms, cirrus_error *err);
+
+/* The current registration's id and epoch (0 and 0 before registering). */
+uint32_t coord_client_peer_id(coord_client *c);
+uint64_t coord_client_epoch(coord_client *c);
+
+#endif
