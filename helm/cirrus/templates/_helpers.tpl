@@ -1,0 +1,46 @@
+{{/* Name of the operator's objects: <release>-operator unless fullnameOverride is set. */}}
+{{- define "cirrus.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. No chart version or "managed-by" label, so that the rendered
+     output and the plain manifests generated from it are the same objects. */}}
+{{- define "cirrus.labels" -}}
+app.kubernetes.io/name: cirrus
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: cirrus
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{- define "cirrus.selectorLabels" -}}
+app.kubernetes.io/name: cirrus
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* The schema of a core/v1 ResourceRequirements (requests and limits), used three times in
+     the SwarmJob CRD. */}}
+{{- define "cirrus.crdResourceRequirements" -}}
+type: object
+properties:
+  requests:
+    {{- include "cirrus.crdResourceList" . | nindent 4 }}
+  limits:
+    {{- include "cirrus.crdResourceList" . | nindent 4 }}
+{{- end -}}
+
+{{- define "cirrus.crdResourceList" -}}
+type: object
+maxProperties: 16
+additionalProperties:
+  anyOf:
+    - type: integer
+    - type: string
+  pattern: '^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$'
+  x-kubernetes-int-or-string: true
+{{- end -}}

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# The SwarmJob API and the plain manifests against the real control plane (run by run.sh with
+# KUBECONFIG set and kubectl on PATH):
+#   * kubectl apply -f manifests/ works, twice (the second time changes nothing), and the
+#     operator Deployment rolls out (kwok runs no container: valid and schedulable is all);
+#   * the sample SwarmJob and a minimal one are accepted and defaulted; `kubectl get sj` shows
+#     the printer columns, filled from a status written as the operator's ServiceAccount;
+#   * invalid SwarmJobs are refused at apply, each with an error that names the field;
+#   * model, pipeline stages and region names cannot change after creation; scaling can;
+#   * RBAC: the operator's ServiceAccount can do what it needs and nothing much else.
+# Leaves manifests/ applied (the CRD and cirrus-system), removes its own test namespace.
+# Last line: "crd: N passed, N failed"; exits non-zero if anything failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+sample=$root/manifests/samples/swarmjob.yaml
+NS=cirrus-crd-test
+SA=system:serviceaccount:cirrus-system:cirrus-operator
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
+not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
+check() { # DESCRIPTION COMMAND...: ok if the command succeeds
+    local what=$1; shift
+    if "$@" >/dev/null 2>&1; then ok "$what"; else not_ok "$what"; fi
+}
+check_not() { # DESCRIPTION COMMAND...: ok if the command fails
+    local what=$1; shift
+    if "$@" >/dev/null 2>&1; then not_ok "$what"; else ok "$what"; fi
+}
+expect_eq() { # DESCRIPTION EXPECTED ACTUAL
+    if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi
+}
+k() { kubectl "$@"; }
+sj_get() { k get sj -n "$NS" "$1" -o jsonpath="{$2}"; }
+cleanup() { k delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1; }
+trap cleanup EXIT
+fail_fast() { not_ok "$*"; echo "crd: $pass passed, $fail failed"; exit 1; }
+
+# ---- manifests/ ----------------------------------------------------------------------------
+
+out=$(k apply -f "$root/manifests/" 2>&1) || fail_fast "kubectl apply -f manifests/: $out"
+ok "kubectl apply -f manifests/"
+k wait --for condition=Established --timeout=30s crd/swarmjobs.cirrus.dev >/dev/null 2>&1 ||
+    fail_fast "the SwarmJob CRD did not become Established"
+if out=$(k apply -f "$root/manifests/" 2>&1) && ! grep -qv ' unchanged$' <<<"$out"; then
+    ok "kubectl apply -f manifests/ again: everything unchanged"
+else
+    not_ok "second kubectl apply -f manifests/ changed something: $out"
+fi
+check "operator Deployment rolls out (scheduled, Ready under kwok)" \
+    k -n cirrus-system rollout status deployment/cirrus-operator --timeout=60s
+expect_eq "Deployment args" "--leader-elect" \
+    "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.containers[0].args[*]}')"
+expect_eq "operator runs as non-root with a read-only root filesystem" "true true" \
+    "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.securityContext.runAsNonRoot} {.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}')"
+expect_eq "cirrus-system enforces the restricted Pod Security Standard" restricted \
+    "$(k get namespace cirrus-system -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')"
+expect_eq "short name and scope" "sj Namespaced" \
+    "$(k get crd swarmjobs.cirrus.dev -o jsonpath='{.spec.names.shortNames[0]} {.spec.scope}')"
+
+# A namespace left by an earlier run (still terminating, perhaps) is deleted first.
+k delete namespace "$NS" --ignore-not-found --timeout=60s >/dev/null 2>&1
+k create namespace "$NS" >/dev/null 2>&1 || fail_fast "cannot create namespace $NS"
+
+# ---- the sample and defaults ---------------------------------------------------------------
+
+out=$(k apply -n "$NS" -f "$sample" 2>&1) || fail_fast "the sample SwarmJob was refused: $out"
+ok "sample SwarmJob accepted"
+expect_eq "sample: regions" "r1 r2" "$(sj_get tiny-bible '.spec.regions[*].name')"
+expect_eq "sample: default gateway.serviceType" ClusterIP "$(sj_get tiny-bible .spec.gateway.serviceType)"
+expect_eq "sample: default gateway.port" 7400 "$(sj_get tiny-bible .spec.gateway.port)"
+expect_eq "sample: default placement.regionLabel" "topology.kubernetes.io/region topology.kubernetes.io/region" \
+    "$(sj_get tiny-bible '.spec.regions[*].placement.regionLabel')"
+expect_eq "sample: default suspend" false "$(sj_get tiny-bible .spec.suspend)"
+expect_eq "sample: default data.batchSize" 8 "$(sj_get tiny-bible .spec.data.batchSize)"
+expect_eq "sample: kept runPolicy.backoffLimit" 4 "$(sj_get tiny-bible .spec.runPolicy.backoffLimit)"
+
+minimal='apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata:
+  name: minimal
+spec:
+  image: cirrus:latest
+  regions:
+    - name: r1'
+check "minimal SwarmJob (image and one region name) accepted" k apply -n "$NS" -f - <<<"$minimal"
+expect_eq "minimal: model.preset, pipeline.stages, steps" "tiny 1 1000" \
+    "$(sj_get minimal '.spec.model.preset} {.spec.pipeline.stages} {.spec.steps')"
+expect_eq "minimal: peers replicas/min/max, clients" "2 1  1" \
+    "$(sj_get minimal '.spec.regions[0].peers.replicas} {.spec.regions[0].peers.min} {.spec.regions[0].peers.max} {.spec.regions[0].clients')"
+expect_eq "minimal: gateway codec/syncPeriod/serviceType" "q8 5m ClusterIP" \
+    "$(sj_get minimal '.spec.gateway.codec} {.spec.gateway.syncPeriod} {.spec.gateway.serviceType')"
+expect_eq "minimal: checkpoint.every, runPolicy.backoffLimit, imagePullPolicy" "100 6 IfNotPresent" \
+    "$(sj_get minimal '.spec.checkpoint.every} {.spec.runPolicy.backoffLimit} {.spec.imagePullPolicy')"
+
+# ---- printer columns and the status subresource, written as the operator -------------------
+
+header=$(k get sj -n "$NS" 2>&1 | head -1)
+if [[ "$header" =~ ^NAME\ +PHASE\ +REGIONS\ +READY\ +STEP\ +AGE$ ]]; then
+    ok "kubectl get sj columns: $header"
+else
+    not_ok "kubectl get sj header: '$header'"
+fi
+header=$(k get sj -n "$NS" -o wide 2>&1 | head -1)
+if [[ "$header" =~ ^NAME\ +PHASE\ +REGIONS\ +READY\ +STEP\ +LOSS\ +TOKENS/S\ +AGE$ ]]; then
+    ok "kubectl get sj -o wide columns: $header"
+else
+    not_ok "kubectl get sj -o wide header: '$header'"
+fi
+status='{"status":{"phase":"Running","observedGeneration":1,"readyRegions":"2/2","readyPeers":"4/4","step":120,"loss":3.25,"tokensPerSecond":5120.5,
+  "conditions":[{"type":"Running","status":"True","reason":"AllRegionsReady","message":"2 of 2 regions training","lastTransitionTime":"2026-01-02T03:04:05Z"}],
+  "regions":[{"name":"r1","readyPeersPerStage":[2,2],"pendingPods":0,"preemptions":3,"failures":0},{"name":"r2","readyPeersPerStage":[1,1],"pendingPods":2,"preemptions":1,"failures":1}]}}'
+check "operator ServiceAccount patches the status subresource" \
+    k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p "$status"
+row=$(k get sj -n "$NS" tiny-bible --no-headers 2>&1)
+if [[ "$row" =~ ^tiny-bible\ +Running\ +2/2\ +4/4\ +120\ + ]]; then
+    ok "kubectl get sj row: $row"
+else
+    not_ok "kubectl get sj row: '$row'"
+fi
+expect_eq "status.regions[1].readyPeersPerStage" "[1,1]" "$(sj_get tiny-bible '.status.regions[1].readyPeersPerStage')"
+out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p '{"status":{"phase":"Exploded"}}' 2>&1)
+if [[ $? -ne 0 && "$out" == *status.phase* ]]; then ok "unknown status.phase refused"; else not_ok "status.phase Exploded: $out"; fi
+check_not "operator ServiceAccount cannot change a SwarmJob's spec" \
+    k --as="$SA" patch sj -n "$NS" tiny-bible --type=merge -p '{"spec":{"suspend":true}}'
+
+# ---- invalid SwarmJobs are refused, naming the field -----------------------------------------
+
+n=0
+# refuse DESCRIPTION FIELD MESSAGE-FRAGMENT JSON-PATCH-OPS: the sample with the patch applied
+# (as a new SwarmJob) must be refused, with an error naming FIELD and containing the fragment.
+refuse() {
+    local what=$1 field=$2 frag=$3 ops=$4 name out
+    n=$((n + 1))
+    name=bad-$n
+    [[ "$ops" == *'"/metadata/name"'* ]] || ops="[{\"op\":\"replace\",\"path\":\"/metadata/name\",\"value\":\"$name\"},${ops#[}"
+    if ! out=$(k patch --local -f "$sample" --type=json -p "$ops" -o yaml 2>&1); then
+        not_ok "$what: bad test patch: $out"
+        return
+    fi
+    if out=$(k apply -n "$NS" -f - <<<"$out" 2>&1); then
+        not_ok "$what: accepted"
+        k delete sj -n "$NS" "$name" --wait=false >/dev/null 2>&1
+    elif [[ "$out" == *"$field"* && "$out" == *"$frag"* ]]; then
+        ok "refused: $what -> $(grep -F -m1 "$field" <<<"$out" | sed 's/^\* //; s/^The SwarmJob "[^"]*" is invalid: //')"
+    else
+        not_ok "$what: refused without naming $field / '$frag': $out"
+    fi
+}
+refuse "peers.min > replicas" "spec.regions[0].peers.min" "must be <= peers.replicas" \
+    '[{"op":"replace","path":"/spec/regions/0/peers/min","value":3}]'
+refuse "peers.max < replicas" "spec.regions[0].peers.max" "must be >= peers.replicas" \
+    '[{"op":"replace","path":"/spec/regions/0/peers/max","value":1}]'
+refuse "duplicate region names" "spec.regions[1]" "Duplicate value" \
+    '[{"op":"replace","path":"/spec/regions/1/name","value":"r1"}]'
+refuse "region name not a DNS label" "spec.regions[1].name" "must be a DNS label" \
+    '[{"op":"replace","path":"/spec/regions/1/name","value":"R_2"}]'
+refuse "region name over 24 characters" "spec.regions[0].name" "Too long" \
+    '[{"op":"replace","path":"/spec/regions/0/name","value":"a-region-name-of-25-chars"}]'
+refuse "pipeline.stages 0" "spec.pipeline.stages" "greater than or equal to 1" \
+    '[{"op":"replace","path":"/spec/pipeline/stages","value":0}]'
+refuse "stages > the preset's layers" "spec.pipeline.stages" "must not exceed the model's layer count" \
+    '[{"op":"replace","path":"/spec/pipeline/stages","value":5}]'
+refuse "stages > explicit model.layers" "spec.pipeline.stages" "must not exceed the model's layer count" \
+    '[{"op":"add","path":"/spec/model/layers","value":1}]'
+refuse "heads not dividing width" "spec.model.heads" "must divide model.width" \
+    '[{"op":"add","path":"/spec/model/width","value":96},{"op":"add","path":"/spec/model/heads","value":5}]'
+refuse "unknown model preset" "spec.model.preset" 'Unsupported value: "huge"' \
+    '[{"op":"replace","path":"/spec/model/preset","value":"huge"}]'
+refuse "unknown codec" "spec.gateway.codec" 'Unsupported value: "zstd"' \
+    '[{"op":"replace","path":"/spec/gateway/codec","value":"zstd"}]'
+refuse "bad service type" "spec.gateway.serviceType" 'Unsupported value: "ExternalName"' \
+    '[{"op":"add","path":"/spec/gateway/serviceType","value":"ExternalName"}]'
+refuse "peers.replicas above the upper bound" "spec.regions[0].peers.replicas" "less than or equal to 256" \
+    '[{"op":"replace","path":"/spec/regions/0/peers/replicas","value":1000},{"op":"remove","path":"/spec/regions/0/peers/max"}]'
+refuse "negative runPolicy.backoffLimit" "spec.runPolicy.backoffLimit" "greater than or equal to 0" \
+    '[{"op":"replace","path":"/spec/runPolicy/backoffLimit","value":-1}]'
+refuse "missing image" "spec.image" "Required value" \
+    '[{"op":"remove","path":"/spec/image"}]'
+refuse "syncPeriod below 30s" "spec.gateway.syncPeriod" "must be between 30s and 24h" \
+    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"5s"}]'
+refuse "syncPeriod above 24h" "spec.gateway.syncPeriod" "must be between 30s and 24h" \
+    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"48h"}]'
+refuse "syncPeriod not a duration" "spec.gateway.syncPeriod" "should match" \
+    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"soon"}]'
+refuse "no regions" "spec.regions" "at least 1 items" \
+    '[{"op":"replace","path":"/spec/regions","value":[]}]'
+refuse "no region runs clients" "spec.regions" "at least one region must run clients" \
+    '[{"op":"replace","path":"/spec/regions/0/clients","value":0},{"op":"replace","path":"/spec/regions/1/clients","value":0}]'
+refuse "nodeSelector picks another region" "spec.regions[0].placement.nodeSelector" "must not select a region other than" \
+    '[{"op":"add","path":"/spec/regions/0/placement/nodeSelector/topology.kubernetes.io~1region","value":"r2"}]'
+refuse "bad resource quantity" "spec.regions[0].resources.peer.requests.cpu" "should match" \
+    '[{"op":"replace","path":"/spec/regions/0/resources/peer/requests/cpu","value":"lots"}]'
+refuse "bad toleration operator" "spec.regions[0].placement.tolerations[0].operator" 'Unsupported value: "Maybe"' \
+    '[{"op":"replace","path":"/spec/regions/0/placement/tolerations/0/operator","value":"Maybe"}]'
+refuse "data.sequenceLength > the model's context" "spec.data.sequenceLength" "must not exceed the model's context" \
+    '[{"op":"add","path":"/spec/data","value":{"sequenceLength":4096}}]'
+refuse "misspelt field" 'unknown field "spec.regoins"' "strict decoding error" \
+    '[{"op":"add","path":"/spec/regoins","value":[]}]'
+refuse "job name over 35 characters" "metadata.name" "at most 35 characters" \
+    '[{"op":"replace","path":"/metadata/name","value":"a-swarm-job-name-of-thirty-six-chars"}]'
+
+# ---- updates: immutable fields -----------------------------------------------------------------
+
+# refuse_update DESCRIPTION FIELD MESSAGE-FRAGMENT JSON-PATCH-OPS: on the stored sample.
+refuse_update() {
+    local what=$1 field=$2 frag=$3 ops=$4 out
+    if out=$(k patch sj -n "$NS" tiny-bible --type=json -p "$ops" 2>&1); then
+        not_ok "$what: accepted"
+    elif [[ "$out" == *"$field"* && "$out" == *"$frag"* ]]; then
+        ok "refused: $what -> $(grep -F -m1 "$field" <<<"$out" | sed 's/^\* //; s/^The SwarmJob "[^"]*" is invalid: //')"
+    else
+        not_ok "$what: refused without naming $field / '$frag': $out"
+    fi
+}
+refuse_update "model preset changed" "spec.model" "model is immutable" \
+    '[{"op":"replace","path":"/spec/model/preset","value":"small"}]'
+refuse_update "model width added" "spec.model" "model is immutable" \
+    '[{"op":"add","path":"/spec/model/width","value":256}]'
+refuse_update "pipeline.stages changed" "spec.pipeline.stages" "pipeline.stages is immutable" \
+    '[{"op":"replace","path":"/spec/pipeline/stages","value":1}]'
+refuse_update "region renamed" "spec.regions" "region names are immutable" \
+    '[{"op":"replace","path":"/spec/regions/1/name","value":"r3"}]'
+refuse_update "region added" "spec.regions" "region names are immutable" \
+    '[{"op":"add","path":"/spec/regions/-","value":{"name":"r3"}}]'
+# The same through kubectl apply of a changed file.
+out=$(k patch --local -f "$sample" --type=json -p '[{"op":"replace","path":"/spec/pipeline/stages","value":4}]' -o yaml |
+    k apply -n "$NS" -f - 2>&1)
+if [[ $? -ne 0 && "$out" == *spec.pipeline.stages*immutable* ]]; then
+    ok "kubectl apply with changed stages refused"
+else
+    not_ok "kubectl apply with changed stages: $out"
+fi
+check "scaling peers, suspending and changing the image are allowed" \
+    k patch sj -n "$NS" tiny-bible --type=json -p '[{"op":"replace","path":"/spec/regions/0/peers/replicas","value":4},{"op":"replace","path":"/spec/suspend","value":true},{"op":"replace","path":"/spec/image","value":"cirrus:v2"}]'
+
+# ---- RBAC of the operator's ServiceAccount --------------------------------------------------
+
+can() { # VERB RESOURCE [kubectl auth can-i flags...]
+    local verb=$1 res=$2; shift 2
+    check "operator can $verb $res $*" k auth can-i "$verb" "$res" --as="$SA" "$@"
+}
+cannot() {
+    local verb=$1 res=$2; shift 2
+    check_not "operator cannot $verb $res $*" k auth can-i "$verb" "$res" --as="$SA" "$@"
+}
+for v in get list watch; do can "$v" swarmjobs.cirrus.dev -A; done
+can update swarmjobs.cirrus.dev --subresource=status -n "$NS"
+can patch swarmjobs.cirrus.dev --subresource=status -n "$NS"
+can update swarmjobs.cirrus.dev --subresource=finalizers -n "$NS"
+for r in pods services secrets; do
+    for v in create get list watch update patch delete; do can "$v" "$r" -n "$NS"; done
+done
+can list secrets -A
+can create events -n "$NS"
+can patch events.events.k8s.io -n "$NS"
+can create leases.coordination.k8s.io -n cirrus-system
+can get leases.coordination.k8s.io/cirrus-operator -n cirrus-system
+can update leases.coordination.k8s.io/cirrus-operator -n cirrus-system
+cannot create swarmjobs.cirrus.dev -n "$NS"
+cannot update swarmjobs.cirrus.dev -n "$NS"
+cannot delete swarmjobs.cirrus.dev -n "$NS"
+cannot delete namespaces
+cannot create clusterroles.rbac.authorization.k8s.io
+cannot create clusterrolebindings.rbac.authorization.k8s.io
+cannot create rolebindings.rbac.authorization.k8s.io -n "$NS"
+cannot escalate clusterroles.rbac.authorization.k8s.io
+cannot delete nodes
+cannot patch nodes
+cannot delete customresourcedefinitions.apiextensions.k8s.io
+cannot create deployments.apps -n "$NS"
+cannot get configmaps -n "$NS"
+cannot create pods --subresource=exec -n "$NS"
+cannot create serviceaccounts --subresource=token -n "$NS"
+cannot deletecollection pods -n "$NS"
+cannot create leases.coordination.k8s.io -n default
+cannot get leases.coordination.k8s.io/kube-controller-manager -n kube-system
+cannot update leases.coordination.k8s.io/some-other-lease -n cirrus-system
+
+echo "crd: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
