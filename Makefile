@@ -13,14 +13,19 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 KUBE_CFLAGS := $(shell pkg-config --cflags libcurl jansson libcrypto yaml-0.1 2>/dev/null)
 KUBE_LIBS   := $(shell pkg-config --libs libcurl jansson libcrypto yaml-0.1 2>/dev/null)
 
+# The coordinator's HTTP endpoints (/status, /metrics); the unit tests parse /status with jansson.
+HTTP_CFLAGS := $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
+HTTP_LIBS   := $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
+
 WARN    := -Wall -Wextra -Werror
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) -MMD -MP
-LDLIBS  := $(BLAS_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) $(HTTP_CFLAGS) -MMD -MP
+LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
 OPERATOR_LDLIBS := $(KUBE_LIBS) -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
-            gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl
+            gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
+            libmicrohttpd-dev
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))

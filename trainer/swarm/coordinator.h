@@ -1,0 +1,91 @@
+/* coordinator: the region coordinator of a SWARM job — who is alive, at which stage, how
+ * fast — and the job's /status and /metrics.
+ *
+ * Stage peers and pipeline clients register over the wire protocol (coord_proto.h), then
+ * heartbeat; a member that misses its heartbeats for expire_ms is forgotten. Clients ask
+ * for the live peers of each stage and report training totals. Nothing is kept on disk:
+ * after a restart the coordinator has a new epoch, members see "unknown peer" and
+ * re-register, and the membership is back within one heartbeat interval.
+ *
+ * One thread accepts; one thread per connection serves requests; the membership table is
+ * behind one mutex. A malformed request drops that connection only. HTTP (GET /status as
+ * JSON, GET /metrics as Prometheus text 0.0.4) is served by libmicrohttpd on its own port
+ * (http_status.h).
+ */
+#ifndef CIRRUS_COORDINATOR_H
+#define CIRRUS_COORDINATOR_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../common/cerr.h"
+#include "coord_proto.h"
+
+#define COORD_DEFAULT_HEARTBEAT_MS 1000
+#define COORD_DEFAULT_MAX_PEERS 4096
+#define COORD_MAX_PEERS 16384
+
+typedef struct coordinator_options {
+    const char *job_id;     /* 1..63 bytes; members must present it in their HELLO */
+    const char *host;       /* bind address of both ports; NULL or "" = all interfaces */
+    int port;               /* peer protocol; 0 = a free port (coordinator_port) */
+    int http_port;          /* /status and /metrics; 0 = a free port, -1 = no HTTP */
+    uint32_t n_stages;      /* 1..COORD_MAX_STAGES */
+    uint32_t n_layer;       /* > 0: registered layer ranges must end at or before it */
+    uint32_t heartbeat_ms;  /* interval told to members; 0: COORD_DEFAULT_HEARTBEAT_MS */
+    uint32_t expire_ms;     /* silence after which a member is dropped; 0: 3 x heartbeat */
+    uint32_t max_peers;     /* membership table size; 0: COORD_DEFAULT_MAX_PEERS */
+    uint32_t idle_ms;       /* drop connections silent this long; 0: max(60 s, 4 x expire) */
+    uint64_t epoch;         /* 0: a fresh one from the clock (53 bits, exact in JSON) */
+} coordinator_options;
+
+typedef struct coordinator coordinator;
+
+/* Bind both ports, start serving, return at once. */
+int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_error *err);
+/* Stop serving, close every connection, free everything (waits for the threads). */
+void coordinator_stop(coordinator *co);
+int coordinator_port(const coordinator *co);
+int coordinator_http_port(const coordinator *co); /* -1 without HTTP */
+uint64_t coordinator_epoch(const coordinator *co);
+
+/* Tell a stage peer to move to another stage (rebalancing; delivered with each
+ * HEARTBEAT_OK until the peer registers at that stage). COORD_NO_INSTRUCTION clears it.
+ * CIRRUS_ENOENT for an unknown peer, CIRRUS_EINVAL for a stage out of range. */
+int coordinator_set_instruction(coordinator *co, uint32_t peer_id, uint32_t stage);
+
+/* ---- a consistent copy of the state, for /status, /metrics and a rebalancer ---- */
+
+typedef struct coord_member_view {
+    coord_peer_info info;   /* id, stage, layers, name, host, port, current throughput */
+    uint16_t role;
+    coord_stats stats;      /* the last heartbeat (zeros and NaN loss before one) */
+    double last_seen_s;     /* seconds since the last heartbeat or registration */
+} coord_member_view;
+
+typedef struct coord_snapshot {
+    char job_id[WIRE_JOB_ID_MAX + 1];
+    uint64_t epoch;
+    double uptime_s;
+    uint32_t n_stages;
+    uint64_t step;          /* the highest step any member reported in this epoch */
+    double loss;            /* the latest client-reported loss (else a heartbeat's); NaN */
+    double tokens_per_s;    /* sum of the live clients' last reports */
+    uint64_t mb_retried, mb_lost; /* totals over all clients, past ones included */
+    uint64_t expirations, registrations;
+    uint32_t *stage_peers;  /* [n_stages] live stage peers */
+    double *stage_throughput; /* [n_stages] sum of their throughput, samples/s */
+    size_t n_clients;
+    size_t n_members;
+    coord_member_view *members; /* [n_members], by id */
+} coord_snapshot;
+
+int coordinator_snapshot(coordinator *co, coord_snapshot *out);
+void coord_snapshot_free(coord_snapshot *s);
+
+/* The whole role: start, serve until *stop becomes non-zero, stop. Logs the ports. */
+int coordinator_run(const coordinator_options *o, volatile sig_atomic_t *stop,
+                    cirrus_error *err);
+
+#endif

@@ -1,0 +1,317 @@
+/* http_status: /status (JSON, built with jansson) and /metrics (Prometheus text 0.0.4),
+ * served by libmicrohttpd. See http_status.h. */
+#include "http_status.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "../../common/log.h"
+#include "../net/conn.h"
+
+#define HTTP_CONNECTION_LIMIT 64
+#define HTTP_CONNECTION_TIMEOUT_S 10
+#define HTTP_BODY_LIMIT (64u << 20) /* a /metrics or /status body never grows past this */
+
+struct http_status {
+    coordinator *co;
+    struct MHD_Daemon *daemon;
+};
+
+/* ---- /status ---- */
+
+/* Ownership as in jansson's *_set_new: v is stolen; a NULL v (failed allocation) marks
+ * the document bad instead of silently leaving a field out. */
+static void put(json_t *o, const char *key, json_t *v, int *bad)
+{
+    if (!v || json_object_set_new(o, key, v)) *bad = 1;
+}
+
+static void append(json_t *a, json_t *v, int *bad)
+{
+    if (!v || json_array_append_new(a, v)) *bad = 1;
+}
+
+/* JSON has no NaN or infinity: those become null. */
+static json_t *real_or_null(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+static json_t *count(uint64_t v)
+{
+    return json_integer(v > INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+static json_t *member_json(const coord_member_view *m, int *bad)
+{
+    json_t *o = json_object();
+    if (!o) {
+        *bad = 1;
+        return NULL;
+    }
+    const coord_peer_info *pi = &m->info;
+    int stage = m->role == COORD_ROLE_STAGE;
+    put(o, "id", count(pi->id), bad);
+    put(o, "name", json_string(pi->name), bad);
+    put(o, "role", json_string(stage ? "stage" : "client"), bad);
+    if (stage) {
+        char addr[COORD_HOST_MAX + 16];
+        /* An IPv6 literal needs brackets before the port. */
+        snprintf(addr, sizeof addr, strchr(pi->host, ':') ? "[%s]:%u" : "%s:%u", pi->host,
+                 pi->port);
+        put(o, "stage", count(pi->stage), bad);
+        put(o, "layers", json_pack("[II]", (json_int_t)pi->l0, (json_int_t)pi->l1), bad);
+        put(o, "addr", json_string(addr), bad);
+        put(o, "throughput", real_or_null(pi->throughput), bad);
+    }
+    put(o, "samples", count(m->stats.samples), bad);
+    put(o, "step", count(m->stats.step), bad);
+    put(o, "loss", real_or_null(m->stats.loss), bad);
+    put(o, "tokens_per_s", real_or_null(m->stats.tokens_per_s), bad);
+    put(o, "fwd_throughput", real_or_null(m->stats.fwd_throughput), bad);
+    put(o, "bwd_throughput", real_or_null(m->stats.bwd_throughput), bad);
+    put(o, "last_seen_s", real_or_null(m->last_seen_s), bad);
+    return o;
+}
+
+char *http_status_json(const coord_snapshot *s)
+{
+    int bad = 0;
+    json_t *o = json_object(), *stages = json_array(), *members = json_array();
+    char *out = NULL;
+    if (!o || !stages || !members) goto out;
+    put(o, "job_id", json_string(s->job_id), &bad);
+    put(o, "epoch", count(s->epoch), &bad);
+    put(o, "uptime_s", real_or_null(s->uptime_s), &bad);
+    put(o, "step", count(s->step), &bad);
+    put(o, "loss", real_or_null(s->loss), &bad);
+    put(o, "tokens_per_s", real_or_null(s->tokens_per_s), &bad);
+    put(o, "n_stages", count(s->n_stages), &bad);
+    for (uint32_t i = 0; i < s->n_stages; i++) {
+        json_t *st = json_object();
+        if (st) {
+            put(st, "stage", count(i), &bad);
+            put(st, "peers", count(s->stage_peers[i]), &bad);
+            put(st, "throughput", real_or_null(s->stage_throughput[i]), &bad);
+        }
+        append(stages, st, &bad);
+    }
+    put(o, "stages", json_incref(stages), &bad);
+    put(o, "clients", count(s->n_clients), &bad);
+    put(o, "microbatches_retried", count(s->mb_retried), &bad);
+    put(o, "microbatches_lost", count(s->mb_lost), &bad);
+    put(o, "peer_expirations", count(s->expirations), &bad);
+    put(o, "registrations", count(s->registrations), &bad);
+    for (size_t i = 0; i < s->n_members; i++)
+        append(members, member_json(&s->members[i], &bad), &bad);
+    put(o, "members", json_incref(members), &bad);
+    if (!bad) out = json_dumps(o, JSON_INDENT(2));
+out:
+    json_decref(o);
+    json_decref(stages);
+    json_decref(members);
+    return out;
+}
+
+/* ---- /metrics ---- */
+
+/* A growable text buffer with a hard cap; the first failure latches. */
+typedef struct text {
+    char *p;
+    size_t len, cap;
+    int failed;
+} text;
+
+static void tprintf(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tprintf(text *t, const char *fmt, ...)
+{
+    for (int tries = 0; !t->failed && tries < 2; tries++) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) break;
+        if (t->p && (size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t want = t->len + (size_t)n + 1, cap = t->cap ? t->cap : 4096;
+        while (cap < want) cap *= 2;
+        if (cap > HTTP_BODY_LIMIT) break;
+        char *q = realloc(t->p, cap);
+        if (!q) break;
+        t->p = q;
+        t->cap = cap;
+    }
+    t->failed = 1;
+}
+
+/* A sample value: the shortest of %.15g / %.17g that reads back exactly; NaN and the
+ * infinities as the exposition format spells them. */
+static const char *value(char buf[32], double v)
+{
+    if (isnan(v)) return "NaN";
+    if (isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    snprintf(buf, 32, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, 32, "%.17g", v);
+    return buf;
+}
+
+static void family(text *t, const char *name, const char *type, const char *help)
+{
+    tprintf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *http_status_metrics(const coord_snapshot *s)
+{
+    text t = {0};
+    char b[32];
+    family(&t, "cirrus_coordinator_epoch", "gauge",
+           "Epoch of this coordinator instance; changes when it restarts.");
+    tprintf(&t, "cirrus_coordinator_epoch %llu\n", (unsigned long long)s->epoch);
+    family(&t, "cirrus_uptime_seconds", "gauge", "Seconds since the coordinator started.");
+    tprintf(&t, "cirrus_uptime_seconds %s\n", value(b, s->uptime_s));
+    family(&t, "cirrus_stages", "gauge", "Pipeline stages of the job.");
+    tprintf(&t, "cirrus_stages %u\n", s->n_stages);
+    family(&t, "cirrus_peers", "gauge", "Live stage peers per stage.");
+    for (uint32_t i = 0; i < s->n_stages; i++)
+        tprintf(&t, "cirrus_peers{stage=\"%u\"} %u\n", i, s->stage_peers[i]);
+    family(&t, "cirrus_stage_throughput_samples_per_second", "gauge",
+           "Sum of the live peers' throughput per stage, in samples per second.");
+    for (uint32_t i = 0; i < s->n_stages; i++)
+        tprintf(&t, "cirrus_stage_throughput_samples_per_second{stage=\"%u\"} %s\n", i,
+                value(b, s->stage_throughput[i]));
+    family(&t, "cirrus_clients", "gauge", "Live pipeline clients.");
+    tprintf(&t, "cirrus_clients %zu\n", s->n_clients);
+    family(&t, "cirrus_step", "gauge", "Highest training step reported.");
+    tprintf(&t, "cirrus_step %llu\n", (unsigned long long)s->step);
+    family(&t, "cirrus_loss", "gauge", "Latest training loss reported (NaN before any).");
+    tprintf(&t, "cirrus_loss %s\n", value(b, s->loss));
+    family(&t, "cirrus_tokens_per_second", "gauge", "Sum of the live clients' tokens per second.");
+    tprintf(&t, "cirrus_tokens_per_second %s\n", value(b, s->tokens_per_s));
+    family(&t, "cirrus_microbatches_retried_total", "counter",
+           "Microbatches the clients sent again after a peer failed or timed out.");
+    tprintf(&t, "cirrus_microbatches_retried_total %llu\n", (unsigned long long)s->mb_retried);
+    family(&t, "cirrus_microbatches_lost_total", "counter",
+           "Microbatches the clients gave up on.");
+    tprintf(&t, "cirrus_microbatches_lost_total %llu\n", (unsigned long long)s->mb_lost);
+    family(&t, "cirrus_peer_expirations_total", "counter",
+           "Members dropped for missing their heartbeats.");
+    tprintf(&t, "cirrus_peer_expirations_total %llu\n", (unsigned long long)s->expirations);
+    family(&t, "cirrus_registrations_total", "counter",
+           "Registrations, re-registrations included.");
+    tprintf(&t, "cirrus_registrations_total %llu\n", (unsigned long long)s->registrations);
+    if (t.failed) {
+        free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+/* ---- the server ---- */
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
+                               char *body, int allow)
+{
+    struct MHD_Response *r;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    } else {
+        static const char oom[] = "out of memory\n";
+        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        type = "text/plain; charset=utf-8";
+        r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    }
+    if (!r) {
+        free(body);
+        return MHD_NO; /* MHD closes the connection */
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    (void)version;
+    (void)upload_data;
+    (void)upload_data_size;
+    (void)req_cls;
+    http_status *h = cls;
+    static const char text_type[] = "text/plain; charset=utf-8";
+    /* Answered on the first call, before any request body is read: none is wanted. */
+    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text_type,
+                       strdup("method not allowed\n"), 1);
+    int is_status = !strcmp(url, "/status"), is_metrics = !strcmp(url, "/metrics");
+    if (!is_status && !is_metrics)
+        return respond(conn, MHD_HTTP_NOT_FOUND, text_type, strdup("not found\n"), 0);
+    coord_snapshot s;
+    if (coordinator_snapshot(h->co, &s))
+        return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, text_type, NULL, 0);
+    char *body = is_status ? http_status_json(&s) : http_status_metrics(&s);
+    coord_snapshot_free(&s);
+    return respond(conn, MHD_HTTP_OK,
+                   is_status ? "application/json" : "text/plain; version=0.0.4; charset=utf-8",
+                   body, 0);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = '\0';
+    log_warn("http: %s", line);
+}
+
+int http_status_start(coordinator *co, const char *host, int port, http_status **out,
+                      int *bound_port, cirrus_error *err)
+{
+    *out = NULL;
+    http_status *h = calloc(1, sizeof *h);
+    if (!h) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the HTTP server");
+    h->co = co;
+    /* Bind with net_listen (host resolution, SO_REUSEADDR, port 0) and hand the socket to
+     * MHD, which closes it in MHD_stop_daemon. */
+    int fd = -1, p = 0, rc = net_listen(host, port, &fd, &p, err);
+    if (rc) {
+        free(h);
+        return rc;
+    }
+    h->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+                                 on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                 MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)HTTP_CONNECTION_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)HTTP_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
+    if (!h->daemon) {
+        /* Whether a failed start closed the socket is not documented: leave it open rather
+         * than risk closing a descriptor another thread has been given since. */
+        free(h);
+        return cirrus_fail(err, CIRRUS_EIO, "cannot start the HTTP server on port %d", p);
+    }
+    if (bound_port) *bound_port = p;
+    *out = h;
+    return 0;
+}
+
+void http_status_stop(http_status *h)
+{
+    if (!h) return;
+    MHD_stop_daemon(h->daemon);
+    free(h);
+}
