@@ -189,6 +189,7 @@ static void usage(void)
             "  stage   serve layers of the model to pipeline clients (SWARM peer)\n"
             "  client  train through a pipeline of stage peers\n"
             "  local   a pipeline region on loopback: stage processes and a client\n"
+            "  gateway the region's coordinator: membership, /status, /metrics\n"
             "Run 'cirrus-trainer COMMAND --help' for the flags of a command.\n");
 }
 
@@ -209,6 +210,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "stage") == 0) return roles_cmd_stage(argc - 2, argv + 2);
     if (strcmp(cmd, "client") == 0) return roles_cmd_client(argc - 2, argv + 2);
     if (strcmp(cmd, "local") == 0) return roles_cmd_local(argc - 2, argv + 2);
+    if (strcmp(cmd, "gateway") == 0) return roles_cmd_gateway(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
         usage();
         return 0;

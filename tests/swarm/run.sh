@@ -54,7 +54,39 @@ assert worst < 1e-5 and final < 1e-5 and worst > 0
 PY
 done
 
-# 3. q8 activation compression on all four transfers still trains: the final validation
+# 3. The region's coordinator: while `local` trains, /status lists every peer of every
+#    stage and the client's progress, and /metrics exposes the same in Prometheus text.
+status_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$bin" local --stages 2 --peers 2 "${model[@]}" --steps 400 --log-every 100 --status-port "$status_port" \
+    >"$tmp/status-run.out" 2>"$tmp/status-run.err" &
+local_pid=$!
+pids+=("$local_pid")
+if python3 - "$status_port" <<'PY'; then ok coordinator_status_during_training; else bad coordinator_status_during_training; fi
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+deadline = time.time() + 30
+while True:
+    try:
+        st = json.load(urllib.request.urlopen(url + "/status", timeout=2))
+        # Peers report their measured throughput with each heartbeat (1 s apart).
+        if st["step"] >= 5 and all(s["peers"] == 2 and s["throughput"] > 0 for s in st["stages"]):
+            break
+    except OSError:
+        pass
+    assert time.time() < deadline, "no /status with 2 measured peers per stage and step >= 5"
+    time.sleep(0.2)
+assert st["job_id"] == "cirrus-local" and st["n_stages"] == 2 and st["clients"] == 1, st
+assert 0 < st["loss"] < 6 and st["tokens_per_s"] > 0, st
+metrics = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode()
+for line in ('cirrus_peers{stage="0"} 2', 'cirrus_peers{stage="1"} 2', "cirrus_clients 1"):
+    assert line in metrics.splitlines(), line
+print(f"    /status: step {st['step']}, loss {st['loss']:.3f}, stage throughput "
+      f"{[round(s['throughput']) for s in st['stages']]} samples/s")
+PY
+if wait "$local_pid"; then ok local_with_coordinator_finishes; else bad local_with_coordinator_finishes; fi
+pids=()
+
+# 4. q8 activation compression on all four transfers still trains: the final validation
 #    loss is within 3% of the uncompressed pipeline's.
 if "$bin" local --stages 3 --act-compress q8 "${model[@]}" "${run[@]}" >"$tmp/q8.json" 2>"$tmp/q8.err"; then
     python3 - "$tmp/local3.json" "$tmp/q8.json" <<'PY' && ok q8_compression_within_3_percent || bad q8_compression_within_3_percent
@@ -68,7 +100,7 @@ else
     bad q8_compression_within_3_percent
 fi
 
-# 4. A stage peer started by hand; a client of another job, another model, and protocol
+# 5. A stage peer started by hand; a client of another job, another model, and protocol
 #    abuse are refused, and the peer still serves a proper client afterwards.
 port_file="$tmp/stage.log"
 "$bin" stage --serve 0:3 "${model[@]}" --job jobA --listen 127.0.0.1:0 2>"$port_file" &

@@ -522,3 +522,18 @@ int net_hello_server(net_conn *c, const char *job_id, uint16_t *role, uint32_t *
     if (rc && err) *err = e;
     return rc;
 }
+
+int net_split_hostport(const char *addr, char *host, size_t host_size, int *port,
+                       int allow_zero, cirrus_error *err)
+{
+    const char *colon = strrchr(addr, ':');
+    char *end = NULL;
+    long v = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == addr || (size_t)(colon - addr) >= host_size || !end || *end ||
+        end == colon + 1 || v < (allow_zero ? 0 : 1) || v > 65535)
+        return cirrus_fail(err, CIRRUS_EINVAL, "'%s' is not HOST:PORT", addr);
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    *port = (int)v;
+    return 0;
+}

@@ -27,6 +27,11 @@ typedef struct net_transport {
     void (*close)(net_conn *c);
 } net_transport;
 
+/* Split "host:port" (the last ':' separates; port 1..65535, or 0 when allow_zero) into
+ * host (NUL-terminated, fits host_size) and *port. CIRRUS_EINVAL with a message otherwise. */
+int net_split_hostport(const char *addr, char *host, size_t host_size, int *port,
+                       int allow_zero, cirrus_error *err);
+
 /* Listen on host:port (port 0 picks a free one, reported in *bound_port). */
 int net_listen(const char *host, int port, int *listen_fd, int *bound_port, cirrus_error *err);
 /* Accept one connection within timeout_ms (-1: wait forever). */

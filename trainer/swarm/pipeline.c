@@ -287,19 +287,6 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
     return rc;
 }
 
-static int parse_addr(const char *addr, char *host, size_t cap, int *port)
-{
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= cap) return CIRRUS_EINVAL;
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = '\0';
-    char *end;
-    long v = strtol(colon + 1, &end, 10);
-    if (*end || v < 1 || v > 65535) return CIRRUS_EINVAL;
-    *port = (int)v;
-    return 0;
-}
-
 /* Connect to one peer and check what it serves. */
 static int connect_peer(pipeline *p, int s, int k, const char *addr, const char *job_id,
                         int expect_l0, int *l1, cirrus_error *err)
@@ -307,8 +294,7 @@ static int connect_peer(pipeline *p, int s, int k, const char *addr, const char 
     const gpt_config *cfg = &p->cfg;
     char host[256];
     int port, rc;
-    if (parse_addr(addr, host, sizeof host, &port))
-        return cirrus_fail(err, CIRRUS_EINVAL, "stage address '%s' is not host:port", addr);
+    if ((rc = net_split_hostport(addr, host, sizeof host, &port, 0, err))) return rc;
     if ((rc = net_connect(host, port, p->timeout_ms, &p->link[s].c[k], err))) return rc;
     net_set_max_payload(p->link[s].c[k], PIPE_REPLY_LIMIT);
     if ((rc = net_hello_client(p->link[s].c[k], job_id, STAGE_ROLE_CLIENT, 0, p->timeout_ms,

@@ -6,8 +6,11 @@
  */
 #include "roles.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,7 @@
 #include "../cli.h"
 #include "../net/conn.h"
 #include "../optim/adamw.h"
+#include "coordinator.h"
 #include "pipeline.h"
 #include "stage_peer.h"
 #include "stage_proto.h"
@@ -63,7 +67,8 @@ int roles_cmd_stage(int argc, char **argv)
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_rank = 0, ring_fd = -1;
-    const char *ring_peers = NULL;
+    int stage_index = 0;
+    const char *ring_peers = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -78,10 +83,19 @@ int roles_cmd_stage(int argc, char **argv)
          "gradient-averaging addresses of every peer of this stage, HOST:PORT,...", 0},
         {"ring-rank", FLAG_INT, &ring_rank, 0, 63, "this peer's index in --ring-peers", 0},
         {"ring-fd", FLAG_INT, &ring_fd, 0, 65535, "inherited socket for --ring-peers", 0},
+        {"coordinator", FLAG_STR, &coordinator, 0, 0, "the region's coordinator, HOST:PORT", 0},
+        {"stage-index", FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
+         0},
+        {"advertise", FLAG_STR, &advertise, 0, 0, "host clients reach this peer at", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
     if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("stage", &err);
+    char coord_host[256];
+    int coord_port = 0;
+    if (coordinator &&
+        net_split_hostport(coordinator, coord_host, sizeof coord_host, &coord_port, 0, &err))
+        return cli_fail_input("stage", &err);
     if (help) {
         fprintf(stderr, "usage: cirrus-trainer stage --serve L0:L1 [flags]\n");
         flags_usage(flags, NFLAGS(flags));
@@ -111,13 +125,11 @@ int roles_cmd_stage(int argc, char **argv)
     if (ring_list) {
         int n = split_list(ring_list, ring_addrs, 64, ',');
         for (int i = 0; i < n; i++) {
-            const char *colon = strrchr(ring_addrs[i], ':');
-            size_t hl = colon ? (size_t)(colon - ring_addrs[i]) : 0;
-            ring_ports[i] = colon ? atoi(colon + 1) : 0;
-            if (!colon || hl == 0 || hl >= sizeof ring_host[i] || ring_ports[i] < 1) n = -1;
-            if (n < 0) break;
-            memcpy(ring_host[i], ring_addrs[i], hl);
-            ring_host[i][hl] = '\0';
+            if (net_split_hostport(ring_addrs[i], ring_host[i], sizeof ring_host[i],
+                                   &ring_ports[i], 0, NULL)) {
+                n = -1;
+                break;
+            }
             ring_hosts[i] = ring_host[i];
         }
         if (n < 1 || ring_rank >= n) {
@@ -149,18 +161,22 @@ int roles_cmd_stage(int argc, char **argv)
         o.listen_fd = listen_fd;
     } else {
         char host[256];
-        const char *colon = strrchr(listen_addr, ':');
-        int port = colon ? atoi(colon + 1) : -1;
-        if (!colon || (size_t)(colon - listen_addr) >= sizeof host || port < 0 || port > 65535) {
-            cirrus_fail(&err, CIRRUS_EINVAL, "--listen must be HOST:PORT, got '%s'",
-                        listen_addr);
+        int port, bound;
+        if (net_split_hostport(listen_addr, host, sizeof host, &port, 1, &err))
             return cli_fail_input("stage", &err);
-        }
-        memcpy(host, listen_addr, (size_t)(colon - listen_addr));
-        host[colon - listen_addr] = '\0';
-        int bound;
         if (net_listen(host, port, &o.listen_fd, &bound, &err)) return cli_fail_input("stage", &err);
         log_info("listening on %s:%d", host, bound);
+    }
+    if (coordinator) {
+        struct sockaddr_in sa;
+        socklen_t len = sizeof sa;
+        o.coord_host = coord_host;
+        o.coord_port = coord_port;
+        o.stage_index = stage_index;
+        o.advertise_host = advertise;
+        o.advertise_port = getsockname(o.listen_fd, (struct sockaddr *)&sa, &len) == 0
+                               ? ntohs(sa.sin_port)
+                               : 0;
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -181,7 +197,29 @@ int roles_cmd_stage(int argc, char **argv)
 typedef struct pipe_exec {
     pipeline *p;
     int micro; /* sequences per microbatch; a step's batch is split into B / micro of them */
+    coord_client *coord; /* NULL: no coordinator to report to */
+    double t_last;
 } pipe_exec;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Tell the coordinator how training goes (for /status); never fatal. */
+static void report_step(pipe_exec *e, uint64_t step, float loss, int tokens)
+{
+    if (!e->coord) return;
+    double t = now_s();
+    coord_report rep = {.step = step, .loss = loss,
+                        .tokens_per_s = e->t_last > 0 ? tokens / (t - e->t_last) : 0.0};
+    e->t_last = t;
+    cirrus_error err = {0};
+    if (coord_client_report(e->coord, &rep, 1000, NULL, &err))
+        log_warn("coordinator: %s", err.msg);
+}
 
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
@@ -198,7 +236,9 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         sum += l;
     }
     *loss = (float)(sum / M);
-    return pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
+    int rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
+    if (!rc) report_step(e, step, *loss, B * T);
+    return rc;
 }
 
 static int pipe_eval(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
@@ -230,9 +270,28 @@ static int parse_codec(const char *name, int *codec, cirrus_error *err)
     return 0;
 }
 
+/* Register a pipeline client with the coordinator at addr (NULL: none). */
+static coord_client *client_register(const char *addr, const char *job)
+{
+    if (!addr) return NULL;
+    char host[256];
+    int port;
+    coord_client *cc = NULL;
+    cirrus_error err = {0};
+    coord_registration reg = {.role = COORD_ROLE_CLIENT, .stage = COORD_NO_STAGE};
+    coord_registered ack;
+    snprintf(reg.name, sizeof reg.name, "client-%d", (int)getpid());
+    if (net_split_hostport(addr, host, sizeof host, &port, 0, &err) ||
+        coord_client_open(host, port, job, &cc, &err) ||
+        coord_client_register(cc, &reg, 2000, &ack, &err))
+        log_warn("coordinator: %s (training continues without it)", err.msg);
+    return cc;
+}
+
 /* Train through n stages of peers[s] peers each, at addrs (stage-major). */
 static int run_client(const char *cmd, train_options *o, const char *job, int n,
-                      const int *peers, const char *const *addrs, int codec, int micro)
+                      const int *peers, const char *const *addrs, int codec, int micro,
+                      const char *coordinator)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
@@ -247,10 +306,12 @@ static int run_client(const char *cmd, train_options *o, const char *job, int n,
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
     }
-    pipe_exec pe = {p, micro};
+    pipe_exec pe = {p, micro, client_register(coordinator, job), 0.0};
     train_executor ex = {&pe, pipe_step, pipe_eval};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
+    if (pe.coord) coord_client_leave(pe.coord, 1000, NULL);
+    coord_client_close(pe.coord);
     pipeline_close(p);
     return rc;
 }
@@ -262,7 +323,7 @@ int roles_cmd_client(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *job = "cirrus", *stages = NULL, *act = "none";
+    const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     int help = 0, micro = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -273,6 +334,7 @@ int roles_cmd_client(int argc, char **argv)
          0},
         {"microbatch", FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
          0},
+        {"coordinator", FLAG_STR, &coordinator, 0, 0, "report progress to HOST:PORT", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
@@ -307,7 +369,8 @@ int roles_cmd_client(int argc, char **argv)
                     PIPE_MAX_STAGES, PIPE_MAX_PEERS);
         rc = cli_fail_input("client", &err);
     } else {
-        rc = run_client("client", &o, job, n, peers, addrs, codec, micro ? micro : o.batch);
+        rc = run_client("client", &o, job, n, peers, addrs, codec, micro ? micro : o.batch,
+                        coordinator);
     }
     free(list);
     return rc;
@@ -317,8 +380,9 @@ int roles_cmd_client(int argc, char **argv)
 
 /* What a spawned stage peer is told: its layers, sockets and the stage's ring. */
 typedef struct peer_spec {
-    int l0, l1, listen_fd, ring_fd, ring_rank;
-    const char *ring_peers; /* NULL: the stage's only peer */
+    int stage, l0, l1, listen_fd, ring_fd, ring_rank;
+    const char *ring_peers;  /* NULL: the stage's only peer */
+    const char *coordinator; /* HOST:PORT */
 } peer_spec;
 
 /* Start a stage peer process on inherited listening sockets. */
@@ -330,7 +394,7 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     /* dup clears close-on-exec: the exec'd peer inherits the sockets. */
     int fd = dup(ps->listen_fd), rfd = ps->ring_peers ? dup(ps->ring_fd) : -1;
     char a_fd[16], a_layers[32], a_nl[16], a_w[16], a_h[16], a_ctx[16], a_b[16], a_seq[16],
-        a_seed[32], a_rfd[16], a_rank[16];
+        a_seed[32], a_rfd[16], a_rank[16], a_stage[16];
     snprintf(a_fd, sizeof a_fd, "%d", fd);
     snprintf(a_layers, sizeof a_layers, "%d:%d", ps->l0, ps->l1);
     snprintf(a_nl, sizeof a_nl, "%d", cfg->n_layer);
@@ -342,6 +406,7 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     snprintf(a_seed, sizeof a_seed, "%llu", (unsigned long long)o->seed);
     snprintf(a_rfd, sizeof a_rfd, "%d", rfd);
     snprintf(a_rank, sizeof a_rank, "%d", ps->ring_rank);
+    snprintf(a_stage, sizeof a_stage, "%d", ps->stage);
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
@@ -349,6 +414,10 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
                       "--layers", a_nl, "--width", a_w, "--heads", a_h, "--context", a_ctx,
                       "--batch", a_b, "--seq", a_seq, "--seed", a_seed, "--job", (char *)job};
     int n = 22;
+    if (ps->coordinator) {
+        char *coord[] = {"--coordinator", (char *)ps->coordinator, "--stage-index", a_stage};
+        for (size_t i = 0; i < sizeof coord / sizeof coord[0]; i++) args[n++] = coord[i];
+    }
     if (ps->ring_peers) {
         char *ring[] = {"--ring-peers", (char *)ps->ring_peers, "--ring-fd", a_rfd,
                         "--ring-rank", a_rank};
@@ -366,7 +435,7 @@ int roles_cmd_local(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *act = "none";
-    int n_stages = 2, n_peers = 1, micro = 0, help = 0;
+    int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
@@ -375,6 +444,8 @@ int roles_cmd_local(int argc, char **argv)
         {"microbatch", FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
+        {"status-port", FLAG_INT, &status_port, 0, 65535,
+         "port of the coordinator's /status and /metrics (default: any free one)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -394,6 +465,24 @@ int roles_cmd_local(int argc, char **argv)
     }
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
     const char *job = "cirrus-local";
+    /* The region's coordinator runs inside this process (as it runs inside the gateway). */
+    coordinator *co = NULL;
+    coordinator_options co_opt = {.job_id = job, .host = "127.0.0.1", .port = 0,
+                                  .http_port = status_port, .n_stages = (uint32_t)n_stages,
+                                  .n_layer = (uint32_t)o.model.n_layer};
+    if (coordinator_start(&co_opt, &co, &err)) {
+        fprintf(stderr, "cirrus-trainer local: coordinator: %s\n", err.msg);
+        return 1;
+    }
+    char coord_addr[32];
+    snprintf(coord_addr, sizeof coord_addr, "127.0.0.1:%d", coordinator_port(co));
+    if (o.json) /* stdout carries only JSON lines then */
+        log_info("coordinator at %s; status at http://127.0.0.1:%d/status and /metrics",
+                 coord_addr, coordinator_http_port(co));
+    else
+        printf("cirrus: coordinator at %s; status at http://127.0.0.1:%d/status and /metrics\n",
+               coord_addr, coordinator_http_port(co));
+    fflush(stdout);
     enum { MAXP = PIPE_MAX_STAGES * PIPE_MAX_PEERS };
     static pid_t pids[MAXP];
     static char addr_buf[MAXP][32], ring_buf[PIPE_MAX_STAGES][PIPE_MAX_PEERS * 24];
@@ -418,7 +507,8 @@ int roles_cmd_local(int argc, char **argv)
                      k ? "," : "", rport);
         }
         for (int k = 0; k < n_peers && !rc; k++) {
-            peer_spec ps = {l0, l1, fds[k], rfds[k], k, n_peers > 1 ? ring : NULL};
+            peer_spec ps = {s, l0, l1, fds[k], rfds[k], k, n_peers > 1 ? ring : NULL,
+                            coord_addr};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {
@@ -435,8 +525,49 @@ int roles_cmd_local(int argc, char **argv)
             close(rfds[k]);
         }
     }
-    if (!rc) rc = run_client("local", &o, job, n_stages, peers, addrs, codec, micro);
+    if (!rc) rc = run_client("local", &o, job, n_stages, peers, addrs, codec, micro, coord_addr);
     for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
     for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
+    coordinator_stop(co);
     return rc;
+}
+
+int roles_cmd_gateway(int argc, char **argv)
+{
+    const char *job = "cirrus", *listen_addr = "0.0.0.0:7400";
+    int stages = 1, layers = 0, http_port = 7480, heartbeat_ms = 0, help = 0;
+    flag_spec flags[] = {
+        {"job", FLAG_STR, &job, 0, 0, "job id; members of other jobs are refused", 0},
+        {"listen", FLAG_STR, &listen_addr, 0, 0, "HOST:PORT for peers and clients", 0},
+        {"http-port", FLAG_INT, &http_port, -1, 65535, "/status and /metrics port (-1: none)",
+         0},
+        {"stages", FLAG_INT, &stages, 1, PIPE_MAX_STAGES, "pipeline stages of the job", 0},
+        {"layers", FLAG_INT, &layers, 0, 1024, "the model's layers (checks registrations)", 0},
+        {"heartbeat-ms", FLAG_INT, &heartbeat_ms, 0, 600000, "members' heartbeat interval", 0},
+        {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
+    };
+    cirrus_error err = {0};
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err))
+        return cli_fail_input("gateway", &err);
+    if (help) {
+        fprintf(stderr, "usage: cirrus-trainer gateway --job ID --stages S [flags]\n");
+        flags_usage(flags, NFLAGS(flags));
+        return 0;
+    }
+    char host[256];
+    int port;
+    if (net_split_hostport(listen_addr, host, sizeof host, &port, 1, &err))
+        return cli_fail_input("gateway", &err);
+    log_set_role("gateway");
+    coordinator_options o = {.job_id = job, .host = host, .port = port, .http_port = http_port,
+                             .n_stages = (uint32_t)stages, .n_layer = (uint32_t)layers,
+                             .heartbeat_ms = (uint32_t)heartbeat_ms};
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    if (coordinator_run(&o, &stop_requested, &err)) {
+        fprintf(stderr, "cirrus-trainer gateway: %s\n", err.msg);
+        return err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
+    }
+    return 0;
 }

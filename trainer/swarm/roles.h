@@ -1,4 +1,4 @@
-/* roles: the SWARM subcommands of cirrus-trainer (stage, client, local). Each takes the
+/* roles: the SWARM subcommands of cirrus-trainer (stage, client, local, gateway). Each takes the
  * arguments after the subcommand name and returns the process exit code. */
 #ifndef CIRRUS_ROLES_H
 #define CIRRUS_ROLES_H
@@ -6,5 +6,7 @@
 int roles_cmd_stage(int argc, char **argv);
 int roles_cmd_client(int argc, char **argv);
 int roles_cmd_local(int argc, char **argv);
+/* The region's gateway: for now its coordinator (membership, /status, /metrics). */
+int roles_cmd_gateway(int argc, char **argv);
 
 #endif

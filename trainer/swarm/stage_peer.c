@@ -1,7 +1,10 @@
 /* stage_peer: see stage_peer.h. */
 #include "stage_peer.h"
 
+#include <math.h>
 #include <poll.h>
+#include <stdio.h>
+#include <time.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,7 @@
 #include "../model/stage.h"
 #include "../net/collective.h"
 #include "../net/conn.h"
+#include "coord_proto.h"
 #include "stage_proto.h"
 
 #define PEER_IO_TIMEOUT_MS 60000
@@ -31,6 +35,9 @@ typedef struct peer {
     size_t pack_count;
     volatile sig_atomic_t *stop;
     int active;                /* connection threads alive (under mu) */
+    /* counters for the coordinator's heartbeats (under mu) */
+    uint64_t samples, steps;
+    double busy_s;             /* seconds spent computing forwards */
 } peer;
 
 typedef struct conn_job {
@@ -155,7 +162,12 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
             return CIRRUS_ECORRUPT;
         float loss = 0.0f;
         *why = "forward failed";
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         if ((rc = gpt_stage_forward(p->stage, &in, p->out, &loss, keep))) return rc;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        p->busy_s += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        p->samples += (uint64_t)in.B;
         if (last && in.targets)
             wire_put_f32(reply, loss);
         else
@@ -226,6 +238,7 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
             !(total >= 0.0))
             return CIRRUS_ECORRUPT;
         adamw_step(&p->adam, p->model.params, p->model.grads, scale, total, lr, step);
+        p->steps = step;
         return 0;
     }
     case STAGE_INFO: {
@@ -296,6 +309,51 @@ out:
     return NULL;
 }
 
+/* Register with the coordinator and heartbeat until stopped. The coordinator client
+ * re-registers by itself after a coordinator restart; errors are logged, never fatal: a
+ * peer keeps serving its clients while the coordinator is away. */
+static void *heartbeat_main(void *arg)
+{
+    peer *p = arg;
+    const stage_peer_options *o = p->opt;
+    coord_client *cc = NULL;
+    cirrus_error err = {0};
+    if (coord_client_open(o->coord_host, o->coord_port, o->job_id, &cc, &err)) {
+        log_warn("coordinator: %s", err.msg);
+        return NULL;
+    }
+    coord_registration reg = {.role = COORD_ROLE_STAGE, .stage = (uint32_t)o->stage_index,
+                              .l0 = (uint32_t)o->l0, .l1 = (uint32_t)o->l1,
+                              .port = (uint16_t)o->advertise_port};
+    snprintf(reg.host, sizeof reg.host, "%s", o->advertise_host);
+    snprintf(reg.name, sizeof reg.name, "stage%d-%s-%d", o->stage_index, o->advertise_host,
+             o->advertise_port);
+    coord_registered ack = {.heartbeat_ms = 1000}; /* until the coordinator says */
+    int registered = 0;
+    while (!*p->stop) {
+        if (!registered) {
+            registered = coord_client_register(cc, &reg, 2000, &ack, &err) == 0;
+            if (!registered) log_warn("coordinator: %s", err.msg);
+        } else {
+            coord_stats st = {.loss = NAN};
+            pthread_mutex_lock(&p->mu);
+            st.samples = p->samples;
+            st.step = p->steps;
+            st.fwd_throughput = p->busy_s > 0 ? (double)p->samples / p->busy_s : 0.0;
+            pthread_mutex_unlock(&p->mu);
+            uint32_t instruction;
+            if (coord_client_heartbeat(cc, &st, 2000, &instruction, NULL, &err))
+                log_warn("coordinator: %s", err.msg);
+        }
+        /* Sleep one interval in short naps so a stop is noticed quickly. */
+        for (uint32_t slept = 0; slept < ack.heartbeat_ms && !*p->stop; slept += 50)
+            usleep(50000);
+    }
+    if (registered) coord_client_leave(cc, 1000, NULL);
+    coord_client_close(cc);
+    return NULL;
+}
+
 static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
 {
     int rc;
@@ -348,6 +406,8 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
     int rc = peer_setup(&p, o, err);
     if (rc) goto out;
     log_info("serving layers [%d, %d) of %d", o->l0, o->l1, o->model.n_layer);
+    pthread_t heartbeat;
+    int heartbeating = o->coord_host && pthread_create(&heartbeat, NULL, heartbeat_main, &p) == 0;
     while (!*stop) {
         net_conn *c = NULL;
         cirrus_error aerr;
@@ -377,6 +437,7 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
         }
         pthread_detach(th);
     }
+    if (heartbeating) pthread_join(heartbeat, NULL);
     /* Connection threads notice the stop flag within a second; wait for them. */
     for (;;) {
         pthread_mutex_lock(&p.mu);

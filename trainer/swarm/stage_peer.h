@@ -30,6 +30,13 @@ typedef struct stage_peer_options {
     int ring_rank, ring_world, ring_listen_fd;
     const char *const *ring_hosts;
     const int *ring_ports;
+    /* The region's coordinator (NULL: none): the peer registers as stage_index, serving at
+     * advertise_host:advertise_port, and heartbeats its counters. */
+    const char *coord_host;
+    int coord_port;
+    int stage_index;
+    const char *advertise_host;
+    int advertise_port;
 } stage_peer_options;
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */
