@@ -1,50 +1,110 @@
-/* pipeline: see pipeline.h. */
+/* pipeline: see pipeline.h.
+ *
+ * Fault handling. A peer that fails a request at the transport level (closed, timed out,
+ * garbled) is marked dead and the request goes to another live peer of its stage. A dead
+ * peer takes the gradients it accumulated in this step with it, so the client keeps, for
+ * every microbatch of the step, what each stage's backward needs (tokens, the stage input
+ * and the gradient of its output) and which peer served it; the backwards the dead peer
+ * served are re-run on survivors. At the step, every stage's live peers report how many
+ * microbatches they accumulated: the sum must equal the step's microbatches, which proves
+ * none was lost and none counted twice. A peer that refuses a request (WIRE_ERROR) is not
+ * a fault of the network: that error ends the step.
+ */
 #include "pipeline.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/log.h"
 #include "../net/conn.h"
 #include "stage_proto.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
+#define PIPE_MAX_MICRO 256 /* microbatches per step */
 
-/* The peers serving one stage. */
+typedef struct peer_link {
+    net_conn *c;       /* NULL once dead */
+    char addr[STAGE_ADDR_MAX];
+    char ring[STAGE_ADDR_MAX]; /* its gradient-averaging address */
+} peer_link;
+
+/* The peers serving one stage; slots of dead peers are reused by joining ones. */
 typedef struct stage_link {
-    int n;                       /* peers */
-    net_conn *c[PIPE_MAX_PEERS];
-    int next;                    /* round-robin cursor */
+    int n;             /* slots in use */
+    peer_link peer[PIPE_MAX_PEERS];
+    int next;          /* round-robin cursor */
+    int l0, l1;
 } stage_link;
 
+/* What a microbatch's backward at one stage needs, kept until the step. */
+typedef struct mb_record {
+    int32_t *x, *y;          /* tokens and targets (B*T) */
+    float **in, **gout;      /* per stage: input activations, gradient of the output */
+    int *bw_peer;            /* per stage: the peer whose gradients hold this microbatch */
+    uint64_t id;
+    int B, T;
+} mb_record;
+
 struct pipeline {
-    int n, codec, timeout_ms;
+    int n, codec, timeout_ms, max_B, max_T;
     gpt_config cfg;
+    char job_id[WIRE_JOB_ID_MAX + 1];
     stage_link link[PIPE_MAX_STAGES];
-    int route[PIPE_MAX_STAGES];       /* the peer of each stage serving this microbatch */
-    float *acts[PIPE_MAX_STAGES + 1]; /* acts[s]: input of stage s (s >= 1), max_B*max_T*C */
-    float *grad[2];                   /* ping-pong gradient buffers */
+    float *acts[PIPE_MAX_STAGES + 1]; /* acts[s]: input of stage s (s >= 1) */
     float *tied;                      /* V*C */
     uint8_t *bytes_x, *bytes_y;       /* tokens and targets as bytes */
     uint64_t next_id;                 /* request ids */
+    uint64_t round;                   /* AVERAGE rounds */
+    mb_record mb[PIPE_MAX_MICRO];
+    int n_mb;                         /* microbatches in the current step */
+    pipeline_counters counters;
+    char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
+    int n_dead;
 };
+
+/* ---- requests ---- */
+
+static int peer_alive(const pipeline *p, int s, int k)
+{
+    return p->link[s].peer[k].c != NULL;
+}
+
+static int alive_count(const pipeline *p, int s)
+{
+    int n = 0;
+    for (int k = 0; k < p->link[s].n; k++) n += peer_alive(p, s, k);
+    return n;
+}
+
+/* A transport failure: the peer is gone as far as this client is concerned. */
+static int is_peer_fault(int rc)
+{
+    return rc == CIRRUS_ECLOSED || rc == CIRRUS_ETIMEDOUT || rc == CIRRUS_EIO ||
+           rc == CIRRUS_ETRUNC || rc == CIRRUS_ECORRUPT;
+}
 
 static int send_to(pipeline *p, int s, int k, uint16_t type, uint64_t id, const wire_writer *w,
                    cirrus_error *err)
 {
     if (w->failed) return cirrus_fail(err, CIRRUS_ENOMEM, "request to stage %d too large", s);
-    int rc = net_send_frame(p->link[s].c[k], type, id, w->data, (uint32_t)w->len,
+    if (!peer_alive(p, s, k)) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d peer %d is gone", s, k);
+    int rc = net_send_frame(p->link[s].peer[k].c, type, id, w->data, (uint32_t)w->len,
                             p->timeout_ms);
-    return rc ? cirrus_fail(err, rc, "stage %d peer %d: send: %s", s, k, cirrus_strerror(rc))
+    return rc ? cirrus_fail(err, rc, "stage %d peer %s: send: %s", s, p->link[s].peer[k].addr,
+                            cirrus_strerror(rc))
               : 0;
 }
 
-/* Wait for peer k of stage s to answer request id of `type` (with type + 1). */
+/* Wait for peer k of stage s to answer request id of `type` (with type + 1). A refusal
+ * comes back as CIRRUS_EMISMATCH-or-its-code with the peer's message; never a fault. */
 static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wire_reader *r,
                        cirrus_error *err)
 {
     wire_header h;
     const uint8_t *payload;
-    int rc = net_recv_frame(p->link[s].c[k], &h, &payload, p->timeout_ms, err);
+    if (!peer_alive(p, s, k)) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d peer %d is gone", s, k);
+    int rc = net_recv_frame(p->link[s].peer[k].c, &h, &payload, p->timeout_ms, err);
     if (rc) return rc;
     if (h.type == WIRE_ERROR) {
         wire_reader e;
@@ -52,17 +112,17 @@ static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wi
         int code = (int)wire_get_u32(&e);
         char msg[200] = "?";
         wire_get_str(&e, msg, sizeof msg);
-        return cirrus_fail(err, code < 0 ? code : CIRRUS_EIO, "stage %d peer %d refused: %s", s,
-                           k, msg);
+        if (code >= 0 || is_peer_fault(code)) code = CIRRUS_EINVAL; /* a refusal, not a fault */
+        return cirrus_fail(err, code, "stage %d peer %s refused: %s", s,
+                           p->link[s].peer[k].addr, msg);
     }
     if (h.type != type + 1 || h.request_id != id)
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %d: unexpected reply type %u",
-                           s, k, h.type);
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %s: unexpected reply type %u",
+                           s, p->link[s].peer[k].addr, h.type);
     wire_reader_init(r, payload, h.payload_len);
     return 0;
 }
 
-/* Send a request to peer k of stage s and wait for its reply. */
 static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
                      wire_reader *r, cirrus_error *err)
 {
@@ -71,24 +131,39 @@ static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer
     return rc ? rc : await_reply(p, s, k, type, id, r, err);
 }
 
-/* The request to the peer of stage s routed for the current microbatch. */
-static int call(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
-                cirrus_error *err)
+/* The next live peer of stage s, round-robin; -1 if none. */
+static int pick_peer(pipeline *p, int s)
 {
-    return call_peer(p, s, p->route[s], type, w, r, err);
+    stage_link *L = &p->link[s];
+    for (int tries = 0; tries < L->n; tries++) {
+        int k = L->next;
+        L->next = (L->next + 1) % L->n;
+        if (peer_alive(p, s, k)) return k;
+    }
+    return -1;
 }
 
-/* The same request to every peer of stage s at once, then every reply (AVERAGE needs all
- * peers inside the all-reduce together). r receives peer 0's reply. */
-static int call_all(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
-                    cirrus_error *err)
+static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err);
+
+/* Mark a peer dead after a transport failure and re-run, on survivors, the backwards whose
+ * gradients it held. */
+static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err)
 {
-    uint64_t id = ++p->next_id;
-    int rc = 0;
-    for (int k = 0; k < p->link[s].n && !rc; k++) rc = send_to(p, s, k, type, id, w, err);
-    for (int k = p->link[s].n - 1; k >= 0 && !rc; k--) rc = await_reply(p, s, k, type, id, r, err);
-    return rc;
+    peer_link *pl = &p->link[s].peer[k];
+    if (!pl->c) return 0;
+    log_warn("stage %d peer %s lost: %s", s, pl->addr, why->msg);
+    net_close(pl->c);
+    pl->c = NULL;
+    p->counters.peers_lost++;
+    if (p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
+        memcpy(p->dead[p->n_dead++], pl->addr, STAGE_ADDR_MAX); /* both STAGE_ADDR_MAX */
+    if (alive_count(p, s) == 0)
+        return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer left (last: %s)", s,
+                           why->msg);
+    return redo_backwards_of(p, s, k, err);
 }
+
+/* ---- microbatches ---- */
 
 static void put_bytes_of(wire_writer *w, uint8_t *tmp, const int32_t *t, size_t n)
 {
@@ -98,7 +173,7 @@ static void put_bytes_of(wire_writer *w, uint8_t *tmp, const int32_t *t, size_t 
 
 /* The FORWARD/BACKWARD head and input for stage s. */
 static void put_microbatch(pipeline *p, wire_writer *w, int s, uint64_t id, int B, int T,
-                           int keep, const int32_t *x, const int32_t *y)
+                           int keep, const int32_t *x, const int32_t *y, const float *in)
 {
     const size_t n = (size_t)B * T;
     const int last = s == p->n - 1;
@@ -110,67 +185,235 @@ static void put_microbatch(pipeline *p, wire_writer *w, int s, uint64_t id, int 
     if (s == 0)
         put_bytes_of(w, p->bytes_x, x, n);
     else
-        stage_put_floats(w, p->acts[s], n * p->cfg.n_embd, p->codec);
+        stage_put_floats(w, in, n * p->cfg.n_embd, p->codec);
     if (last && y) put_bytes_of(w, p->bytes_y, y, n);
 }
 
-static int forward_all(pipeline *p, uint64_t id, int B, int T, int keep, const int32_t *x,
-                       const int32_t *y, float *loss, cirrus_error *err)
+/* Run a request on stage s, on `prefer` if it is alive, else on any live peer, moving on
+ * after transport failures. *served receives the peer that answered. */
+static int on_stage(pipeline *p, int s, int prefer, uint16_t type, const wire_writer *w,
+                    wire_reader *r, int *served, cirrus_error *err)
+{
+    for (;;) {
+        int k = prefer >= 0 && peer_alive(p, s, prefer) ? prefer : pick_peer(p, s);
+        if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
+        prefer = -1;
+        int rc = call_peer(p, s, k, type, w, r, err);
+        if (!rc) {
+            *served = k;
+            return 0;
+        }
+        if (!is_peer_fault(rc)) return rc;
+        p->counters.retried++;
+        cirrus_error why = *err;
+        if ((rc = peer_failed(p, s, k, &why, err))) return rc;
+    }
+}
+
+static int forward_stage(pipeline *p, int s, uint64_t id, int B, int T, int keep,
+                         const int32_t *x, const int32_t *y, float *loss, int *served,
+                         cirrus_error *err)
 {
     const size_t n = (size_t)B * T * p->cfg.n_embd;
-    for (int s = 0; s < p->n; s++) {
-        wire_writer w;
-        wire_reader r;
-        wire_writer_init(&w, PIPE_REPLY_LIMIT);
-        put_microbatch(p, &w, s, id, B, T, keep, x, y);
-        int rc = call(p, s, STAGE_FORWARD, &w, &r, err);
-        wire_writer_free(&w);
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, PIPE_REPLY_LIMIT);
+    put_microbatch(p, &w, s, id, B, T, keep, x, y, p->acts[s]);
+    int rc = on_stage(p, s, -1, STAGE_FORWARD, &w, &r, served, err);
+    wire_writer_free(&w);
+    if (rc) return rc;
+    if (s == p->n - 1)
+        *loss = wire_get_f32(&r);
+    else if (stage_get_floats(&r, p->acts[s + 1], n, p->codec))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
+    if (wire_reader_done(&r))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
+    return 0;
+}
+
+/* Backward of microbatch m at stage s, preferably on `prefer` (which holds its
+ * activations). grad_in (may be NULL) receives the gradient of the stage's input. */
+static int backward_stage(pipeline *p, int m, int s, int prefer, float *grad_in,
+                          cirrus_error *err)
+{
+    mb_record *mb = &p->mb[m];
+    const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, PIPE_REPLY_LIMIT);
+    put_microbatch(p, &w, s, mb->id, mb->B, mb->T, 0, mb->x, mb->y, mb->in[s]);
+    if (s != p->n - 1) stage_put_floats(&w, mb->gout[s], n, p->codec);
+    int served, rc = on_stage(p, s, prefer, STAGE_BACKWARD, &w, &r, &served, err);
+    wire_writer_free(&w);
+    if (rc) return rc;
+    mb->bw_peer[s] = served;
+    if (s > 0 && grad_in && stage_get_floats(&r, grad_in, n, p->codec))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
+    return 0;
+}
+
+/* The dead peer k of stage s held the gradients of some of this step's backwards: run
+ * them again on survivors (the recomputed grad_in is not needed: upstream already has it). */
+static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err)
+{
+    for (int m = 0; m < p->n_mb; m++) {
+        if (p->mb[m].bw_peer[s] != dead) continue;
+        p->mb[m].bw_peer[s] = -1;
+        p->counters.redone++;
+        int rc = backward_stage(p, m, s, -1, NULL, err);
         if (rc) return rc;
-        if (s == p->n - 1)
-            *loss = wire_get_f32(&r);
-        else if (stage_get_floats(&r, p->acts[s + 1], n, p->codec))
-            return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
-        if (wire_reader_done(&r))
-            return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
     }
+    return 0;
+}
+
+static int keep_record(pipeline *p, int m, uint64_t id, int B, int T, const int32_t *x,
+                       const int32_t *y)
+{
+    mb_record *mb = &p->mb[m];
+    const size_t N = (size_t)p->max_B * p->max_T, C = (size_t)p->cfg.n_embd;
+    if (!mb->x) {
+        mb->x = malloc(sizeof(int32_t) * N);
+        mb->y = malloc(sizeof(int32_t) * N);
+        mb->in = calloc((size_t)p->n, sizeof(float *));
+        mb->gout = calloc((size_t)p->n, sizeof(float *));
+        mb->bw_peer = malloc(sizeof(int) * (size_t)p->n);
+        if (!mb->x || !mb->y || !mb->in || !mb->gout || !mb->bw_peer) return CIRRUS_ENOMEM;
+        for (int s = 0; s < p->n; s++) {
+            mb->in[s] = s ? malloc(sizeof(float) * N * C) : NULL;
+            mb->gout[s] = s < p->n - 1 ? malloc(sizeof(float) * N * C) : NULL;
+            if ((s && !mb->in[s]) || (s < p->n - 1 && !mb->gout[s])) return CIRRUS_ENOMEM;
+        }
+    }
+    memcpy(mb->x, x, sizeof(int32_t) * (size_t)B * T);
+    memcpy(mb->y, y, sizeof(int32_t) * (size_t)B * T);
+    for (int s = 0; s < p->n; s++) mb->bw_peer[s] = -1;
+    mb->id = id;
+    mb->B = B;
+    mb->T = T;
     return 0;
 }
 
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err)
 {
-    /* Round-robin over each stage's peers; forward and backward of a microbatch go to the
-     * same peers, which still hold its activations. */
-    for (int s = 0; s < p->n; s++) {
-        p->route[s] = p->link[s].next;
-        p->link[s].next = (p->link[s].next + 1) % p->link[s].n;
-    }
-    int rc = forward_all(p, id, B, T, 1, x, y, loss, err);
-    if (rc) return rc;
+    if (p->n_mb == PIPE_MAX_MICRO)
+        return cirrus_fail(err, CIRRUS_EINVAL, "more than %d microbatches in one step",
+                           PIPE_MAX_MICRO);
+    const int m = p->n_mb;
+    if (keep_record(p, m, id, B, T, x, y)) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    mb_record *mb = &p->mb[m];
     const size_t n = (size_t)B * T * p->cfg.n_embd;
-    int cur = 0;
-    for (int s = p->n - 1; s >= 0; s--) {
-        wire_writer w;
-        wire_reader r;
-        wire_writer_init(&w, PIPE_REPLY_LIMIT);
-        put_microbatch(p, &w, s, id, B, T, 0, x, y);
-        if (s != p->n - 1) stage_put_floats(&w, p->grad[cur], n, p->codec);
-        rc = call(p, s, STAGE_BACKWARD, &w, &r, err);
-        wire_writer_free(&w);
-        if (rc) return rc;
-        if (s > 0 && stage_get_floats(&r, p->grad[cur ^ 1], n, p->codec))
-            return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
-        if (wire_reader_done(&r))
-            return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
-        cur ^= 1;
+    int fw_peer[PIPE_MAX_STAGES], rc;
+    for (int s = 0; s < p->n; s++) {
+        if ((rc = forward_stage(p, s, id, B, T, 1, x, y, loss, &fw_peer[s], err))) return rc;
+        if (s + 1 < p->n) memcpy(mb->in[s + 1], p->acts[s + 1], sizeof(float) * n);
     }
+    p->n_mb++; /* from here on, its backwards count toward the step */
+    for (int s = p->n - 1; s >= 0; s--) {
+        /* The peer that ran the forward still holds the activations: ask it first. */
+        if ((rc = backward_stage(p, m, s, fw_peer[s], s ? mb->gout[s - 1] : NULL, err)))
+            return rc;
+    }
+    p->counters.microbatches++;
     return 0;
 }
 
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,
                   cirrus_error *err)
 {
-    return forward_all(p, 0, B, T, 0, x, y, loss, err);
+    int served;
+    for (int s = 0; s < p->n; s++) {
+        int rc = forward_stage(p, s, 0, B, T, 0, x, y, loss, &served, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- the optimizer step ---- */
+
+/* The same request to every live peer of stage s; r receives one reply (for requests
+ * whose replies are equal on all peers). Peers failing at the transport are dropped. */
+static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
+                        int *answered, cirrus_error *err)
+{
+    uint64_t id = ++p->next_id;
+    int sent[PIPE_MAX_PEERS] = {0}, rc = 0;
+    cirrus_error why[PIPE_MAX_PEERS];
+    *answered = 0;
+    for (int k = 0; k < p->link[s].n; k++)
+        if (peer_alive(p, s, k)) sent[k] = send_to(p, s, k, type, id, w, &why[k]) == 0 ? 1 : -1;
+    for (int k = 0; k < p->link[s].n; k++) {
+        if (sent[k] == 1) {
+            int prc = await_reply(p, s, k, type, id, r, &why[k]);
+            if (!prc) {
+                (*answered)++;
+                continue;
+            }
+            if (!is_peer_fault(prc)) {
+                if (!rc) *err = why[k];
+                rc = prc;
+                continue;
+            }
+        }
+        if (sent[k] != 0 && !rc) {
+            int frc = peer_failed(p, s, k, &why[k], err);
+            if (frc) rc = frc;
+        }
+    }
+    return rc;
+}
+
+/* Sum each stage's gradients over its live peers, checking that together they hold every
+ * microbatch of the step exactly once. Repeated, with the same round, until it completes
+ * without a member failing. */
+static int average_stages(pipeline *p, cirrus_error *err)
+{
+    for (int s = 0; s < p->n; s++) {
+        uint64_t round = ++p->round;
+        for (int attempt = 0;; attempt++) {
+            if (attempt > PIPE_MAX_PEERS)
+                return cirrus_fail(err, CIRRUS_EIO, "stage %d: averaging keeps failing", s);
+            wire_writer w;
+            wire_writer_init(&w, 64 * 1024);
+            wire_put_u64(&w, round);
+            wire_put_u32(&w, (uint32_t)alive_count(p, s));
+            for (int k = 0; k < p->link[s].n; k++)
+                if (peer_alive(p, s, k)) wire_put_str(&w, p->link[s].peer[k].ring);
+            uint64_t id = ++p->next_id;
+            int sent[PIPE_MAX_PEERS] = {0}, failed = 0;
+            uint32_t held = 0;
+            cirrus_error why[PIPE_MAX_PEERS];
+            for (int k = 0; k < p->link[s].n; k++)
+                if (peer_alive(p, s, k))
+                    sent[k] = send_to(p, s, k, STAGE_AVERAGE, id, &w, &why[k]) == 0 ? 1 : -1;
+            wire_writer_free(&w);
+            for (int k = 0; k < p->link[s].n; k++) {
+                wire_reader r;
+                int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r, &why[k]) : 0;
+                if (sent[k] == 1 && !rc) {
+                    held += wire_get_u32(&r);
+                    continue;
+                }
+                if (sent[k] == 0) continue;
+                /* A member that failed, or a refusal because another member vanished
+                 * mid-ring: the round is repeated. Only transport faults remove a peer. */
+                failed = 1;
+                if (sent[k] == -1 || is_peer_fault(rc)) {
+                    if ((rc = peer_failed(p, s, k, &why[k], err))) return rc;
+                }
+            }
+            if (failed) {
+                p->counters.retried++;
+                continue;
+            }
+            if (held != (uint32_t)p->n_mb)
+                return cirrus_fail(err, CIRRUS_EIO,
+                                   "stage %d: peers hold %u microbatches, the step has %d", s,
+                                   held, p->n_mb);
+            break;
+        }
+    }
+    return 0;
 }
 
 /* Move the head's share of d(wte) from the last stage to the first, fold it there and give
@@ -181,8 +424,9 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     const int first = 0, last = p->n - 1;
     wire_writer w;
     wire_reader r;
+    int served, answered;
     wire_writer_init(&w, 0);
-    int rc = call_peer(p, last, 0, STAGE_HEAD_GRAD, &w, &r, err);
+    int rc = on_stage(p, last, -1, STAGE_HEAD_GRAD, &w, &r, &served, err);
     const void *g = rc ? NULL : wire_get_bytes(&r, bytes);
     if (!rc && (!g || wire_reader_done(&r)))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad HEAD_GRAD reply");
@@ -190,15 +434,16 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     memcpy(p->tied, g, bytes);
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
     wire_put_bytes(&w, p->tied, bytes);
-    rc = call_all(p, first, STAGE_FOLD_TIED, &w, &r, err);
+    rc = on_all_peers(p, first, STAGE_FOLD_TIED, &w, &r, &answered, err);
     wire_writer_free(&w);
-    g = rc ? NULL : wire_get_bytes(&r, bytes);
+    g = rc || !answered ? NULL : wire_get_bytes(&r, bytes);
     if (!rc && (!g || wire_reader_done(&r)))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad FOLD_TIED reply");
     if (rc || first == last) return rc;
+    memcpy(p->tied, g, bytes);
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
-    wire_put_bytes(&w, g, bytes);
-    rc = call_all(p, last, STAGE_SET_TIED, &w, &r, err);
+    wire_put_bytes(&w, p->tied, bytes);
+    rc = on_all_peers(p, last, STAGE_SET_TIED, &w, &r, &answered, err);
     wire_writer_free(&w);
     return rc;
 }
@@ -224,8 +469,9 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
     for (int s = 0; !rc && s < p->n; s++) {
         wire_writer w;
         wire_reader r;
+        int served;
         wire_writer_init(&w, 0);
-        if ((rc = call_peer(p, s, 0, STAGE_SUMSQ, &w, &r, err))) break;
+        if ((rc = on_stage(p, s, -1, STAGE_SUMSQ, &w, &r, &served, err))) break;
         uint32_t k = wire_get_u32(&r);
         for (uint32_t i = 0; i < k && !r.failed; i++) {
             if (n == cap) {
@@ -253,20 +499,6 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
     return rc;
 }
 
-/* Sum each stage's gradients over its peers (stages with one peer have nothing to do). */
-static int average_stages(pipeline *p, cirrus_error *err)
-{
-    int rc = 0;
-    for (int s = 0; s < p->n && !rc; s++) {
-        if (p->link[s].n < 2) continue;
-        wire_writer w;
-        wire_reader r;
-        wire_writer_init(&w, 0);
-        rc = call_all(p, s, STAGE_AVERAGE, &w, &r, err);
-    }
-    return rc;
-}
-
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err)
 {
     double total = 0.0;
@@ -276,48 +508,64 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
     for (int s = 0; !rc && s < p->n; s++) {
         wire_writer w;
         wire_reader r;
+        int answered;
         wire_writer_init(&w, 64);
         wire_put_f32(&w, lr);
         wire_put_f32(&w, grad_scale);
         wire_put_u64(&w, step);
         wire_put_f64(&w, total);
-        rc = call_all(p, s, STAGE_STEP, &w, &r, err);
+        rc = on_all_peers(p, s, STAGE_STEP, &w, &r, &answered, err);
         wire_writer_free(&w);
+        if (!rc && !answered) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d: no peer stepped", s);
     }
+    p->n_mb = 0;
     return rc;
 }
 
-/* Connect to one peer and check what it serves. */
-static int connect_peer(pipeline *p, int s, int k, const char *addr, const char *job_id,
-                        int expect_l0, int *l1, cirrus_error *err)
+/* ---- membership ---- */
+
+/* Connect to one peer and check what it serves; fills slot k of stage s. */
+static int connect_peer(pipeline *p, int s, int k, const char *addr, int *l1, uint64_t *steps,
+                        cirrus_error *err)
 {
     const gpt_config *cfg = &p->cfg;
-    char host[256];
+    peer_link *pl = &p->link[s].peer[k];
+    char host[STAGE_ADDR_MAX];
     int port, rc;
+    memset(pl, 0, sizeof *pl);
+    snprintf(pl->addr, sizeof pl->addr, "%s", addr);
     if ((rc = net_split_hostport(addr, host, sizeof host, &port, 0, err))) return rc;
-    if ((rc = net_connect(host, port, p->timeout_ms, &p->link[s].c[k], err))) return rc;
-    net_set_max_payload(p->link[s].c[k], PIPE_REPLY_LIMIT);
-    if ((rc = net_hello_client(p->link[s].c[k], job_id, STAGE_ROLE_CLIENT, 0, p->timeout_ms,
-                               err)))
-        return rc;
+    if ((rc = net_connect(host, port, p->timeout_ms, &pl->c, err))) return rc;
+    net_set_max_payload(pl->c, PIPE_REPLY_LIMIT);
+    if ((rc = net_hello_client(pl->c, p->job_id, STAGE_ROLE_CLIENT, 0, p->timeout_ms, err)))
+        goto fail;
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 0);
-    if ((rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err))) return rc;
+    if ((rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err))) goto fail;
     uint32_t v[6];
     for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
     (void)wire_get_u64(&r);
-    if (wire_reader_done(&r) || (int)v[0] != expect_l0 || v[1] <= v[0] ||
-        (*l1 >= 0 && (int)v[1] != *l1) || (int)v[2] != cfg->n_layer ||
-        (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head || (int)v[5] != cfg->seq_len)
-        return cirrus_fail(err, CIRRUS_EMISMATCH,
-                           "stage %d at %s serves layers [%u, %u) of a model of %u layers x "
-                           "%u (%u heads, context %u); expected layers from %d of %d x %d "
-                           "(%d heads, context %d)",
-                           s, addr, v[0], v[1], v[2], v[3], v[4], v[5], expect_l0,
-                           cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
+    *steps = wire_get_u64(&r);
+    int expect_l0 = s ? p->link[s - 1].l1 : 0;
+    if (wire_get_str(&r, pl->ring, sizeof pl->ring) || wire_reader_done(&r) ||
+        (int)v[0] != expect_l0 || v[1] <= v[0] || (*l1 >= 0 && (int)v[1] != *l1) ||
+        (int)v[2] != cfg->n_layer || (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head ||
+        (int)v[5] != cfg->seq_len) {
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH,
+                         "stage %d at %s serves layers [%u, %u) of a model of %u layers x "
+                         "%u (%u heads, context %u); expected layers from %d of %d x %d "
+                         "(%d heads, context %d)",
+                         s, addr, v[0], v[1], v[2], v[3], v[4], v[5], expect_l0,
+                         cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
+        goto fail;
+    }
     *l1 = (int)v[1];
     return 0;
+fail:
+    net_close(pl->c);
+    pl->c = NULL;
+    return rc;
 }
 
 int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers,
@@ -338,31 +586,34 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     p->cfg = *cfg;
     p->codec = codec;
     p->timeout_ms = timeout_ms;
+    p->max_B = max_B;
+    p->max_T = max_T;
+    snprintf(p->job_id, sizeof p->job_id, "%s", job_id);
     const size_t N = (size_t)max_B * max_T, C = (size_t)cfg->n_embd;
     int rc = 0;
-    for (int s = 1; s < n && !rc; s++)
+    for (int s = 0; s <= n && !rc; s++)
         if (!(p->acts[s] = malloc(sizeof(float) * N * C))) rc = CIRRUS_ENOMEM;
-    p->grad[0] = malloc(sizeof(float) * N * C);
-    p->grad[1] = malloc(sizeof(float) * N * C);
     p->tied = malloc(sizeof(float) * (size_t)cfg->vocab * C);
     p->bytes_x = malloc(N);
     p->bytes_y = malloc(N);
-    if (rc || !p->grad[0] || !p->grad[1] || !p->tied || !p->bytes_x || !p->bytes_y) {
+    if (rc || !p->tied || !p->bytes_x || !p->bytes_y) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
         goto fail;
     }
-    int l0 = 0, a = 0;
+    int a = 0;
     for (int s = 0; s < n; s++) {
         int l1 = -1; /* every peer of a stage must serve the same layers */
         for (int k = 0; k < peers[s]; k++) {
-            if ((rc = connect_peer(p, s, k, addrs[a++], job_id, l0, &l1, err))) goto fail;
+            uint64_t steps;
             p->link[s].n = k + 1;
+            if ((rc = connect_peer(p, s, k, addrs[a++], &l1, &steps, err))) goto fail;
         }
-        l0 = l1;
+        p->link[s].l0 = s ? p->link[s - 1].l1 : 0;
+        p->link[s].l1 = l1;
     }
-    if (l0 != cfg->n_layer) {
-        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the stages end at layer %d of %d", l0,
-                         cfg->n_layer);
+    if (p->link[n - 1].l1 != cfg->n_layer) {
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the stages end at layer %d of %d",
+                         p->link[n - 1].l1, cfg->n_layer);
         goto fail;
     }
     *out = p;
@@ -372,15 +623,74 @@ fail:
     return rc;
 }
 
+int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
+{
+    if (s < 0 || s >= p->n) return cirrus_fail(err, CIRRUS_EINVAL, "no stage %d", s);
+    stage_link *L = &p->link[s];
+    for (int k = 0; k < L->n; k++)
+        if (peer_alive(p, s, k) && strcmp(L->peer[k].addr, addr) == 0) return 0; /* known */
+    for (int i = 0; i < p->n_dead; i++)
+        if (strcmp(p->dead[i], addr) == 0) return 0; /* lost once: never again */
+    if (p->n_mb)
+        return cirrus_fail(err, CIRRUS_EINVAL, "peers join between steps, not during one");
+    int k = 0;
+    while (k < L->n && peer_alive(p, s, k)) k++;
+    if (k == PIPE_MAX_PEERS)
+        return cirrus_fail(err, CIRRUS_EINVAL, "stage %d already has %d peers", s, k);
+    int donor = pick_peer(p, s);
+    if (donor < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer to copy", s);
+    if (k == L->n) L->n++;
+    int l1 = L->l1;
+    uint64_t steps;
+    int rc = connect_peer(p, s, k, addr, &l1, &steps, err);
+    if (!rc) {
+        /* Between steps every live peer of the stage holds the same state: copy it. */
+        wire_writer w;
+        wire_reader r;
+        wire_writer_init(&w, 512);
+        wire_put_str(&w, L->peer[donor].addr);
+        rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
+        wire_writer_free(&w);
+    }
+    if (rc) {
+        net_close(L->peer[k].c);
+        L->peer[k].c = NULL;
+        return rc;
+    }
+    p->counters.peers_joined++;
+    log_info("stage %d: peer %s joined (state from %s)", s, addr, L->peer[donor].addr);
+    return 0;
+}
+
+const pipeline_counters *pipeline_get_counters(const pipeline *p)
+{
+    return &p->counters;
+}
+
+int pipeline_stages(const pipeline *p)
+{
+    return p->n;
+}
+
 void pipeline_close(pipeline *p)
 {
     if (!p) return;
-    for (int s = 0; s < p->n; s++) {
-        for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].c[k]);
-        free(p->acts[s + 1]);
+    for (int s = 0; s < p->n; s++)
+        for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].peer[k].c);
+    for (int s = 0; s <= p->n; s++) free(p->acts[s]);
+    for (int m = 0; m < PIPE_MAX_MICRO; m++) {
+        mb_record *mb = &p->mb[m];
+        if (!mb->x) continue;
+        for (int s = 0; s < p->n; s++) {
+            if (mb->in) free(mb->in[s]);
+            if (mb->gout) free(mb->gout[s]);
+        }
+        free(mb->x);
+        free(mb->y);
+        free(mb->in);
+        free(mb->gout);
+        free(mb->bw_peer);
     }
-    free(p->grad[0]);
-    free(p->grad[1]);
     free(p->tied);
     free(p->bytes_x);
     free(p->bytes_y);

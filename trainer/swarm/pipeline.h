@@ -34,6 +34,21 @@ int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x
 /* Optimizer step: the peers of each stage sum their gradients, then every stage steps
  * (grad_scale = 1 / microbatches accumulated since the last step). */
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err);
+/* A peer that appeared (e.g. listed by the coordinator) joins stage s between steps: it
+ * copies the state of a live peer of the stage (SYNC) and takes work from the next step.
+ * An address already serving, or one that failed before, is ignored. */
+int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err);
+
+typedef struct pipeline_counters {
+    uint64_t microbatches; /* forward + backward completed */
+    uint64_t retried;      /* requests re-sent to another peer after a failure */
+    uint64_t redone;       /* backwards re-run because the peer holding them died */
+    uint64_t peers_lost, peers_joined;
+} pipeline_counters;
+
+const pipeline_counters *pipeline_get_counters(const pipeline *p);
+int pipeline_stages(const pipeline *p);
+
 /* Forward only: the mean loss of a batch, nothing kept. */
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,
                   cirrus_error *err);

@@ -66,9 +66,8 @@ int roles_cmd_stage(int argc, char **argv)
 {
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
-    int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_rank = 0, ring_fd = -1;
-    int stage_index = 0;
-    const char *ring_peers = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
+    int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
+    const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -79,10 +78,10 @@ int roles_cmd_stage(int argc, char **argv)
         {"batch", FLAG_INT, &batch, 1, 65536, "largest microbatch (sequences)", 0},
         {"seq", FLAG_INT, &seq, 1, 65536, "largest sequence (default: the context)", 0},
         {"seed", FLAG_U64, &seed, 0, 0, "the job's seed (initial weights)", 0},
-        {"ring-peers", FLAG_STR, &ring_peers, 0, 0,
-         "gradient-averaging addresses of every peer of this stage, HOST:PORT,...", 0},
-        {"ring-rank", FLAG_INT, &ring_rank, 0, 63, "this peer's index in --ring-peers", 0},
-        {"ring-fd", FLAG_INT, &ring_fd, 0, 65535, "inherited socket for --ring-peers", 0},
+        {"ring-addr", FLAG_STR, &ring_addr, 0, 0,
+         "HOST:PORT where the stage's other peers reach this one for gradient averaging", 0},
+        {"ring-fd", FLAG_INT, &ring_fd, 0, 65535, "inherited socket listening at --ring-addr",
+         0},
         {"coordinator", FLAG_STR, &coordinator, 0, 0, "the region's coordinator, HOST:PORT", 0},
         {"stage-index", FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
          0},
@@ -115,44 +114,17 @@ int roles_cmd_stage(int argc, char **argv)
         return cli_fail_input("stage", &err);
     }
     o.adam = adamw_defaults(0.0f, 1);
-    /* Gradient averaging with the other peers of the stage. */
-    char *ring_list = ring_peers ? strdup(ring_peers) : NULL;
-    const char *ring_addrs[64];
-    static char ring_host[64][256];
-    static const char *ring_hosts[64];
-    static int ring_ports[64];
-    o.ring_world = 1;
-    if (ring_list) {
-        int n = split_list(ring_list, ring_addrs, 64, ',');
-        for (int i = 0; i < n; i++) {
-            if (net_split_hostport(ring_addrs[i], ring_host[i], sizeof ring_host[i],
-                                   &ring_ports[i], 0, NULL)) {
-                n = -1;
-                break;
-            }
-            ring_hosts[i] = ring_host[i];
-        }
-        if (n < 1 || ring_rank >= n) {
-            cirrus_fail(&err, CIRRUS_EINVAL,
-                        "--ring-peers must list HOST:PORT addresses including --ring-rank %d",
-                        ring_rank);
-            free(ring_list);
+    /* Gradient averaging with the other peers of the stage: where they reach this peer. */
+    if (ring_addr) {
+        char host[STAGE_ADDR_MAX];
+        int port, bound;
+        if (net_split_hostport(ring_addr, host, sizeof host, &port, 0, &err))
             return cli_fail_input("stage", &err);
-        }
-        o.ring_world = n;
-        o.ring_rank = ring_rank;
-        o.ring_hosts = ring_hosts;
-        o.ring_ports = ring_ports;
-        if (ring_fd >= 0) {
+        o.ring_addr = ring_addr;
+        if (ring_fd >= 0)
             o.ring_listen_fd = ring_fd;
-        } else {
-            int bound;
-            if (net_listen(ring_hosts[ring_rank], ring_ports[ring_rank], &o.ring_listen_fd,
-                           &bound, &err)) {
-                free(ring_list);
-                return cli_fail_input("stage", &err);
-            }
-        }
+        else if (net_listen(host, port, &o.ring_listen_fd, &bound, &err))
+            return cli_fail_input("stage", &err);
     }
     char role[64];
     snprintf(role, sizeof role, "stage %d:%d", o.l0, o.l1);
@@ -183,8 +155,7 @@ int roles_cmd_stage(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     int rc = stage_peer_run(&o, &stop_requested, &err);
     close(o.listen_fd);
-    if (ring_list) close(o.ring_listen_fd);
-    free(ring_list);
+    if (ring_addr) close(o.ring_listen_fd);
     if (rc) {
         fprintf(stderr, "cirrus-trainer stage: %s\n", err.msg);
         return 1;
@@ -380,8 +351,8 @@ int roles_cmd_client(int argc, char **argv)
 
 /* What a spawned stage peer is told: its layers, sockets and the stage's ring. */
 typedef struct peer_spec {
-    int stage, l0, l1, listen_fd, ring_fd, ring_rank;
-    const char *ring_peers;  /* NULL: the stage's only peer */
+    int stage, l0, l1, listen_fd, ring_fd;
+    const char *ring_addr;   /* HOST:PORT of ring_fd */
     const char *coordinator; /* HOST:PORT */
 } peer_spec;
 
@@ -392,9 +363,9 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     pid_t pid = fork();
     if (pid != 0) return pid;
     /* dup clears close-on-exec: the exec'd peer inherits the sockets. */
-    int fd = dup(ps->listen_fd), rfd = ps->ring_peers ? dup(ps->ring_fd) : -1;
+    int fd = dup(ps->listen_fd), rfd = dup(ps->ring_fd);
     char a_fd[16], a_layers[32], a_nl[16], a_w[16], a_h[16], a_ctx[16], a_b[16], a_seq[16],
-        a_seed[32], a_rfd[16], a_rank[16], a_stage[16];
+        a_seed[32], a_rfd[16], a_stage[16];
     snprintf(a_fd, sizeof a_fd, "%d", fd);
     snprintf(a_layers, sizeof a_layers, "%d:%d", ps->l0, ps->l1);
     snprintf(a_nl, sizeof a_nl, "%d", cfg->n_layer);
@@ -405,7 +376,6 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     snprintf(a_seq, sizeof a_seq, "%d", o->seq ? o->seq : cfg->seq_len);
     snprintf(a_seed, sizeof a_seed, "%llu", (unsigned long long)o->seed);
     snprintf(a_rfd, sizeof a_rfd, "%d", rfd);
-    snprintf(a_rank, sizeof a_rank, "%d", ps->ring_rank);
     snprintf(a_stage, sizeof a_stage, "%d", ps->stage);
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
@@ -418,11 +388,8 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
         char *coord[] = {"--coordinator", (char *)ps->coordinator, "--stage-index", a_stage};
         for (size_t i = 0; i < sizeof coord / sizeof coord[0]; i++) args[n++] = coord[i];
     }
-    if (ps->ring_peers) {
-        char *ring[] = {"--ring-peers", (char *)ps->ring_peers, "--ring-fd", a_rfd,
-                        "--ring-rank", a_rank};
-        for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) args[n++] = ring[i];
-    }
+    char *ring[] = {"--ring-addr", (char *)ps->ring_addr, "--ring-fd", a_rfd};
+    for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) args[n++] = ring[i];
     args[n] = NULL;
     execv("/proc/self/exe", args);
     _exit(127);
@@ -485,16 +452,13 @@ int roles_cmd_local(int argc, char **argv)
     fflush(stdout);
     enum { MAXP = PIPE_MAX_STAGES * PIPE_MAX_PEERS };
     static pid_t pids[MAXP];
-    static char addr_buf[MAXP][32], ring_buf[PIPE_MAX_STAGES][PIPE_MAX_PEERS * 24];
+    static char addr_buf[MAXP][32], ring_buf[MAXP][32];
     static const char *addrs[MAXP];
     int peers[PIPE_MAX_STAGES], started = 0, rc = 0;
     for (int s = 0; s < n_stages && !rc; s++) {
         const int l0 = s * o.model.n_layer / n_stages, l1 = (s + 1) * o.model.n_layer / n_stages;
         int fds[PIPE_MAX_PEERS], rfds[PIPE_MAX_PEERS], port, rport;
-        char *ring = ring_buf[s];
-        ring[0] = '\0';
         peers[s] = n_peers;
-        /* Bind every socket of the stage first: each peer must know all ring addresses. */
         for (int k = 0; k < n_peers && !rc; k++) {
             if (net_listen("127.0.0.1", 0, &fds[k], &port, &err) ||
                 net_listen("127.0.0.1", 0, &rfds[k], &rport, &err)) {
@@ -503,12 +467,10 @@ int roles_cmd_local(int argc, char **argv)
             }
             snprintf(addr_buf[started + k], sizeof addr_buf[0], "127.0.0.1:%d", port);
             addrs[started + k] = addr_buf[started + k];
-            snprintf(ring + strlen(ring), sizeof ring_buf[0] - strlen(ring), "%s127.0.0.1:%d",
-                     k ? "," : "", rport);
+            snprintf(ring_buf[started + k], sizeof ring_buf[0], "127.0.0.1:%d", rport);
         }
         for (int k = 0; k < n_peers && !rc; k++) {
-            peer_spec ps = {s, l0, l1, fds[k], rfds[k], k, n_peers > 1 ? ring : NULL,
-                            coord_addr};
+            peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {

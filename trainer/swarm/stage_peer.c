@@ -31,8 +31,12 @@ typedef struct peer {
     float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
+    char ring_members[4096];   /* the member list the ring was built for */
     float *pack;               /* gradients packed for the all-reduce */
+    float *backup;             /* the packed gradients from before the last round */
     size_t pack_count;
+    uint64_t round_done;       /* last AVERAGE round completed here (0: none) */
+    uint32_t mb_since_step;    /* backwards accumulated since the last STEP */
     volatile sig_atomic_t *stop;
     int active;                /* connection threads alive (under mu) */
     /* counters for the coordinator's heartbeats (under mu) */
@@ -102,45 +106,156 @@ static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *k
     return 0;
 }
 
-/* Sum this stage's gradients over its peers: every optimizer segment, and the LM head's
- * share for the last stage, packed into one buffer for one all-reduce. */
-static int average_gradients(peer *p)
+/* Pack (or unpack) every optimizer segment's gradient, and the LM head's share on the last
+ * stage, into one buffer for one all-reduce. */
+static void pack_gradients(peer *p, float *buf, int unpack)
+{
+    float *g = buf;
+    for (int s = 0; s < p->adam.n_seg; s++) {
+        float *t = p->model.grads + p->adam.seg[s].offset;
+        size_t n = sizeof(float) * p->adam.seg[s].count;
+        if (unpack)
+            memcpy(t, g, n);
+        else
+            memcpy(g, t, n);
+        g += p->adam.seg[s].count;
+    }
+    if (p->opt->l1 == p->opt->model.n_layer) {
+        if (unpack)
+            memcpy(p->model.grad_head, g, sizeof(float) * p->V * p->C);
+        else
+            memcpy(g, p->model.grad_head, sizeof(float) * p->V * p->C);
+    }
+}
+
+/* AVERAGE: sum this stage's gradients over the members the client named. */
+static int average_gradients(peer *p, wire_reader *r, wire_writer *reply, const char **why)
 {
     const stage_peer_options *o = p->opt;
-    if (o->ring_world <= 1) return 0;
+    enum { MAX_MEMBERS = 64 };
+    char addrs[MAX_MEMBERS][STAGE_ADDR_MAX], hosts[MAX_MEMBERS][STAGE_ADDR_MAX];
+    const char *host_ptr[MAX_MEMBERS];
+    int ports[MAX_MEMBERS];
+    char members[sizeof p->ring_members] = "";
+    uint64_t round = wire_get_u64(r);
+    uint32_t n = wire_get_u32(r);
+    *why = "malformed AVERAGE";
+    if (r->failed || n < 1 || n > MAX_MEMBERS || round == 0) return CIRRUS_ECORRUPT;
+    int rank = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (wire_get_str(r, addrs[i], sizeof addrs[i]) ||
+            (n > 1 && net_split_hostport(addrs[i], hosts[i], sizeof hosts[i], &ports[i], 0,
+                                         NULL)))
+            return CIRRUS_ECORRUPT; /* a lone member needs no address */
+        host_ptr[i] = hosts[i];
+        if (o->ring_addr && strcmp(addrs[i], o->ring_addr) == 0) rank = (int)i;
+        size_t used = strlen(members);
+        snprintf(members + used, sizeof members - used, "%s,", addrs[i]);
+    }
+    if (wire_reader_done(r)) return CIRRUS_ECORRUPT;
+    *why = "AVERAGE names members without this peer";
+    if (rank < 0 && n > 1) return CIRRUS_EINVAL;
+    wire_put_u32(reply, p->mb_since_step);
+    if (n == 1) return 0;
+    /* A repeated round: a member failed after this peer had finished; start from the
+     * gradients as they were before the round. */
+    if (round == p->round_done) pack_gradients(p, p->backup, 1);
+    pack_gradients(p, p->pack, 0);
+    memcpy(p->backup, p->pack, sizeof(float) * p->pack_count);
+    if (p->ring && strcmp(members, p->ring_members) != 0) {
+        collective_destroy(p->ring);
+        p->ring = NULL;
+    }
     cirrus_error err = {0};
+    *why = "gradient averaging failed";
     if (!p->ring) {
-        ring_options ro = {.job_id = o->job_id, .timeout_ms = 30000, .chunk_bytes = 1 << 20};
-        int rc = ring_create(&p->ring, o->ring_rank, o->ring_world, o->ring_listen_fd,
-                             o->ring_hosts, o->ring_ports, &ro, &err);
+        /* The round is part of the ring's job id, so a connection left over from an
+         * earlier, failed round can never join this one. */
+        char ring_job[WIRE_JOB_ID_MAX + 1];
+        snprintf(ring_job, sizeof ring_job, "%.40s#%llu", o->job_id, (unsigned long long)round);
+        ring_options ro = {.job_id = ring_job, .timeout_ms = 10000, .chunk_bytes = 1 << 20};
+        int rc = ring_create(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
+                             &err);
         if (rc) {
             log_warn("averaging: %s", err.msg);
             return rc;
         }
+        snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
     }
-    const int last = o->l1 == o->model.n_layer;
-    const size_t VC = p->V * p->C;
-    float *g = p->pack;
-    for (int s = 0; s < p->adam.n_seg; s++) {
-        memcpy(g, p->model.grads + p->adam.seg[s].offset, sizeof(float) * p->adam.seg[s].count);
-        g += p->adam.seg[s].count;
-    }
-    if (last) memcpy(g, p->model.grad_head, sizeof(float) * VC);
     int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);
     if (rc) {
-        /* The ring is broken (a peer left): drop it; the next AVERAGE builds a new one. */
+        /* A member left: drop the ring (the gradients are untouched); the client repeats
+         * the round with the survivors. */
         log_warn("averaging: %s", err.msg);
         collective_destroy(p->ring);
         p->ring = NULL;
         return rc;
     }
-    g = p->pack;
-    for (int s = 0; s < p->adam.n_seg; s++) {
-        memcpy(p->model.grads + p->adam.seg[s].offset, g, sizeof(float) * p->adam.seg[s].count);
-        g += p->adam.seg[s].count;
-    }
-    if (last) memcpy(p->model.grad_head, g, sizeof(float) * VC);
+    pack_gradients(p, p->pack, 1);
+    p->round_done = round;
     return 0;
+}
+
+/* STATE_GET: this peer's parameters and optimizer state, for a peer joining the stage. */
+static void put_state(peer *p, wire_writer *w)
+{
+    wire_put_u64(w, p->steps);
+    wire_put_u64(w, p->adam.state_count);
+    for (int s = 0; s < p->adam.n_seg; s++)
+        wire_put_bytes(w, p->model.params + p->adam.seg[s].offset,
+                       sizeof(float) * p->adam.seg[s].count);
+    wire_put_bytes(w, p->adam.m, sizeof(float) * p->adam.state_count);
+    wire_put_bytes(w, p->adam.v, sizeof(float) * p->adam.state_count);
+}
+
+/* SYNC: fetch a live peer's state and make it ours. Nothing changes unless all of it
+ * arrived and has the size of this peer's segments. */
+static int sync_from(peer *p, const char *donor, const char **why)
+{
+    char host[STAGE_ADDR_MAX];
+    int port, rc;
+    net_conn *c = NULL;
+    cirrus_error err = {0};
+    *why = "cannot reach the donor peer";
+    if ((rc = net_split_hostport(donor, host, sizeof host, &port, 0, &err)) ||
+        (rc = net_connect(host, port, 10000, &c, &err)) ||
+        (rc = net_hello_client(c, p->opt->job_id, STAGE_ROLE_SYNC, 0, 10000, &err)))
+        goto out;
+    net_set_max_payload(c, PEER_REPLY_LIMIT);
+    wire_header h;
+    const uint8_t *payload;
+    if ((rc = net_send_frame(c, STAGE_STATE_GET, 1, NULL, 0, 60000)) ||
+        (rc = net_recv_frame(c, &h, &payload, 60000, &err)))
+        goto out;
+    *why = "the donor's state does not fit this peer";
+    rc = CIRRUS_EMISMATCH;
+    if (h.type != STAGE_STATE_GET_OK) goto out;
+    wire_reader r;
+    wire_reader_init(&r, payload, h.payload_len);
+    uint64_t steps = wire_get_u64(&r), n = wire_get_u64(&r);
+    if (r.failed || n != p->adam.state_count) goto out;
+    const size_t bytes = sizeof(float) * n;
+    const uint8_t *params = wire_get_bytes(&r, bytes), *m = wire_get_bytes(&r, bytes),
+                  *v = wire_get_bytes(&r, bytes);
+    if (!params || !m || !v || wire_reader_done(&r)) goto out;
+    for (int s = 0; s < p->adam.n_seg; s++) {
+        memcpy(p->model.params + p->adam.seg[s].offset, params,
+               sizeof(float) * p->adam.seg[s].count);
+        params += sizeof(float) * p->adam.seg[s].count;
+    }
+    memcpy(p->adam.m, m, bytes);
+    memcpy(p->adam.v, v, bytes);
+    p->steps = steps;
+    memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
+    memset(p->model.grad_head, 0, sizeof(float) * p->V * p->C);
+    p->mb_since_step = 0;
+    log_info("joined the stage with the state of %s at step %llu", donor,
+             (unsigned long long)steps);
+    rc = 0;
+out:
+    if (rc && err.msg[0]) log_warn("sync from %s: %s", donor, err.msg);
+    net_close(c);
+    return rc;
 }
 
 /* Serve one request under the lock; fills the reply. Returns 0, or a status code after
@@ -182,13 +297,22 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
         *why = "backward failed";
         if ((rc = gpt_stage_backward(p->stage, &in, p->grad, p->out))) return rc;
+        p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);
         return 0;
     }
     case STAGE_AVERAGE:
+        return average_gradients(p, &r, reply, why);
+    case STAGE_STATE_GET:
         if (h->payload_len) return CIRRUS_ECORRUPT;
-        *why = "gradient averaging failed";
-        return average_gradients(p);
+        put_state(p, reply);
+        return 0;
+    case STAGE_SYNC: {
+        char donor[STAGE_ADDR_MAX];
+        if (wire_get_str(&r, donor, sizeof donor) || wire_reader_done(&r))
+            return CIRRUS_ECORRUPT;
+        return sync_from(p, donor, why);
+    }
     case STAGE_HEAD_GRAD:
         *why = "HEAD_GRAD sent to a stage without the LM head";
         if (!last || h->payload_len) return CIRRUS_EINVAL;
@@ -239,6 +363,7 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
             return CIRRUS_ECORRUPT;
         adamw_step(&p->adam, p->model.params, p->model.grads, scale, total, lr, step);
         p->steps = step;
+        p->mb_since_step = 0;
         return 0;
     }
     case STAGE_INFO: {
@@ -248,6 +373,8 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
                               (uint32_t)c->n_embd, (uint32_t)c->n_head, (uint32_t)c->seq_len};
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) wire_put_u32(reply, v[i]);
         wire_put_u64(reply, p->model.n_params);
+        wire_put_u64(reply, p->steps);
+        wire_put_str(reply, o->ring_addr ? o->ring_addr : "");
         return 0;
     }
     default:
@@ -380,7 +507,8 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
     p->grad = malloc(sizeof(float) * p->N * width);
     p->pack_count = p->adam.state_count + (last ? p->V * p->C : 0);
     p->pack = malloc(sizeof(float) * (p->pack_count ? p->pack_count : 1));
-    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad || !p->pack)
+    p->backup = malloc(sizeof(float) * (p->pack_count ? p->pack_count : 1));
+    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad || !p->pack || !p->backup)
         return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate stage buffers");
     return 0;
 }
@@ -389,6 +517,7 @@ static void peer_teardown(peer *p)
 {
     collective_destroy(p->ring);
     free(p->pack);
+    free(p->backup);
     free(p->tokens);
     free(p->targets);
     free(p->in);

@@ -24,12 +24,12 @@ typedef struct stage_peer_options {
     uint64_t seed;         /* the job's seed: identical initial weights everywhere */
     adamw_config adam;     /* betas, eps, decay; the learning rate comes with each STEP */
     int listen_fd;         /* a listening socket */
-    /* The other peers of this stage, for gradient averaging (AVERAGE): this peer is
-     * ring_rank of ring_world; ring_hosts/ring_ports list every peer's ring address and
-     * ring_listen_fd is this peer's. ring_world 1: no averaging needed. */
-    int ring_rank, ring_world, ring_listen_fd;
-    const char *const *ring_hosts;
-    const int *ring_ports;
+    /* Gradient averaging with the other peers of the stage: ring_addr ("host:port") is
+     * where they reach this peer, ring_listen_fd the socket listening there. Who takes
+     * part in a round is named by the client with each AVERAGE, so the ring follows the
+     * membership. NULL ring_addr: this peer cannot average (it serves alone). */
+    const char *ring_addr;
+    int ring_listen_fd;
     /* The region's coordinator (NULL: none): the peer registers as stage_index, serving at
      * advertise_host:advertise_port, and heartbeats its counters. */
     const char *coord_host;

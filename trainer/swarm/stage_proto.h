@@ -10,9 +10,11 @@
  *     -> OK   last stage with targets: f32 loss; otherwise activations (B*T*C)
  *   BACKWARD  as FORWARD (keep ignored), then grad_out activations (non-last stages)
  *     -> OK   grad_in activations (B*T*C), empty for the first stage
- *   AVERAGE   -> OK: empty. Sent to every peer of a stage at once: they sum their
- *             gradients with a ring all-reduce (each peer's gradient is the sum over the
- *             microbatches it served, so the sum weights peers by the work they did).
+ *   AVERAGE   u64 round, u32 n, n x str ring address (the members, in ring order)
+ *     -> OK   u32 microbatches this peer accumulated since its last STEP. Sent to every
+ *             member at once: they sum their gradients with a ring all-reduce (each peer's
+ *             gradient is the sum over the microbatches it served). A repeated round (after
+ *             a member died mid-way) first restores the gradients from before it.
  *   HEAD_GRAD (last stage) -> OK: V*C f32, the LM head's share of d(wte)
  *   FOLD_TIED (first stage) V*C f32 head share -> OK: V*C f32, the folded d(wte); a stage
  *             that is also the last clears its head share (it has been folded)
@@ -20,7 +22,12 @@
  *   SUMSQ     -> OK: u32 n, n x (u64 tensor offset, f64 sum of squares of its gradient)
  *   STEP      f32 lr, f32 grad_scale, u64 step (1-based), f64 global sum of squares
  *     -> OK   empty
- *   INFO      -> OK: u32 l0, l1, n_layer, n_embd, n_head, seq_len, u64 n_params
+ *   INFO      -> OK: u32 l0, l1, n_layer, n_embd, n_head, seq_len, u64 n_params,
+ *             u64 optimizer steps taken, str ring address ("" if none)
+ *   STATE_GET -> OK: u64 steps, u64 n, then n f32 parameters, n f32 AdamW m, n f32 v (the
+ *             peer's optimizer segments, in buffer order)
+ *   SYNC      str donor "host:port" -> OK: empty, once this peer has fetched the donor's
+ *             state (STATE_GET) and taken it as its own; how a new peer joins a stage
  *
  * Activations travel as `codec`: 0 = raw f32 (B*T*C*4 bytes), 1 = codec_q8 blocks.
  */
@@ -50,11 +57,17 @@ enum stage_msg {
     STAGE_INFO_OK = 79,
     STAGE_AVERAGE = 80,
     STAGE_AVERAGE_OK = 81,
+    STAGE_STATE_GET = 82,
+    STAGE_STATE_GET_OK = 83,
+    STAGE_SYNC = 84,
+    STAGE_SYNC_OK = 85,
 };
 
 enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
 
 #define STAGE_ROLE_CLIENT 2 /* handshake role of a pipeline client */
+#define STAGE_ROLE_SYNC 3   /* handshake role of a joining peer fetching state */
+#define STAGE_ADDR_MAX 280  /* bytes of a "host:port" string */
 
 /* Append n floats encoded with codec. */
 void stage_put_floats(wire_writer *w, const float *x, size_t n, int codec);
