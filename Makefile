@@ -124,6 +124,7 @@ test-asan: $(BIN)/unit-tests-asan $(CORPUS)
 test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: SWARM pipeline tests (stage peer processes over loopback)"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/run.sh $(BIN)/cirrus-trainer
+	CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: command-line tests"

@@ -120,18 +120,20 @@ expect_fail wrong_job_refused "wrong job id 'jobB'" -- \
 expect_fail other_model_refused 'serves layers \[0, 3\) of a model of 3 layers x 64' -- \
     "$bin" client --job jobA --stages "127.0.0.1:$port" --layers 3 --width 32 --heads 4 --context 32 --batch 4 --steps 1
 
-abuse() { # NAME BYTES-PRINTF-FORMAT
+abuse() { # NAME BYTES-PRINTF-FORMAT [SECONDS-BEFORE-HANGING-UP]
     exec 3<>"/dev/tcp/127.0.0.1/$port" || { bad "$1 (connect)"; return; }
     # shellcheck disable=SC2059
     printf "$2" >&3
-    if timeout 5 cat <&3 >/dev/null; then :; fi # the peer drops the connection
+    # Wait for the peer to drop us; a truncated frame is cut short by hanging up first,
+    # well inside the peer's 5 s handshake deadline.
+    if timeout "${3:-5}" cat <&3 >/dev/null; then :; fi
     exec 3<&- 3>&-
     ok "$1"
 }
 abuse garbage_bytes 'GET / HTTP/1.1\r\nHost: cirrus\r\nAccept: */*\r\n\r\n'
 abuse wrong_magic 'XXXX\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
 abuse huge_length 'CRRS\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
-abuse truncated_frame 'CRRS\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\xe8\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00abc'
+abuse truncated_frame 'CRRS\x01\x00\x01\x00\x01\x00\x00\x00\x00\x00\x00\x00\xe8\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00abc' 1
 for why in "wrong job id 'jobB'" 'bad frame magic 0x20544547' 'bad frame magic 0x58585858' \
     'frame of 2147483648 bytes exceeds' 'connection closed mid-frame'; do
     if grep -q "dropped .*$why" "$port_file"; then ok "peer_dropped: $why"; else bad "peer_dropped: $why"; fi

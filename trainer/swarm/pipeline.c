@@ -58,6 +58,7 @@ struct pipeline {
     uint64_t round;                   /* AVERAGE rounds */
     mb_record mb[PIPE_MAX_MICRO];
     int n_mb;                         /* microbatches in the current step */
+    int averaged[PIPE_MAX_STAGES];    /* the stage's gradients are summed for this step */
     pipeline_counters counters;
     char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
     int n_dead;
@@ -160,7 +161,8 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     if (alive_count(p, s) == 0)
         return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer left (last: %s)", s,
                            why->msg);
-    return redo_backwards_of(p, s, k, err);
+    /* Once the stage's gradients are summed, every survivor holds the dead peer's share. */
+    return p->averaged[s] ? 0 : redo_backwards_of(p, s, k, err);
 }
 
 /* ---- microbatches ---- */
@@ -337,29 +339,27 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
                         int *answered, cirrus_error *err)
 {
     uint64_t id = ++p->next_id;
-    int sent[PIPE_MAX_PEERS] = {0}, rc = 0;
+    int sent[PIPE_MAX_PEERS] = {0}, faulty[PIPE_MAX_PEERS] = {0}, rc = 0;
     cirrus_error why[PIPE_MAX_PEERS];
     *answered = 0;
     for (int k = 0; k < p->link[s].n; k++)
         if (peer_alive(p, s, k)) sent[k] = send_to(p, s, k, type, id, w, &why[k]) == 0 ? 1 : -1;
     for (int k = 0; k < p->link[s].n; k++) {
-        if (sent[k] == 1) {
-            int prc = await_reply(p, s, k, type, id, r, &why[k]);
-            if (!prc) {
-                (*answered)++;
-                continue;
-            }
-            if (!is_peer_fault(prc)) {
-                if (!rc) *err = why[k];
-                rc = prc;
-                continue;
-            }
-        }
-        if (sent[k] != 0 && !rc) {
-            int frc = peer_failed(p, s, k, &why[k], err);
-            if (frc) rc = frc;
+        if (sent[k] == 0) continue;
+        int prc = sent[k] == 1 ? await_reply(p, s, k, type, id, r, &why[k]) : CIRRUS_ECLOSED;
+        if (!prc) {
+            (*answered)++;
+        } else if (is_peer_fault(prc)) {
+            faulty[k] = 1;
+        } else if (!rc) {
+            *err = why[k];
+            rc = prc;
         }
     }
+    /* Only now, with every reply read, may the failures be handled (that can mean new
+     * requests to the survivors). */
+    for (int k = 0; k < p->link[s].n && !rc; k++)
+        if (faulty[k]) rc = peer_failed(p, s, k, &why[k], err);
     return rc;
 }
 
@@ -387,20 +387,24 @@ static int average_stages(pipeline *p, cirrus_error *err)
                 if (peer_alive(p, s, k))
                     sent[k] = send_to(p, s, k, STAGE_AVERAGE, id, &w, &why[k]) == 0 ? 1 : -1;
             wire_writer_free(&w);
+            int faulty[PIPE_MAX_PEERS] = {0};
             for (int k = 0; k < p->link[s].n; k++) {
+                if (sent[k] == 0) continue;
                 wire_reader r;
-                int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r, &why[k]) : 0;
-                if (sent[k] == 1 && !rc) {
+                int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r, &why[k])
+                                      : CIRRUS_ECLOSED;
+                if (!rc) {
                     held += wire_get_u32(&r);
                     continue;
                 }
-                if (sent[k] == 0) continue;
                 /* A member that failed, or a refusal because another member vanished
                  * mid-ring: the round is repeated. Only transport faults remove a peer. */
                 failed = 1;
-                if (sent[k] == -1 || is_peer_fault(rc)) {
-                    if ((rc = peer_failed(p, s, k, &why[k], err))) return rc;
-                }
+                faulty[k] = is_peer_fault(rc);
+            }
+            for (int k = 0; k < p->link[s].n; k++) {
+                int rc = faulty[k] ? peer_failed(p, s, k, &why[k], err) : 0;
+                if (rc) return rc;
             }
             if (failed) {
                 p->counters.retried++;
@@ -410,6 +414,7 @@ static int average_stages(pipeline *p, cirrus_error *err)
                 return cirrus_fail(err, CIRRUS_EIO,
                                    "stage %d: peers hold %u microbatches, the step has %d", s,
                                    held, p->n_mb);
+            p->averaged[s] = 1;
             break;
         }
     }
@@ -519,6 +524,7 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
         if (!rc && !answered) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d: no peer stepped", s);
     }
     p->n_mb = 0;
+    memset(p->averaged, 0, sizeof p->averaged);
     return rc;
 }
 

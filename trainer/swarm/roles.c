@@ -185,11 +185,34 @@ static void report_step(pipe_exec *e, uint64_t step, float loss, int tokens)
     if (!e->coord) return;
     double t = now_s();
     coord_report rep = {.step = step, .loss = loss,
-                        .tokens_per_s = e->t_last > 0 ? tokens / (t - e->t_last) : 0.0};
+                        .tokens_per_s = e->t_last > 0 ? tokens / (t - e->t_last) : 0.0,
+                        .mb_retried = pipeline_get_counters(e->p)->retried};
     e->t_last = t;
     cirrus_error err = {0};
     if (coord_client_report(e->coord, &rep, 1000, NULL, &err))
         log_warn("coordinator: %s", err.msg);
+}
+
+/* Between steps: peers the coordinator knows and this client does not (replacements of
+ * lost peers, new capacity) join their stage. */
+static void admit_new_peers(pipe_exec *e)
+{
+    if (!e->coord) return;
+    coord_peer_info *peers = NULL;
+    size_t n = 0;
+    cirrus_error err = {0};
+    if (coord_client_peers(e->coord, COORD_ALL_STAGES, 1000, &peers, &n, NULL, &err)) {
+        log_warn("coordinator: %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char addr[STAGE_ADDR_MAX];
+        snprintf(addr, sizeof addr, "%s:%u", peers[i].host, (unsigned)peers[i].port);
+        if ((int)peers[i].stage < pipeline_stages(e->p) &&
+            pipeline_join(e->p, (int)peers[i].stage, addr, &err))
+            log_warn("peer %s could not join stage %u: %s", addr, peers[i].stage, err.msg);
+    }
+    free(peers);
 }
 
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
@@ -197,6 +220,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
 {
     pipe_exec *e = ctx;
     const int M = B / e->micro;
+    admit_new_peers(e);
     double sum = 0.0;
     for (int m = 0; m < M; m++) {
         float l;
@@ -281,6 +305,13 @@ static int run_client(const char *cmd, train_options *o, const char *job, int n,
     train_executor ex = {&pe, pipe_step, pipe_eval};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
+    const pipeline_counters *pc = pipeline_get_counters(p);
+    /* One line for people and scripts: every microbatch completed, and what it took. */
+    log_info("pipeline counters: {\"microbatches\":%llu,\"retried\":%llu,\"redone\":%llu,"
+             "\"peers_lost\":%llu,\"peers_joined\":%llu}",
+             (unsigned long long)pc->microbatches, (unsigned long long)pc->retried,
+             (unsigned long long)pc->redone, (unsigned long long)pc->peers_lost,
+             (unsigned long long)pc->peers_joined);
     if (pe.coord) coord_client_leave(pe.coord, 1000, NULL);
     coord_client_close(pe.coord);
     pipeline_close(p);

@@ -49,7 +49,7 @@ typedef struct conn_job {
     net_conn *c;
 } conn_job;
 
-/* A request that cannot be served: tell the client why, then drop the connection. */
+/* Answer a request that cannot be served with WIRE_ERROR (code, message). */
 static int refuse(net_conn *c, uint64_t id, int code, const char *msg)
 {
     wire_writer w;
@@ -417,7 +417,15 @@ static void *conn_main(void *arg)
             rc = CIRRUS_ENOMEM;
             why = "reply too large";
         }
-        if (rc) {
+        if (rc && rc != CIRRUS_ECORRUPT) {
+            /* A valid request that could not be done (a ring member vanished, a donor was
+             * unreachable): say so and keep serving this client. */
+            log_warn("refused %s: %s (request type %u)", net_peer_name(c), why, h.type);
+            wire_writer_free(&reply);
+            refuse(c, h.request_id, rc, why);
+            continue;
+        }
+        if (rc) { /* malformed: this connection is not speaking our protocol */
             log_warn("dropped %s: %s (request type %u)", net_peer_name(c), why, h.type);
             refuse(c, h.request_id, rc, why);
             wire_writer_free(&reply);

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Chaos: a region trains while stage peers are killed with SIGKILL every few seconds and
+# replacements join through the coordinator. Every step must complete, the client's
+# counters must show every microbatch completed (none lost: each step checks that its
+# stages' peers hold exactly its microbatches), and the final validation loss must be
+# within 3% of a fault-free run of the same job.
+# Usage: tests/swarm/chaos.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
+set -u
+bin=$(realpath "$1")
+tmp=$(mktemp -d)
+extra_pids=()
+cleanup() {
+    for p in "${extra_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    [ -n "${run_pid:-}" ] && kill "$run_pid" 2>/dev/null
+    wait 2>/dev/null
+    [ -n "${CHAOS_KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+steps=1000 micro=4 seed=1337
+model=(--layers 4 --width 64 --heads 4 --context 32)
+job=(local --stages 2 --peers 2 "${model[@]}" --batch 8 --steps "$steps" --seed "$seed"
+     --log-every 100 --eval-batches 8)
+
+# The fault-free reference.
+"$bin" "${job[@]}" --json >"$tmp/ref.json" 2>"$tmp/ref.err" || { bad reference_run; cat "$tmp/ref.err"; exit 1; }
+
+# The chaos run, in the background; its stdout names the coordinator and the peers.
+"$bin" "${job[@]}" >"$tmp/run.out" 2>"$tmp/run.err" &
+run_pid=$!
+for _ in $(seq 100); do grep -q 'training' "$tmp/run.out" && break; sleep 0.1; done
+coord=$(sed -nE 's/^cirrus: coordinator at ([0-9.]+:[0-9]+);.*/\1/p' "$tmp/run.out")
+mapfile -t victims < <(sed -nE 's/^cirrus: stage ([0-9]+) peer [0-9]+ serves layers \[([0-9]+), ([0-9]+)\) at .* \(pid ([0-9]+)\)/\1 \2 \3 \4/p' "$tmp/run.out")
+[ -n "$coord" ] && [ "${#victims[@]}" -eq 4 ] || { bad chaos_setup; cat "$tmp/run.out"; exit 1; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+kills=0 joins=0
+# Kill one peer every 1.5 s, alternating stages, and start its replacement at once (a new
+# process on new ports, as a rescheduled pod would be), while training runs.
+for round in 1 2 3 4 5 6; do
+    sleep 1.5
+    kill -0 "$run_pid" 2>/dev/null || break
+    i=$(( (round - 1) % ${#victims[@]} ))
+    read -r stage l0 l1 pid <<<"${victims[$i]}"
+    kill -9 "$pid" 2>/dev/null && kills=$((kills + 1))
+    rport=$(free_port)
+    OMP_NUM_THREADS=1 "$bin" stage --serve "$l0:$l1" "${model[@]}" --batch "$micro" \
+        --seed "$seed" --job cirrus-local --listen 127.0.0.1:0 --coordinator "$coord" \
+        --stage-index "$stage" --ring-addr "127.0.0.1:$rport" 2>>"$tmp/replacements.err" &
+    newpid=$!
+    extra_pids+=("$newpid")
+    victims[$i]="$stage $l0 $l1 $newpid"
+    joins=$((joins + 1))
+done
+if wait "$run_pid"; then ok chaos_run_completed_all_steps; else bad chaos_run_completed_all_steps; tail -5 "$tmp/run.err"; fi
+run_pid=
+grep -q "done: $steps steps" "$tmp/run.out" && ok "all_${steps}_steps_done" || bad "all_${steps}_steps_done"
+
+counters=$(sed -nE 's/.*pipeline counters: (\{.*\})/\1/p' "$tmp/run.err" | tail -1)
+ref_val=$(tail -1 "$tmp/ref.json")
+final_val=$(sed -nE 's/^done: .* val loss ([0-9.]+),.*/\1/p' "$tmp/run.out")
+if python3 - "$counters" "$ref_val" "$final_val" "$kills" "$steps" "$micro" <<'PY'; then ok chaos_counters_and_loss; else bad chaos_counters_and_loss; fi
+import json, sys
+c = json.loads(sys.argv[1]); ref = json.loads(sys.argv[2])["val_loss"]; val = float(sys.argv[3])
+kills, steps, micro = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+print(f"    killed {kills} peers; counters {c}; val loss {val:.4f} vs fault-free {ref:.4f}")
+assert c["microbatches"] == steps * 8 // micro, "every microbatch of every step completed once"
+assert c["peers_lost"] >= 1 and c["peers_joined"] >= 1, c
+assert abs(val - ref) / ref < 0.03
+PY
+echo "chaos: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
