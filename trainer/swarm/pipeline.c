@@ -15,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../common/log.h"
 #include "../net/conn.h"
+#include "deadline.h"
 #include "stage_proto.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
@@ -27,6 +29,7 @@ typedef struct peer_link {
     net_conn *c;       /* NULL once dead */
     char addr[STAGE_ADDR_MAX];
     char ring[STAGE_ADDR_MAX]; /* its gradient-averaging address */
+    uint32_t served;   /* forwards and backwards answered */
 } peer_link;
 
 /* The peers serving one stage; slots of dead peers are reused by joining ones. */
@@ -60,6 +63,9 @@ struct pipeline {
     int n_mb;                         /* microbatches in the current step */
     int averaged[PIPE_MAX_STAGES];    /* the stage's gradients are summed for this step */
     pipeline_counters counters;
+    /* How long to wait for a forward (0) or backward (1) of each stage before trying
+     * another peer: learned from the latencies seen, not guessed. */
+    deadline_estimator *deadline[PIPE_MAX_STAGES][2];
     char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
     int n_dead;
 };
@@ -132,6 +138,39 @@ static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer
     return rc ? rc : await_reply(p, s, k, type, id, r, err);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Peers answer their first requests slowly (memory is touched for the first time); until
+ * then they get the caller's full timeout, not the stage's learned deadline. */
+#define PIPE_WARM_REQUESTS 8
+
+/* A forward or backward under its learned deadline; the latency teaches the estimator.
+ * The only live peer of a stage, or a peer still warming up, gets the full timeout:
+ * there is nothing better to fail over to, or its latency says nothing yet. */
+static int call_timed(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
+                      wire_reader *r, cirrus_error *err)
+{
+    deadline_estimator *d = p->deadline[s][type == STAGE_BACKWARD];
+    peer_link *pl = &p->link[s].peer[k];
+    const int saved = p->timeout_ms;
+    const int learned = alive_count(p, s) > 1 && pl->served >= PIPE_WARM_REQUESTS;
+    double t0 = now_s();
+    if (learned) p->timeout_ms = (int)(deadline_get(d) * 1000.0) + 1;
+    int rc = call_peer(p, s, k, type, w, r, err);
+    p->timeout_ms = saved;
+    if (!rc) pl->served++;
+    if (!rc && learned)
+        deadline_observe(d, now_s() - t0);
+    else if (rc == CIRRUS_ETIMEDOUT)
+        deadline_observe_timeout(d, now_s() - t0);
+    return rc;
+}
+
 /* The next live peer of stage s, round-robin; -1 if none. */
 static int pick_peer(pipeline *p, int s)
 {
@@ -146,8 +185,10 @@ static int pick_peer(pipeline *p, int s)
 
 static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err);
 
-/* Mark a peer dead after a transport failure and re-run, on survivors, the backwards whose
- * gradients it held. */
+/* Drop a peer after a transport failure and re-run, on survivors, the backwards whose
+ * gradients it held. A peer that only timed out is not banned (SWARM's rule): its
+ * connection is closed (a late reply must not be mistaken for another), and if the
+ * coordinator still lists it later, it rejoins with fresh state. */
 static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err)
 {
     peer_link *pl = &p->link[s].peer[k];
@@ -156,7 +197,7 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     net_close(pl->c);
     pl->c = NULL;
     p->counters.peers_lost++;
-    if (p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
+    if (why->code != CIRRUS_ETIMEDOUT && p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
         memcpy(p->dead[p->n_dead++], pl->addr, STAGE_ADDR_MAX); /* both STAGE_ADDR_MAX */
     if (alive_count(p, s) == 0)
         return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer left (last: %s)", s,
@@ -200,7 +241,9 @@ static int on_stage(pipeline *p, int s, int prefer, uint16_t type, const wire_wr
         int k = prefer >= 0 && peer_alive(p, s, prefer) ? prefer : pick_peer(p, s);
         if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
         prefer = -1;
-        int rc = call_peer(p, s, k, type, w, r, err);
+        int rc = type == STAGE_FORWARD || type == STAGE_BACKWARD
+                     ? call_timed(p, s, k, type, w, r, err)
+                     : call_peer(p, s, k, type, w, r, err);
         if (!rc) {
             *served = k;
             return 0;
@@ -595,6 +638,15 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     p->max_B = max_B;
     p->max_T = max_T;
     snprintf(p->job_id, sizeof p->job_id, "%s", job_id);
+    deadline_config dc = deadline_config_default();
+    /* Until a stage has answered a few times, wait as long as the caller's timeout. */
+    dc.initial_s = timeout_ms / 1000.0;
+    for (int s = 0; s < n; s++)
+        for (int kind = 0; kind < 2; kind++)
+            if (deadline_estimator_create(&p->deadline[s][kind], &dc) != 0) {
+                pipeline_close(p);
+                return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+            }
     const size_t N = (size_t)max_B * max_T, C = (size_t)cfg->n_embd;
     int rc = 0;
     for (int s = 0; s <= n && !rc; s++)
@@ -681,6 +733,8 @@ int pipeline_stages(const pipeline *p)
 void pipeline_close(pipeline *p)
 {
     if (!p) return;
+    for (int s = 0; s < p->n; s++)
+        for (int kind = 0; kind < 2; kind++) deadline_estimator_destroy(p->deadline[s][kind]);
     for (int s = 0; s < p->n; s++)
         for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].peer[k].c);
     for (int s = 0; s <= p->n; s++) free(p->acts[s]);
