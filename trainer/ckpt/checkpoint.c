@@ -1,5 +1,7 @@
 #include "checkpoint.h"
 
+#include "../../common/le.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,19 +32,6 @@
 
 _Static_assert(sizeof(float) == 4, "checkpoints store floats as 32-bit IEEE-754");
 
-/* n-byte little-endian integers, whatever the host's byte order. */
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static void ckpt_encode_header(uint8_t *h, const ckpt_meta *m)
 {
     const int cfg[5] = {m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head, m->cfg.seq_len,
@@ -50,16 +39,16 @@ static void ckpt_encode_header(uint8_t *h, const ckpt_meta *m)
     const uint64_t u64[7] = {m->step, m->data_pos.epoch, m->data_pos.cursor, m->rng_state,
                              m->seed, m->span.offset, m->span.count};
     memcpy(h, CKPT_MAGIC, 8);
-    put_le(h + 8, CKPT_VERSION, 4);
-    for (int i = 0; i < 5; i++) put_le(h + 12 + 4 * i, (uint32_t)cfg[i], 4);
-    for (int i = 0; i < 7; i++) put_le(h + 32 + 8 * i, u64[i], 8);
+    le_put(h + 8, CKPT_VERSION, 4);
+    for (int i = 0; i < 5; i++) le_put(h + 12 + 4 * i, (uint32_t)cfg[i], 4);
+    for (int i = 0; i < 7; i++) le_put(h + 32 + 8 * i, u64[i], 8);
 }
 
 /* Config fields are stored unsigned; anything above INT_MAX cannot come from a valid
  * config, so it is mapped to -1 and rejected by gpt_config_validate(). */
 static int ckpt_get_int(const uint8_t *p)
 {
-    uint64_t v = get_le(p, 4);
+    uint64_t v = le_get(p, 4);
     return v > (uint64_t)INT_MAX ? -1 : (int)v;
 }
 
@@ -88,7 +77,7 @@ static int ckpt_decode_header(const uint8_t *h, const char *path, ckpt_meta *m,
                               cirrus_error *err)
 {
     uint64_t u[7];
-    for (int i = 0; i < 7; i++) u[i] = get_le(h + 32 + 8 * i, 8);
+    for (int i = 0; i < 7; i++) u[i] = le_get(h + 32 + 8 * i, 8);
     memset(m, 0, sizeof *m);
     m->cfg = (gpt_config){ckpt_get_int(h + 12), ckpt_get_int(h + 16), ckpt_get_int(h + 20),
                           ckpt_get_int(h + 24), ckpt_get_int(h + 28)};
@@ -155,7 +144,7 @@ static int ckpt_write_floats(ckpt_writer *w, const float *src, size_t count, uLo
         for (size_t j = 0; j < n; j++) {
             uint32_t bits;
             memcpy(&bits, &src[i + j], 4);
-            put_le(stage + 4 * j, bits, 4);
+            le_put(stage + 4 * j, bits, 4);
         }
         *crc = crc32(*crc, stage, (uInt)(4 * n));
         if (ckpt_write(w, stage, 4 * n) != 0) return -1;
@@ -230,7 +219,7 @@ int ckpt_save(const char *dir, const ckpt_meta *meta, const float *params,
     int bad = ckpt_write(&w, hdr, CKPT_HDR_SIZE) != 0;
     for (int a = 0; a < 3 && !bad; a++)
         bad = ckpt_write_floats(&w, arrays[a], meta->span.count, &crc, stage) != 0;
-    put_le(trailer, (uint32_t)crc, 4);
+    le_put(trailer, (uint32_t)crc, 4);
     if (!bad) bad = ckpt_write(&w, trailer, CKPT_TRAILER_SIZE) != 0;
     if (!bad && w.crash_armed) ckpt_crash_now(&w); /* N was past the end of the file */
     /* The data must be on disk before the rename makes it the checkpoint; otherwise a
@@ -297,11 +286,11 @@ static int ckpt_open(const char *dir, char *path, size_t cap, FILE **out, ckpt_m
                                    "checkpoint %s: not a Cirrus checkpoint (bad magic)", path);
         goto out;
     }
-    if (got >= 12 && get_le(hdr + 8, 4) != CKPT_VERSION) {
+    if (got >= 12 && le_get(hdr + 8, 4) != CKPT_VERSION) {
         rc = cirrus_fail(err, CIRRUS_ECORRUPT,
                          "checkpoint %s: format version %u is not supported (this build "
                          "reads version %d)",
-                         path, (unsigned)get_le(hdr + 8, 4), CKPT_VERSION);
+                         path, (unsigned)le_get(hdr + 8, 4), CKPT_VERSION);
         goto out;
     }
     if (got < CKPT_HDR_SIZE) {
@@ -399,7 +388,7 @@ int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_
             }
             crc = crc32(crc, stage, (uInt)(4 * n));
             for (size_t j = 0; tmp[a] && j < n; j++) {
-                uint32_t bits = (uint32_t)get_le(stage + 4 * j, 4);
+                uint32_t bits = (uint32_t)le_get(stage + 4 * j, 4);
                 memcpy(&tmp[a][i + j], &bits, 4);
             }
         }
@@ -409,7 +398,7 @@ int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_
         rc = cirrus_fail(err, CIRRUS_EIO, "checkpoint %s: read failed", path);
         goto out;
     }
-    if (get_le(trailer, 4) != (uint32_t)crc) {
+    if (le_get(trailer, 4) != (uint32_t)crc) {
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "checkpoint %s: checksum mismatch", path);
         goto out;
     }

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/le.h"
+
 /* The static-linking API gives XXH3_state_t a complete type, so a checksum needs no heap
  * allocation (and wire_header_encode, which cannot fail, stays that way). */
 #define XXH_STATIC_LINKING_ONLY
@@ -22,20 +24,6 @@ enum {
 _Static_assert(OFF_CHECKSUM + 8 == WIRE_HEADER_SIZE, "the header is 32 bytes");
 _Static_assert(sizeof(float) == 4 && sizeof(double) == 8, "IEEE-754 binary32/binary64");
 
-/* n-byte little-endian integers, whatever the host's byte order: the header and every
- * payload field are packed one by one, never copied as raw structs. */
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* XXH3-64 of header bytes [0, 24) followed by the payload, streamed so the payload is never
  * copied next to the header. */
 static uint64_t frame_checksum(const uint8_t *header, const void *payload, uint32_t len)
@@ -51,25 +39,25 @@ static uint64_t frame_checksum(const uint8_t *header, const void *payload, uint3
 void wire_header_encode(uint8_t out[WIRE_HEADER_SIZE], uint16_t type, uint64_t request_id,
                         const void *payload, uint32_t payload_len)
 {
-    put_le(out + OFF_MAGIC, WIRE_MAGIC, 4);
-    put_le(out + OFF_VERSION, WIRE_VERSION, 2);
-    put_le(out + OFF_TYPE, type, 2);
-    put_le(out + OFF_REQUEST_ID, request_id, 8);
-    put_le(out + OFF_PAYLOAD_LEN, payload_len, 4);
-    put_le(out + OFF_FLAGS, 0, 4);
-    put_le(out + OFF_CHECKSUM, frame_checksum(out, payload, payload_len), 8);
+    le_put(out + OFF_MAGIC, WIRE_MAGIC, 4);
+    le_put(out + OFF_VERSION, WIRE_VERSION, 2);
+    le_put(out + OFF_TYPE, type, 2);
+    le_put(out + OFF_REQUEST_ID, request_id, 8);
+    le_put(out + OFF_PAYLOAD_LEN, payload_len, 4);
+    le_put(out + OFF_FLAGS, 0, 4);
+    le_put(out + OFF_CHECKSUM, frame_checksum(out, payload, payload_len), 8);
 }
 
 int wire_header_decode(const uint8_t in[WIRE_HEADER_SIZE], uint32_t max_payload,
                        wire_header *h, cirrus_error *err)
 {
-    uint32_t magic = (uint32_t)get_le(in + OFF_MAGIC, 4);
-    uint16_t version = (uint16_t)get_le(in + OFF_VERSION, 2);
-    h->type = (uint16_t)get_le(in + OFF_TYPE, 2);
-    h->request_id = get_le(in + OFF_REQUEST_ID, 8);
-    h->payload_len = (uint32_t)get_le(in + OFF_PAYLOAD_LEN, 4);
-    h->flags = (uint32_t)get_le(in + OFF_FLAGS, 4);
-    h->checksum = get_le(in + OFF_CHECKSUM, 8);
+    uint32_t magic = (uint32_t)le_get(in + OFF_MAGIC, 4);
+    uint16_t version = (uint16_t)le_get(in + OFF_VERSION, 2);
+    h->type = (uint16_t)le_get(in + OFF_TYPE, 2);
+    h->request_id = le_get(in + OFF_REQUEST_ID, 8);
+    h->payload_len = (uint32_t)le_get(in + OFF_PAYLOAD_LEN, 4);
+    h->flags = (uint32_t)le_get(in + OFF_FLAGS, 4);
+    h->checksum = le_get(in + OFF_CHECKSUM, 8);
     if (max_payload > WIRE_MAX_PAYLOAD) max_payload = WIRE_MAX_PAYLOAD;
 
     if (magic != WIRE_MAGIC)
@@ -97,7 +85,7 @@ int wire_header_decode(const uint8_t in[WIRE_HEADER_SIZE], uint32_t max_payload,
 int wire_checksum_ok(const uint8_t header[WIRE_HEADER_SIZE], const void *payload,
                      uint32_t payload_len)
 {
-    return frame_checksum(header, payload, payload_len) == get_le(header + OFF_CHECKSUM, 8);
+    return frame_checksum(header, payload, payload_len) == le_get(header + OFF_CHECKSUM, 8);
 }
 
 /* ---- wire_writer ---- */
@@ -146,7 +134,7 @@ static uint8_t *writer_room(wire_writer *w, size_t n)
 static void writer_put_le(wire_writer *w, uint64_t v, int n)
 {
     uint8_t *p = writer_room(w, (size_t)n);
-    if (p) put_le(p, v, n);
+    if (p) le_put(p, v, n);
 }
 
 void wire_put_u16(wire_writer *w, uint16_t v) { writer_put_le(w, v, 2); }
@@ -184,7 +172,7 @@ void wire_put_str(wire_writer *w, const char *s)
     /* Reserve length and bytes together so a failure leaves no dangling length prefix. */
     uint8_t *at = writer_room(w, 2 + n);
     if (!at) return;
-    put_le(at, n, 2);
+    le_put(at, n, 2);
     memcpy(at + 2, s, n);
 }
 
@@ -215,7 +203,7 @@ static const uint8_t *reader_take(wire_reader *r, size_t n)
 static uint64_t reader_get_le(wire_reader *r, int n)
 {
     const uint8_t *p = reader_take(r, (size_t)n);
-    return p ? get_le(p, n) : 0;
+    return p ? le_get(p, n) : 0;
 }
 
 uint16_t wire_get_u16(wire_reader *r) { return (uint16_t)reader_get_le(r, 2); }
