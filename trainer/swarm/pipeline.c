@@ -294,6 +294,8 @@ static int backward_stage(pipeline *p, int m, int s, int prefer, float *grad_in,
     mb->bw_peer[s] = served;
     if (s > 0 && grad_in && stage_get_floats(&r, grad_in, n, p->codec))
         return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
+    if (grad_in && wire_reader_done(&r))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
     return 0;
 }
 
@@ -438,7 +440,8 @@ static int average_stages(pipeline *p, cirrus_error *err)
                                       : CIRRUS_ECLOSED;
                 if (!rc) {
                     held += wire_get_u32(&r);
-                    continue;
+                    if (!wire_reader_done(&r)) continue;
+                    rc = cirrus_fail(&why[k], CIRRUS_ECORRUPT, "bad AVERAGE reply");
                 }
                 /* A member that failed, or a refusal because another member vanished
                  * mid-ring: the round is repeated. Only transport faults remove a peer. */
@@ -701,6 +704,14 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     int l1 = L->l1;
     uint64_t steps;
     int rc = connect_peer(p, s, k, addr, &l1, &steps, err);
+    /* The same process under another name would be averaged twice: its ring address (or
+     * a missing one, with which it cannot average at all) gives it away. */
+    for (int j = 0; !rc && j < L->n; j++)
+        if (j != k && peer_alive(p, s, j) &&
+            (!L->peer[k].ring[0] || strcmp(L->peer[j].ring, L->peer[k].ring) == 0))
+            rc = cirrus_fail(err, CIRRUS_EINVAL,
+                             "peer %s has no ring address or the same one as %s", addr,
+                             L->peer[j].addr);
     if (!rc) {
         /* Between steps every live peer of the stage holds the same state: copy it. */
         wire_writer w;

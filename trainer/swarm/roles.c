@@ -489,6 +489,7 @@ int roles_cmd_local(int argc, char **argv)
     for (int s = 0; s < n_stages && !rc; s++) {
         const int l0 = s * o.model.n_layer / n_stages, l1 = (s + 1) * o.model.n_layer / n_stages;
         int fds[PIPE_MAX_PEERS], rfds[PIPE_MAX_PEERS], port, rport;
+        for (int k = 0; k < n_peers; k++) fds[k] = rfds[k] = -1;
         peers[s] = n_peers;
         for (int k = 0; k < n_peers && !rc; k++) {
             if (net_listen("127.0.0.1", 0, &fds[k], &port, &err) ||
@@ -514,8 +515,8 @@ int roles_cmd_local(int argc, char **argv)
             started++;
         }
         for (int k = 0; k < n_peers; k++) {
-            close(fds[k]);
-            close(rfds[k]);
+            if (fds[k] >= 0) close(fds[k]);
+            if (rfds[k] >= 0) close(rfds[k]);
         }
     }
     if (!rc) rc = run_client("local", &o, job, n_stages, peers, addrs, codec, micro, coord_addr);

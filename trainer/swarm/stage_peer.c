@@ -31,11 +31,12 @@ typedef struct peer {
     float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
-    char ring_members[4096];   /* the member list the ring was built for */
+    char ring_members[64 * STAGE_ADDR_MAX]; /* the member list the ring was built for */
     float *pack;               /* gradients packed for the all-reduce */
     float *backup;             /* the packed gradients from before the last round */
     size_t pack_count;
-    uint64_t round_done;       /* last AVERAGE round completed here (0: none) */
+    uint64_t last_round;       /* the client's round number of the last AVERAGE seen */
+    int summed;                /* the gradients are a stage-wide sum since the last STEP */
     uint32_t mb_since_step;    /* backwards accumulated since the last STEP */
     volatile sig_atomic_t *stop;
     int active;                /* connection threads alive (under mu) */
@@ -128,38 +129,60 @@ static void pack_gradients(peer *p, float *buf, int unpack)
     }
 }
 
-/* AVERAGE: sum this stage's gradients over the members the client named. */
-static int average_gradients(peer *p, wire_reader *r, wire_writer *reply, const char **why)
+/* Undo a completed round: back to this peer's own gradients (kept in `backup`). Needed
+ * before a round is repeated, and before a backward is re-run here on behalf of a lost
+ * peer (its microbatch must land in one peer's own share, not in a sum). */
+static void unsum_gradients(peer *p)
+{
+    if (!p->summed) return;
+    pack_gradients(p, p->backup, 1);
+    p->summed = 0;
+}
+
+/* AVERAGE: sum this stage's gradients over the members the client named. attempt (the
+ * request id, shared by all members of one attempt) names the ring's handshake, so a
+ * connection left over from a failed attempt can never join the next one. */
+static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
+                             const char **why)
 {
     const stage_peer_options *o = p->opt;
     enum { MAX_MEMBERS = 64 };
-    char addrs[MAX_MEMBERS][STAGE_ADDR_MAX], hosts[MAX_MEMBERS][STAGE_ADDR_MAX];
+    static char addrs[MAX_MEMBERS][STAGE_ADDR_MAX], hosts[MAX_MEMBERS][STAGE_ADDR_MAX];
+    static char members[MAX_MEMBERS * STAGE_ADDR_MAX]; /* under the peer's lock */
     const char *host_ptr[MAX_MEMBERS];
     int ports[MAX_MEMBERS];
-    char members[sizeof p->ring_members] = "";
+    members[0] = '\0';
     uint64_t round = wire_get_u64(r);
     uint32_t n = wire_get_u32(r);
     *why = "malformed AVERAGE";
     if (r->failed || n < 1 || n > MAX_MEMBERS || round == 0) return CIRRUS_ECORRUPT;
     int rank = -1;
     for (uint32_t i = 0; i < n; i++) {
-        if (wire_get_str(r, addrs[i], sizeof addrs[i]) ||
-            (n > 1 && net_split_hostport(addrs[i], hosts[i], sizeof hosts[i], &ports[i], 0,
-                                         NULL)))
-            return CIRRUS_ECORRUPT; /* a lone member needs no address */
-        host_ptr[i] = hosts[i];
+        if (wire_get_str(r, addrs[i], sizeof addrs[i])) return CIRRUS_ECORRUPT;
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(addrs[i], addrs[j]) == 0) return CIRRUS_ECORRUPT; /* one rank each */
         if (o->ring_addr && strcmp(addrs[i], o->ring_addr) == 0) rank = (int)i;
-        size_t used = strlen(members);
-        snprintf(members + used, sizeof members - used, "%s,", addrs[i]);
+        strcat(members, addrs[i]); /* fits: n * STAGE_ADDR_MAX */
+        strcat(members, ",");
     }
     if (wire_reader_done(r)) return CIRRUS_ECORRUPT;
-    *why = "AVERAGE names members without this peer";
+    *why = "AVERAGE names members without this peer, or an address that is not HOST:PORT";
     if (rank < 0 && n > 1) return CIRRUS_EINVAL;
+    for (uint32_t i = 0; n > 1 && i < n; i++) {
+        if (net_split_hostport(addrs[i], hosts[i], sizeof hosts[i], &ports[i], 0, NULL))
+            return CIRRUS_EINVAL;
+        host_ptr[i] = hosts[i];
+    }
     wire_put_u32(reply, p->mb_since_step);
-    if (n == 1) return 0;
-    /* A repeated round: a member failed after this peer had finished; start from the
-     * gradients as they were before the round. */
-    if (round == p->round_done) pack_gradients(p, p->backup, 1);
+    /* A repeated round (a member failed): start again from this peer's own gradients, and
+     * build a new ring, as every member of the repeat does. */
+    unsum_gradients(p);
+    if (round == p->last_round && p->ring) {
+        collective_destroy(p->ring);
+        p->ring = NULL;
+    }
+    p->last_round = round;
+    if (n == 1) return 0; /* a lone member's gradients are the sum */
     pack_gradients(p, p->pack, 0);
     memcpy(p->backup, p->pack, sizeof(float) * p->pack_count);
     if (p->ring && strcmp(members, p->ring_members) != 0) {
@@ -169,16 +192,15 @@ static int average_gradients(peer *p, wire_reader *r, wire_writer *reply, const 
     cirrus_error err = {0};
     *why = "gradient averaging failed";
     if (!p->ring) {
-        /* The round is part of the ring's job id, so a connection left over from an
-         * earlier, failed round can never join this one. */
         char ring_job[WIRE_JOB_ID_MAX + 1];
-        snprintf(ring_job, sizeof ring_job, "%.40s#%llu", o->job_id, (unsigned long long)round);
+        snprintf(ring_job, sizeof ring_job, "%.30s#%llu", o->job_id,
+                 (unsigned long long)attempt);
         ring_options ro = {.job_id = ring_job, .timeout_ms = 10000, .chunk_bytes = 1 << 20};
         int rc = ring_create(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
                              &err);
         if (rc) {
             log_warn("averaging: %s", err.msg);
-            return rc;
+            return CIRRUS_EIO; /* the request was fine; the ring was not */
         }
         snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
     }
@@ -189,10 +211,10 @@ static int average_gradients(peer *p, wire_reader *r, wire_writer *reply, const 
         log_warn("averaging: %s", err.msg);
         collective_destroy(p->ring);
         p->ring = NULL;
-        return rc;
+        return CIRRUS_EIO;
     }
     pack_gradients(p, p->pack, 1);
-    p->round_done = round;
+    p->summed = 1;
     return 0;
 }
 
@@ -246,6 +268,7 @@ static int sync_from(peer *p, const char *donor, const char **why)
     memcpy(p->adam.m, m, bytes);
     memcpy(p->adam.v, v, bytes);
     p->steps = steps;
+    p->summed = 0;
     memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
     memset(p->model.grad_head, 0, sizeof(float) * p->V * p->C);
     p->mb_since_step = 0;
@@ -296,13 +319,14 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         if (!last && stage_get_floats(&r, p->grad, n, codec)) return CIRRUS_ECORRUPT;
         if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
         *why = "backward failed";
+        unsum_gradients(p); /* a backward re-run for a lost peer after a round */
         if ((rc = gpt_stage_backward(p->stage, &in, p->grad, p->out))) return rc;
         p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);
         return 0;
     }
     case STAGE_AVERAGE:
-        return average_gradients(p, &r, reply, why);
+        return average_gradients(p, &r, h->request_id, reply, why);
     case STAGE_STATE_GET:
         if (h->payload_len) return CIRRUS_ECORRUPT;
         put_state(p, reply);
@@ -311,7 +335,8 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         char donor[STAGE_ADDR_MAX];
         if (wire_get_str(&r, donor, sizeof donor) || wire_reader_done(&r))
             return CIRRUS_ECORRUPT;
-        return sync_from(p, donor, why);
+        rc = sync_from(p, donor, why);
+        return rc && rc != CIRRUS_EMISMATCH ? CIRRUS_EIO : rc; /* the request was fine */
     }
     case STAGE_HEAD_GRAD:
         *why = "HEAD_GRAD sent to a stage without the LM head";
@@ -364,6 +389,7 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         adamw_step(&p->adam, p->model.params, p->model.grads, scale, total, lr, step);
         p->steps = step;
         p->mb_since_step = 0;
+        p->summed = 0;
         return 0;
     }
     case STAGE_INFO: {
