@@ -210,7 +210,8 @@ TEST(kube_config_in_cluster)
     expect_version(cfg);
 
     /* Rotation: the file is re-read once KUBE_TOKEN_RELOAD_MS have passed, not before. */
-    int64_t t0 = 5000000;
+    /* Later than any read so far (expect_version's requests read it at the real clock). */
+    int64_t t0 = kube_now_ms() + 10 * KUBE_TOKEN_RELOAD_MS;
     ASSERT(!strcmp(kube_config_token(cfg, t0), tok));
     snprintf(path, sizeof path, "%s/token", dir);
     write_file(path, "rotated-token\n");
