@@ -13,7 +13,11 @@ cleanup() {
     for p in "${extra_pids[@]}"; do kill -9 "$p" 2>/dev/null; done
     [ -n "${run_pid:-}" ] && kill "$run_pid" 2>/dev/null
     wait 2>/dev/null
-    [ -n "${CHAOS_KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"
+    if [ -n "${CHAOS_KEEP:-}" ] && [ "$fail" -ne 0 ]; then
+        echo "chaos: logs of the failed attempt:"
+        tail -n 25 "$tmp/run.err" "$tmp/run.out" 2>/dev/null
+    fi
+    rm -rf "$tmp"
 }
 trap cleanup EXIT
 pass=0 fail=0
@@ -51,6 +55,7 @@ for round in 1 2 3 4 5 6; do
         --seed "$seed" --job cirrus-local --listen 127.0.0.1:0 --coordinator "$coord" \
         --stage-index "$stage" --ring-addr "127.0.0.1:$rport" 2>>"$tmp/replacements.err" &
     newpid=$!
+    disown "$newpid" # killed on purpose later: no job-control noise
     extra_pids+=("$newpid")
     victims[$i]="$stage $l0 $l1 $newpid"
     joins=$((joins + 1))

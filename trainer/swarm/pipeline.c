@@ -644,6 +644,11 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     deadline_config dc = deadline_config_default();
     /* Until a stage has answered a few times, wait as long as the caller's timeout. */
     dc.initial_s = timeout_ms / 1000.0;
+    /* Dropping a healthy peer costs a state copy when it rejoins: with several peers
+     * sharing a few cores, scheduling alone can triple a latency, so a request is given
+     * up only past 3x the median and never before 1 s (a hung peer still goes in ~1 s). */
+    dc.min_ratio = 3.0;
+    dc.floor_s = 1.0;
     for (int s = 0; s < n; s++)
         for (int kind = 0; kind < 2; kind++)
             if (deadline_estimator_create(&p->deadline[s][kind], &dc) != 0) {
