@@ -126,7 +126,8 @@ test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/run.sh $(BIN)/cirrus-trainer
 	@# Chaos depends on the scheduling of a dozen processes on the machine's cores; a failed
 	@# attempt is printed in full and the test runs once more, and must pass then.
-	CIRRUS_CORPUS=$(CORPUS) CHAOS_KEEP=1 bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer || \
+	@echo "cirrus: chaos test (peers killed and hung while training)"
+	@CIRRUS_CORPUS=$(CORPUS) CHAOS_KEEP=1 bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer || \
 	  { echo "cirrus: chaos attempt 1 failed (its logs are kept above); attempt 2"; \
 	    CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer; }
 
