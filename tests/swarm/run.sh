@@ -145,6 +145,21 @@ if "$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" "${run[@]}"
 else
     bad peer_still_serves_after_abuse_bit_identical; tail -3 "$tmp/client.err"
 fi
+# A client killed in the middle of training leaves gradients of an unfinished step on the
+# peer; the next client resets them and trains normally (its microbatch accounting would
+# fail otherwise).
+"$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps 100000 >/dev/null 2>&1 &
+dead_client=$!
+disown "$dead_client" # killed on purpose: no job-control noise
+sleep 1
+kill -9 "$dead_client"
+sleep 0.2
+if "$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps 5 --json >"$tmp/after.json" 2>"$tmp/after.err" &&
+    grep -q '"final":true' "$tmp/after.json"; then
+    ok client_after_a_killed_client
+else
+    bad client_after_a_killed_client; tail -3 "$tmp/after.err"
+fi
 kill "${pids[0]}" 2>/dev/null
 if wait "${pids[0]}"; then ok stage_peer_exits_cleanly_on_sigterm; else bad stage_peer_exits_cleanly_on_sigterm; fi
 pids=()

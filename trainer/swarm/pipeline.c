@@ -682,6 +682,15 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                          p->link[n - 1].l1, cfg->n_layer);
         goto fail;
     }
+    /* This client takes over the peers: gradients a previous client left behind in an
+     * unfinished step (it died) would otherwise be summed into this client's first step. */
+    for (int s = 0; s < n; s++)
+        for (int k = 0; k < p->link[s].n; k++) {
+            wire_writer w;
+            wire_reader r;
+            wire_writer_init(&w, 0);
+            if ((rc = call_peer(p, s, k, STAGE_RESET, &w, &r, err))) goto fail;
+        }
     *out = p;
     return 0;
 fail:

@@ -327,6 +327,13 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
     }
     case STAGE_AVERAGE:
         return average_gradients(p, &r, h->request_id, reply, why);
+    case STAGE_RESET:
+        if (h->payload_len) return CIRRUS_ECORRUPT;
+        memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
+        memset(p->model.grad_head, 0, sizeof(float) * VC);
+        p->mb_since_step = 0;
+        p->summed = 0;
+        return 0;
     case STAGE_STATE_GET:
         if (h->payload_len) return CIRRUS_ECORRUPT;
         put_state(p, reply);

@@ -28,6 +28,8 @@
  *             peer's optimizer segments, in buffer order)
  *   SYNC      str donor "host:port" -> OK: empty, once this peer has fetched the donor's
  *             state (STATE_GET) and taken it as its own; how a new peer joins a stage
+ *   RESET     -> OK: empty. A client taking over (the previous one died mid-step) drops the
+ *             gradients of the unfinished step; parameters and optimizer state are kept
  *
  * Activations travel as `codec`: 0 = raw f32 (B*T*C*4 bytes), 1 = codec_q8 blocks.
  */
@@ -61,6 +63,8 @@ enum stage_msg {
     STAGE_STATE_GET_OK = 83,
     STAGE_SYNC = 84,
     STAGE_SYNC_OK = 85,
+    STAGE_RESET = 86,
+    STAGE_RESET_OK = 87,
 };
 
 enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
