@@ -8,21 +8,8 @@
 #include "../../operator/kube/client.h"
 #include "../../operator/kube/watch.h"
 #include "../unit/test.h"
+#include "kube_test_util.h"
 
-/* test_kube_util.c */
-kube_client *tk_client(kube_config **cfg_out);
-void tk_client_free(kube_client *c, kube_config *cfg);
-void tk_namespace(kube_client *c, const char *prefix, char *ns, size_t n);
-json_t *tk_configmap(const char *ns, const char *name, const char *key, const char *value);
-void tk_crd(kube_client *c, const char *tag, char *group, size_t n);
-typedef struct tk_fake tk_fake;
-tk_fake *tk_fake_new(void);
-void tk_fake_route(tk_fake *f, const char *match, int status, const char *headers,
-                   const char *body, int hold);
-int tk_fake_run(tk_fake *f);
-int tk_fake_served(tk_fake *f);
-void tk_fake_stop(tk_fake *f);
-kube_config *tk_fake_config(int port);
 
 static const char *rv_of(const json_t *o)
 {

@@ -11,11 +11,8 @@
 #include "../../operator/kube/config.h"
 #include "../../operator/kube/yamljson.h"
 #include "../unit/test.h"
+#include "kube_test_util.h"
 
-/* test_kube_util.c */
-kube_client *tk_client(kube_config **cfg_out);
-void tk_client_free(kube_client *c, kube_config *cfg);
-void tk_namespace(kube_client *c, const char *prefix, char *ns, size_t n);
 
 static char *slurp(const char *path, size_t *len)
 {

@@ -16,6 +16,7 @@
 #include "../../operator/kube/client.h"
 #include "../../operator/kube/config.h"
 #include "../unit/test.h"
+#include "kube_test_util.h"
 
 /* ---- the real cluster ------------------------------------------------------------------ */
 

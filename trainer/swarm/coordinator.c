@@ -241,6 +241,22 @@ out:
     return rc;
 }
 
+/* Lock the table, forget the expired, and find the member a HEARTBEAT or CLIENT_REPORT
+ * speaks for. NULL (with *rc from unknown_peer) if the epoch is old or the id unknown; the
+ * lock is held either way and released by the caller. */
+static member *lock_member(coordinator *co, uint64_t epoch, uint32_t id, int64_t now,
+                           outcome *oc, int *rc)
+{
+    pthread_mutex_lock(&co->mu);
+    reap_expired(co, now);
+    member *m = find_member(co, id);
+    if (epoch != co->epoch || !m) {
+        *rc = unknown_peer(co, oc, epoch, id);
+        return NULL;
+    }
+    return m;
+}
+
 static int on_heartbeat(coordinator *co, const uint8_t *p, uint32_t n, wire_writer *reply,
                         outcome *oc)
 {
@@ -250,13 +266,8 @@ static int on_heartbeat(coordinator *co, const uint8_t *p, uint32_t n, wire_writ
     if (coord_get_heartbeat(p, n, &epoch, &id, &s, &oc->err)) return malformed(oc);
     int64_t now = now_ms();
     int rc = 0;
-    pthread_mutex_lock(&co->mu);
-    reap_expired(co, now);
-    member *m = find_member(co, id);
-    if (epoch != co->epoch || !m) {
-        rc = unknown_peer(co, oc, epoch, id);
-        goto out;
-    }
+    member *m = lock_member(co, epoch, id, now, oc, &rc);
+    if (!m) goto out;
     m->stats = s;
     m->has_stats = 1;
     m->last_seen_ms = now;
@@ -278,13 +289,8 @@ static int on_report(coordinator *co, const uint8_t *p, uint32_t n, wire_writer 
     if (coord_get_report(p, n, &epoch, &id, &rep, &oc->err)) return malformed(oc);
     int64_t now = now_ms();
     int rc = 0;
-    pthread_mutex_lock(&co->mu);
-    reap_expired(co, now);
-    member *m = find_member(co, id);
-    if (epoch != co->epoch || !m) {
-        rc = unknown_peer(co, oc, epoch, id);
-        goto out;
-    }
+    member *m = lock_member(co, epoch, id, now, oc, &rc);
+    if (!m) goto out;
     if (m->reg.role != COORD_ROLE_CLIENT) {
         rc = cirrus_fail(&oc->err, CIRRUS_EINVAL, "peer %u is a stage peer, not a client", id);
         goto out;
