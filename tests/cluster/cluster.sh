@@ -38,10 +38,15 @@ START_TIMEOUT=${CLUSTER_START_TIMEOUT:-90}
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 USED_PORTS=" "
-free_port() { # prints a free port in 20000-59999 not handed out before
+# Ports are taken below the kernel's ephemeral range: a port inside it can be grabbed by an
+# outgoing connection of a component started earlier (the apiserver's to etcd, say) before
+# the component it was meant for binds it ("address already in use").
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[[ "$EPHEMERAL_LOW" =~ ^[0-9]+$ ]] && ((EPHEMERAL_LOW > 12000)) || EPHEMERAL_LOW=32768
+free_port() { # prints a free port in 10000..ephemeral-1 not handed out before
     local p i
     for ((i = 0; i < 200; i++)); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        p=$((10000 + (RANDOM * 32768 + RANDOM) % (EPHEMERAL_LOW - 10000)))
         [[ "$USED_PORTS" == *" $p "* ]] && continue
         port_in_use "$p" && continue
         echo "$p"

@@ -40,7 +40,7 @@ coord=$(sed -nE 's/^cirrus: coordinator at ([0-9.]+:[0-9]+);.*/\1/p' "$tmp/run.o
 mapfile -t victims < <(sed -nE 's/^cirrus: stage ([0-9]+) peer [0-9]+ serves layers \[([0-9]+), ([0-9]+)\) at .* \(pid ([0-9]+)\)/\1 \2 \3 \4/p' "$tmp/run.out")
 [ -n "$coord" ] && [ "${#victims[@]}" -eq 4 ] || { bad chaos_setup; cat "$tmp/run.out"; exit 1; }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$(dirname "$0")/free_port.py"; }
 kills=0 joins=0
 # Kill one peer every 1.5 s, alternating stages, and start its replacement at once (a new
 # process on new ports, as a rescheduled pod would be), while training runs.

@@ -56,7 +56,7 @@ done
 
 # 3. The region's coordinator: while `local` trains, /status lists every peer of every
 #    stage and the client's progress, and /metrics exposes the same in Prometheus text.
-status_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+status_port=$(python3 "$(dirname "$0")/free_port.py")
 "$bin" local --stages 2 --peers 2 "${model[@]}" --steps 400 --log-every 100 --status-port "$status_port" \
     >"$tmp/status-run.out" 2>"$tmp/status-run.err" &
 local_pid=$!
