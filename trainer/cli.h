@@ -4,7 +4,7 @@
 #define CIRRUS_CLI_H
 
 #include "../common/cerr.h"
-#include "flags.h"
+#include "../common/flags.h"
 #include "model/gpt.h"
 #include "train.h"
 

@@ -18,7 +18,7 @@
 #include "blas_kernel.h"
 #include "ckpt/checkpoint.h"
 #include "cli.h"
-#include "flags.h"
+#include "../common/flags.h"
 #include "model/gpt.h"
 #include "sample.h"
 #include "swarm/roles.h"

@@ -1,12 +1,13 @@
-/* flags: a small table-driven command-line parser shared by every cirrus-trainer
- * subcommand. Each flag names its type, destination and bounds; anything unknown, missing a
- * value, malformed or out of range is refused with a one-line message naming the flag. */
+/* flags: a small table-driven command-line parser shared by cirrus-operator and every
+ * cirrus-trainer subcommand. Each flag names its type, destination and bounds; anything
+ * unknown, missing a value, malformed or out of range is refused with a one-line message
+ * naming the flag. */
 #ifndef CIRRUS_FLAGS_H
 #define CIRRUS_FLAGS_H
 
 #include <stdint.h>
 
-#include "../common/cerr.h"
+#include "cerr.h"
 
 enum flag_type { FLAG_INT, FLAG_U64, FLAG_FLOAT, FLAG_STR, FLAG_BOOL };
 
