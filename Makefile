@@ -20,7 +20,7 @@ HTTP_LIBS   := $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) $(HTTP_CFLAGS) -MMD -MP
 LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
-OPERATOR_LDLIBS := $(KUBE_LIBS) -lm -lpthread
+OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \

@@ -20,6 +20,9 @@ typedef struct flag_spec {
     int seen;         /* set by flags_parse */
 } flag_spec;
 
+/* The number of entries of a flag table array. */
+#define NFLAGS(f) ((int)(sizeof(f) / sizeof((f)[0])))
+
 /* Parse argv[0..argc) (no program or subcommand name) into the table. */
 int flags_parse(flag_spec *flags, int n, int argc, char **argv, cirrus_error *err);
 /* Print "  --name  help" lines. */

@@ -9,7 +9,6 @@
 #include "train.h"
 
 #define EXIT_BAD_INPUT 2
-#define NFLAGS(f) ((int)(sizeof(f) / sizeof((f)[0])))
 
 /* The corpus: $CIRRUS_CORPUS, else the one `make data` extracts. */
 const char *cli_default_data(void);

@@ -1,0 +1,221 @@
+#include "jobstatus.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const phase_names[] = {"Created",   "Running",   "Degraded",
+                                          "Suspended", "Succeeded", "Failed"};
+
+const char *jobstatus_phase_name(enum job_phase p) { return phase_names[p]; }
+
+int jobstatus_phase_final(enum job_phase p) { return p == PHASE_SUCCEEDED || p == PHASE_FAILED; }
+
+/* Every stage has at least `need` ready peers and the gateway is ready. */
+static int region_at(const region_observed *r, int need)
+{
+    if (!r->gateway_ready) return 0;
+    for (int s = 0; s < r->n_stages; s++)
+        if (r->ready[s] < need) return 0;
+    return 1;
+}
+
+static int64_t total_failures(const job_observed *obs)
+{
+    int64_t f = 0;
+    for (int i = 0; i < obs->n_regions; i++) f += obs->regions[i].failures;
+    return f;
+}
+
+enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
+                               int started_before)
+{
+    if (old_phase && !strcmp(old_phase, "Failed")) return PHASE_FAILED;
+    if (old_phase && !strcmp(old_phase, "Succeeded")) return PHASE_SUCCEEDED;
+    if (total_failures(obs) > obs->backoff_limit) return PHASE_FAILED;
+    int clients = 0, done = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        clients += obs->regions[i].clients;
+        done += obs->regions[i].clients_succeeded;
+    }
+    if (clients > 0 && done == clients) return PHASE_SUCCEEDED;
+    if (obs->suspended) return PHASE_SUSPENDED;
+    int full = obs->n_regions > 0, any = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        const region_observed *r = &obs->regions[i];
+        if (!region_at(r, r->min > 0 ? r->min : 1)) full = 0;
+        if (region_at(r, 1)) any = 1;
+    }
+    if (full) return PHASE_RUNNING;
+    if (any || started_before) return PHASE_DEGRADED;
+    return PHASE_CREATED;
+}
+
+/* Why the job is not at full strength: the first region and stage short of peers.min. */
+static void degraded_message(const job_observed *obs, char *buf, size_t n)
+{
+    snprintf(buf, n, "all regions at strength");
+    for (int i = 0; i < obs->n_regions; i++) {
+        const region_observed *r = &obs->regions[i];
+        if (!r->gateway_ready) {
+            snprintf(buf, n, "region %s: gateway not ready", r->name);
+            return;
+        }
+        for (int s = 0; s < r->n_stages; s++) {
+            int need = r->min > 0 ? r->min : 1;
+            if (r->ready[s] < need) {
+                snprintf(buf, n, "region %s stage %d: %d ready peers, fewer than min %d%s",
+                         r->name, s, r->ready[s], need,
+                         r->unschedulable ? " (pods wait for nodes)" : "");
+                return;
+            }
+        }
+    }
+}
+
+static const json_t *old_condition(const json_t *old_status, const char *type)
+{
+    size_t i;
+    const json_t *c;
+    json_array_foreach(json_object_get(old_status, "conditions"), i, c)
+    {
+        const char *t = json_string_value(json_object_get(c, "type"));
+        if (t && !strcmp(t, type)) return c;
+    }
+    return NULL;
+}
+
+static void add_condition(json_t *conds, const json_t *old_status, const char *type, int is_true,
+                          const char *reason, const char *message, const char *now,
+                          int64_t generation)
+{
+    const char *st = is_true ? "True" : "False";
+    const json_t *old = old_condition(old_status, type);
+    const char *old_st = json_string_value(json_object_get(old, "status"));
+    const char *since = now;
+    if (old_st && !strcmp(old_st, st)) {
+        const char *t = json_string_value(json_object_get(old, "lastTransitionTime"));
+        if (t) since = t;
+    }
+    json_array_append_new(conds, json_pack("{s:s, s:s, s:s, s:s, s:s, s:I}", "type", type,
+                                           "status", st, "reason", reason, "message", message,
+                                           "lastTransitionTime", since, "observedGeneration",
+                                           (json_int_t)generation));
+}
+
+static json_t *conditions(const job_observed *obs, enum job_phase ph, const json_t *old_status,
+                          const char *now)
+{
+    json_t *c = json_array();
+    char msg[256];
+    int64_t g = obs->generation;
+    int64_t fails = total_failures(obs);
+    add_condition(c, old_status, "Created", 1, "ObjectsCreated",
+                  "gateways, peers and clients created", now, g);
+    int running = ph == PHASE_RUNNING || ph == PHASE_DEGRADED;
+    add_condition(c, old_status, "Running", running, running ? "PipelineReady" : phase_names[ph],
+                  running ? "every stage of a region has a ready peer"
+                          : "not every stage of any region has a ready peer",
+                  now, g);
+    degraded_message(obs, msg, sizeof msg);
+    add_condition(c, old_status, "Degraded", ph == PHASE_DEGRADED,
+                  ph == PHASE_DEGRADED ? "BelowMinPeers" : "AtStrength", msg, now, g);
+    add_condition(c, old_status, "Suspended", ph == PHASE_SUSPENDED,
+                  ph == PHASE_SUSPENDED ? "Suspended" : "NotSuspended",
+                  ph == PHASE_SUSPENDED ? "spec.suspend is true: pods deleted"
+                                        : "spec.suspend is false",
+                  now, g);
+    add_condition(c, old_status, "Succeeded", ph == PHASE_SUCCEEDED,
+                  ph == PHASE_SUCCEEDED ? "ClientsFinished" : "NotFinished",
+                  ph == PHASE_SUCCEEDED ? "every client finished its steps"
+                                        : "clients still training",
+                  now, g);
+    snprintf(msg, sizeof msg, "%lld pod failures, backoffLimit %lld", (long long)fails,
+             (long long)obs->backoff_limit);
+    add_condition(c, old_status, "Failed", ph == PHASE_FAILED,
+                  ph == PHASE_FAILED ? "BackoffLimitExceeded" : "WithinBackoffLimit", msg, now,
+                  g);
+    return c;
+}
+
+static json_t *regions(const job_observed *obs)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < obs->n_regions; i++) {
+        const region_observed *r = &obs->regions[i];
+        json_t *ready = json_array();
+        for (int s = 0; s < r->n_stages; s++) json_array_append_new(ready, json_integer(r->ready[s]));
+        json_array_append_new(
+            a, json_pack("{s:s, s:o, s:i, s:I, s:I, s:b}", "name", r->name,
+                         "readyPeersPerStage", ready, "pendingPods", r->unschedulable,
+                         "preemptions", (json_int_t)r->preemptions, "failures",
+                         (json_int_t)r->failures, "gatewayReady", r->gateway_ready));
+    }
+    return a;
+}
+
+json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now)
+{
+    const char *old_phase = json_string_value(json_object_get(old_status, "phase"));
+    const char *start = json_string_value(json_object_get(old_status, "startTime"));
+    const char *done = json_string_value(json_object_get(old_status, "completionTime"));
+    enum job_phase ph = jobstatus_phase(obs, old_phase, start != NULL);
+    int ready_regions = 0, ready = 0, desired = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        const region_observed *r = &obs->regions[i];
+        ready_regions += region_at(r, 1);
+        desired += r->replicas * r->n_stages;
+        for (int s = 0; s < r->n_stages; s++) ready += r->ready[s];
+    }
+    char rr[32], rp[32];
+    snprintf(rr, sizeof rr, "%d/%d", ready_regions, obs->n_regions);
+    snprintf(rp, sizeof rp, "%d/%d", ready, desired);
+    json_t *st = json_pack("{s:s, s:I, s:o, s:o, s:s, s:s}", "phase", phase_names[ph],
+                           "observedGeneration", (json_int_t)obs->generation, "conditions",
+                           conditions(obs, ph, old_status, now), "regions", regions(obs),
+                           "readyRegions", rr, "readyPeers", rp);
+    if (start)
+        json_object_set_new(st, "startTime", json_string(start));
+    else if (ph == PHASE_RUNNING || ph == PHASE_DEGRADED)
+        json_object_set_new(st, "startTime", json_string(now));
+    if (done)
+        json_object_set_new(st, "completionTime", json_string(done));
+    else if (jobstatus_phase_final(ph))
+        json_object_set_new(st, "completionTime", json_string(now));
+    /* Training figures come from the region gateways, not from pods: keep what is there. */
+    static const char *const kept[] = {"step", "loss", "tokensPerSecond"};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        json_t *v = json_object_get(old_status, kept[i]);
+        if (v) json_object_set(st, kept[i], v);
+    }
+    return st;
+}
+
+/* Copy of a status with every lastTransitionTime removed. */
+static json_t *without_times(const json_t *s)
+{
+    json_t *c = json_deep_copy(s);
+    size_t i;
+    json_t *cond;
+    json_array_foreach(json_object_get(c, "conditions"), i, cond)
+        json_object_del(cond, "lastTransitionTime");
+    return c;
+}
+
+int jobstatus_changed(const json_t *a, const json_t *b)
+{
+    if (!a || !b) return a != b;
+    json_t *x = without_times(a), *y = without_times(b);
+    int changed = !json_equal(x, y);
+    json_decref(x);
+    json_decref(y);
+    return changed;
+}
+
+void jobstatus_now(char *buf, size_t n)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}

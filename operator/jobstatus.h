@@ -1,0 +1,64 @@
+/* jobstatus: a SwarmJob's status from what the operator observed of its pods.
+ *
+ * The controller counts, per region, the ready peers of every stage, the pods waiting for a
+ * node, the gateway's readiness, the clients' progress and the preemptions and failures so
+ * far; jobstatus_build() turns that into the status subresource: phase, conditions (with
+ * lastTransitionTime kept while a condition's status does not change), per-region figures
+ * and the printer-column strings. Pure: the clock is passed in, so it is unit-tested.
+ *
+ * Phases: Failed once failures exceed runPolicy.backoffLimit and Succeeded once every client
+ * finished (both final); Suspended while spec.suspend; Running when every region has its
+ * gateway and at least peers.min ready peers in every stage; Degraded when training can go
+ * on (some region has a ready gateway and a ready peer in every stage) or had started, but
+ * not every region is at strength; Created before that.
+ */
+#ifndef CIRRUS_JOBSTATUS_H
+#define CIRRUS_JOBSTATUS_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#define JOBSTATUS_MAX_REGIONS 64
+#define JOBSTATUS_MAX_STAGES 64
+
+typedef struct region_observed {
+    const char *name;
+    int n_stages, replicas, min;          /* from the spec */
+    int ready[JOBSTATUS_MAX_STAGES];      /* ready peers per stage */
+    int unschedulable;                    /* pods pending for want of a node */
+    int gateway_ready;
+    int clients, clients_succeeded;
+    int64_t preemptions, failures;        /* totals since the job started */
+} region_observed;
+
+typedef struct job_observed {
+    int n_regions;
+    region_observed regions[JOBSTATUS_MAX_REGIONS];
+    int64_t backoff_limit;
+    int suspended;
+    int64_t generation;
+} job_observed;
+
+enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,
+                 PHASE_SUCCEEDED, PHASE_FAILED };
+
+/* The phase for obs, given the phase in the current status (NULL or "" if none): final
+ * phases stay final. */
+enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
+                               int started_before);
+const char *jobstatus_phase_name(enum job_phase p);
+int jobstatus_phase_final(enum job_phase p);
+
+/* The new status object. old_status: the job's current status (may be NULL); now: an
+ * RFC 3339 UTC time ("2026-11-22T01:02:03Z") used for transitions. A new reference. */
+json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now);
+
+/* True when a and b differ in anything but lastTransitionTime (avoids writes that change
+ * nothing but would wake every watcher). */
+int jobstatus_changed(const json_t *a, const json_t *b);
+
+/* "2026-11-22T01:02:03Z" for the current time. */
+void jobstatus_now(char *buf, size_t n);
+
+#endif

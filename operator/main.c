@@ -1,0 +1,171 @@
+/* cirrus-operator: reconciles SwarmJobs (controller.h) from one event loop.
+ *
+ * With --leader-elect, replicas share a Lease and only the holder reconciles; the others keep
+ * their caches warm so a successor starts at once. Losing the lease ends the process (as
+ * client-go does): its state might be stale, and the Deployment restarts it as a standby.
+ * SIGTERM releases the lease so a successor takes over without waiting for it to expire.
+ * SIGUSR1 drops every watch and resumes from an expired resourceVersion, which makes the
+ * caches re-list: a way to prove or force "nothing missed" without restarting.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/flags.h"
+#include "../common/log.h"
+#include "controller.h"
+#include "kube/config.h"
+#include "kube/lease.h"
+#include "metrics.h"
+
+#define EXIT_BAD_INPUT 2
+#define LOOP_WAIT_MS 200
+
+static volatile sig_atomic_t stop_requested, rewatch_requested;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void on_rewatch(int sig)
+{
+    (void)sig;
+    rewatch_requested = 1;
+}
+
+typedef struct run_state {
+    op_metrics *metrics;
+    int lost; /* the lease was lost: exit non-zero */
+} run_state;
+
+static void started_leading(void *ctx)
+{
+    run_state *rs = ctx;
+    op_metrics_leader(rs->metrics, 1);
+}
+
+static void stopped_leading(void *ctx)
+{
+    run_state *rs = ctx;
+    op_metrics_leader(rs->metrics, 0);
+    rs->lost = 1;
+    stop_requested = 1;
+}
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : dflt;
+}
+
+int main(int argc, char **argv)
+{
+    const char *kubeconfig = NULL, *ns = NULL, *identity = NULL;
+    const char *lease_ns = env_or("POD_NAMESPACE", "cirrus-system");
+    const char *lease_name = env_or("CIRRUS_LEASE_NAME", "cirrus-operator");
+    int leader_elect = 0, metrics_port = 8080, help = 0;
+    flag_spec flags[] = {
+        {"kubeconfig", FLAG_STR, &kubeconfig, 0, 0,
+         "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)", 0},
+        {"namespace", FLAG_STR, &ns, 0, 0, "watch only this namespace (default: all)", 0},
+        {"leader-elect", FLAG_BOOL, &leader_elect, 0, 0,
+         "reconcile only while holding the Lease (run several replicas)", 0},
+        {"lease-namespace", FLAG_STR, &lease_ns, 0, 0,
+         "the Lease's namespace (default: $POD_NAMESPACE or cirrus-system)", 0},
+        {"lease-name", FLAG_STR, &lease_name, 0, 0,
+         "the Lease's name (default: $CIRRUS_LEASE_NAME or cirrus-operator)", 0},
+        {"identity", FLAG_STR, &identity, 0, 0, "this replica's name (default: $POD_NAME)", 0},
+        {"metrics-port", FLAG_INT, &metrics_port, -1, 65535,
+         "port for /metrics, /healthz, /readyz (0: any free port, -1: none)", 0},
+        {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
+    };
+    cirrus_error err = {0};
+    log_set_role("operator");
+    if (flags_parse(flags, NFLAGS(flags), argc - 1, argv + 1, &err)) {
+        fprintf(stderr, "cirrus-operator: %s\n", err.msg);
+        return EXIT_BAD_INPUT;
+    }
+    if (help) {
+        fprintf(stderr, "usage: cirrus-operator [flags]\n");
+        flags_usage(flags, NFLAGS(flags));
+        return 0;
+    }
+    char host_id[128];
+    if (!identity) {
+        char host[64] = "cirrus-operator";
+        gethostname(host, sizeof host - 1);
+        snprintf(host_id, sizeof host_id, "%s-%d", host, (int)getpid());
+        identity = env_or("POD_NAME", host_id);
+    }
+    kube_config *cfg = NULL;
+    if (kube_config_load(kubeconfig, &cfg, &err)) {
+        fprintf(stderr, "cirrus-operator: %s\n", err.msg);
+        return EXIT_BAD_INPUT;
+    }
+    int rc = 1;
+    kube_client *client = NULL;
+    controller *ctl = NULL;
+    kube_lease *lease = NULL;
+    run_state rs = {op_metrics_new(), 0};
+    if (!rs.metrics || kube_client_new(cfg, &client, &err)) goto out;
+    if (metrics_port >= 0) {
+        int bound = 0;
+        if (op_metrics_serve(rs.metrics, metrics_port, &bound, &err)) goto out;
+        log_info("metrics on :%d (/metrics, /healthz, /readyz)", bound);
+    }
+    controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics};
+    if (controller_new(client, &co, &ctl, &err)) goto out;
+    if (leader_elect) {
+        kube_lease_config lc = {.ns = lease_ns, .name = lease_name, .identity = identity,
+                                .on_started_leading = started_leading,
+                                .on_stopped_leading = stopped_leading, .ctx = &rs};
+        if (kube_lease_new(client, &lc, &lease, &err)) goto out;
+    } else {
+        op_metrics_leader(rs.metrics, 1);
+    }
+    log_info("%s as %s: watching %s (API server %s)", leader_elect ? "electing" : "running",
+             identity, ns ? ns : "all namespaces", kube_config_server(cfg));
+    signal(SIGTERM, on_stop);
+    signal(SIGINT, on_stop);
+    signal(SIGUSR1, on_rewatch);
+    signal(SIGPIPE, SIG_IGN);
+    int was_synced = 0;
+    while (!stop_requested) {
+        int64_t next = controller_next_ms(ctl);
+        int wait = next >= 0 && next < LOOP_WAIT_MS ? (int)next : LOOP_WAIT_MS;
+        kube_client_poll(client, wait);
+        if (rewatch_requested) {
+            rewatch_requested = 0;
+            log_info("SIGUSR1: dropping every watch; resuming from an expired version");
+            controller_rewatch(ctl, "1");
+        }
+        int synced = controller_synced(ctl);
+        if (synced && !was_synced) log_info("caches synced");
+        was_synced = synced;
+        op_metrics_ready(rs.metrics, synced);
+        if (!lease || kube_lease_is_leader(lease)) controller_process(ctl, 32);
+    }
+    rc = rs.lost ? 1 : 0;
+    if (rs.lost) cirrus_fail(&err, CIRRUS_EIO, "lost the leader lease");
+    if (lease && kube_lease_is_leader(lease)) {
+        cirrus_error rerr;
+        if (kube_lease_release(lease, &rerr)) log_warn("lease not released: %s", rerr.msg);
+    }
+    controller_stats st;
+    controller_get_stats(ctl, &st);
+    log_info("stopping: %llu reconciles, %llu pods created, %llu preemptions, %llu failures",
+             (unsigned long long)st.reconciles, (unsigned long long)st.pods_created,
+             (unsigned long long)st.preemptions, (unsigned long long)st.failures);
+out:
+    if (rc && err.msg[0]) fprintf(stderr, "cirrus-operator: %s\n", err.msg);
+    kube_lease_free(lease);
+    controller_free(ctl);
+    op_metrics_free(rs.metrics);
+    kube_client_free(client);
+    kube_config_free(cfg);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* metrics: the operator's Prometheus metrics and health endpoints.
+ *
+ *   GET /metrics  text format 0.0.4: controller-runtime's family names (reconcile totals by
+ *                 result, errors, a reconcile-time histogram, work-queue depth/adds/retries,
+ *                 leader_election_master_status) so existing dashboards work, plus Cirrus's
+ *                 own (pods created, preemptions, failures)
+ *   GET /healthz  200 while the process runs its loop
+ *   GET /readyz   200 once the caches have synced (or while standing by as a non-leader)
+ *
+ * The event loop writes, the HTTP thread (libmicrohttpd) reads: one mutex.
+ */
+#ifndef CIRRUS_OP_METRICS_H
+#define CIRRUS_OP_METRICS_H
+
+#include <stdint.h>
+
+#include "../common/cerr.h"
+
+typedef struct op_metrics op_metrics;
+
+enum op_result { OP_RESULT_SUCCESS, OP_RESULT_ERROR, OP_RESULT_REQUEUE, OP_RESULT_N };
+
+op_metrics *op_metrics_new(void);
+void op_metrics_free(op_metrics *m); /* stops the server too */
+
+void op_metrics_reconciled(op_metrics *m, enum op_result r, double seconds);
+void op_metrics_queue(op_metrics *m, uint64_t depth, uint64_t adds, uint64_t retries);
+void op_metrics_leader(op_metrics *m, int is_leader);
+void op_metrics_ready(op_metrics *m, int ready);
+void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint64_t failures);
+
+/* The /metrics body, malloc'd. */
+char *op_metrics_render(op_metrics *m);
+
+/* Serve on port (0: a free one, returned in *bound). */
+int op_metrics_serve(op_metrics *m, int port, int *bound, cirrus_error *err);
+
+#endif
