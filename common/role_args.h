@@ -1,0 +1,57 @@
+/* role_args: the command lines of the trainer roles the operator launches, in one place.
+ *
+ * The operator builds `cirrus-trainer ROLE --FLAG VALUE ...` for its Pods from these names and
+ * the trainer's flag tables (trainer/swarm/roles.c) parse the same names, so a renamed flag
+ * cannot silently break the Pods. Flag names are bare ("job"); ROLE_ARG(ROLE_FLAG_JOB) is the
+ * command-line spelling ("--job"), a string literal like the names themselves.
+ */
+#ifndef CIRRUS_ROLE_ARGS_H
+#define CIRRUS_ROLE_ARGS_H
+
+/* The trainer's executable (on PATH in the image) and the roles' subcommands. */
+#define ROLE_TRAINER_BIN "cirrus-trainer"
+#define ROLE_STAGE "stage"     /* a stage peer: serves layers [l0, l1) of the model */
+#define ROLE_CLIENT "client"   /* trains through the region's pipeline of stage peers */
+#define ROLE_GATEWAY "gateway" /* the region's coordinator (membership, /status, /metrics) */
+
+#define ROLE_ARG(flag) "--" flag
+
+/* Flags (the trainer's names; which role takes which is noted). */
+#define ROLE_FLAG_JOB "job"                 /* all: job id (the SwarmJob's metadata.uid) */
+#define ROLE_FLAG_SERVE "serve"             /* stage: layers served, "L0:L1" */
+#define ROLE_FLAG_LISTEN "listen"           /* stage, gateway: HOST:PORT to listen on */
+#define ROLE_FLAG_LISTEN_FD "listen-fd"     /* stage: an inherited listening socket */
+#define ROLE_FLAG_ADVERTISE "advertise"     /* stage: host clients reach the peer at */
+#define ROLE_FLAG_COORDINATOR "coordinator" /* stage, client: the gateway, HOST:PORT */
+#define ROLE_FLAG_STAGE_INDEX "stage-index" /* stage: its stage, 0-based */
+#define ROLE_FLAG_RING_ADDR "ring-addr"     /* stage: HOST:PORT for the stage's gradient ring */
+#define ROLE_FLAG_RING_FD "ring-fd"         /* stage: inherited socket listening at ring-addr */
+#define ROLE_FLAG_HTTP_PORT "http-port"     /* gateway: /status and /metrics port */
+#define ROLE_FLAG_HEARTBEAT_MS "heartbeat-ms" /* gateway: members' heartbeat interval */
+#define ROLE_FLAG_STAGES "stages"           /* gateway: stage count; client: peer addresses */
+#define ROLE_FLAG_MODEL "model"             /* stage, client: preset (tiny, small, medium) */
+#define ROLE_FLAG_LAYERS "layers"           /* stage, client: override; gateway: layer count */
+#define ROLE_FLAG_WIDTH "width"             /* stage, client: overrides of the preset */
+#define ROLE_FLAG_HEADS "heads"
+#define ROLE_FLAG_CONTEXT "context"
+#define ROLE_FLAG_BATCH "batch"             /* client: sequences/step; stage: largest microbatch */
+#define ROLE_FLAG_SEQ "seq"                 /* stage, client: tokens per sequence */
+#define ROLE_FLAG_SEED "seed"               /* stage, client: the job's seed */
+#define ROLE_FLAG_STEPS "steps"             /* client: optimizer steps */
+#define ROLE_FLAG_DATA "data"               /* client: training text file */
+#define ROLE_FLAG_MICROBATCH "microbatch"   /* client: sequences per microbatch */
+#define ROLE_FLAG_ACT_COMPRESS "act-compress" /* client: activation codec */
+
+/* Ports the roles listen on in a Pod. */
+#define ROLE_PORT_COORDINATOR 7400 /* gateway: peers and clients register here */
+#define ROLE_PORT_HTTP 7480        /* gateway: /status, /metrics */
+#define ROLE_PORT_STAGE 7500       /* stage: clients' microbatches */
+#define ROLE_PORT_RING 7501        /* stage: gradient averaging with the stage's other peers */
+
+/* The layers [*l0, *l1) of stage `stage` when n_layer layers are cut into n_stages stages as
+ * evenly as possible: l0 = stage * n_layer / n_stages (integer division), exactly as
+ * `cirrus-trainer local` cuts them. Returns 0, or -1 (CIRRUS_EINVAL) when n_stages < 1,
+ * n_stages > n_layer or stage is outside [0, n_stages). */
+int role_stage_layers(int n_layer, int n_stages, int stage, int *l0, int *l1);
+
+#endif

@@ -1,0 +1,723 @@
+/* desired: see desired.h. */
+#include "desired.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/role_args.h"
+
+#define DEFAULT_REGION_LABEL "topology.kubernetes.io/region"
+#define SECRET_SUFFIX "-pki"
+
+/* The presets of trainer/model/gpt.c (the operator does not link the trainer). */
+static const struct {
+    const char *name;
+    int layers, width, heads, context;
+} presets[] = {
+    {"tiny", 4, 128, 4, 128},
+    {"small", 6, 384, 6, 256},
+    {"medium", 8, 512, 8, 256},
+};
+
+/* What the Pods need of the spec, defaults applied. Pointers borrow from the job. */
+typedef struct job_view {
+    const char *name, *ns, *uid;
+    const char *image, *pull_policy;
+    const json_t *pull_secrets; /* array or NULL */
+    long long steps;
+    const char *preset;
+    long long layers, width, heads, context; /* 0: not overridden */
+    int n_layer, n_context, stages, suspend;
+    long long batch, seq, seed; /* seq 0: unset */
+    const char *data_path, *data_claim;
+    const char *ckpt_claim, *ckpt_subpath;
+    const char *service_type;
+    long long gw_port;
+    const json_t *svc_annotations;
+} job_view;
+
+typedef struct region_view {
+    const char *name;
+    int replicas, clients;
+    const char *region_label, *priority_class;
+    const json_t *node_selector, *affinity, *tolerations;
+    const json_t *res_peer, *res_client, *res_gateway;
+} region_view;
+
+/* ---- names ---- */
+
+/* A DNS-1035 label: [a-z]([-a-z0-9]*[a-z0-9])?, at most 63 characters. */
+static int is_dns1035(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > CIRRUS_NAME_MAX || s[0] < 'a' || s[0] > 'z' || s[n - 1] == '-') return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* A DNS-1123 label: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters. */
+static int is_dns1123(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > CIRRUS_NAME_MAX || s[0] == '-' || s[n - 1] == '-') return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+static int make_name(char *buf, size_t size, cirrus_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int make_name(char *buf, size_t size, cirrus_error *err, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return cirrus_fail(err, CIRRUS_EINVAL, "object name '%.64s...' is too long", tmp);
+    if (n > CIRRUS_NAME_MAX)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "object name '%s' is %d characters, more than %d (shorten "
+                           "metadata.name or the region's name)",
+                           tmp, n, CIRRUS_NAME_MAX);
+    if (!is_dns1035(tmp))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "object name '%s' is not a DNS label (lowercase letters, digits "
+                           "and '-', starting with a letter)",
+                           tmp);
+    if ((size_t)n >= size)
+        return cirrus_fail(err, CIRRUS_EINVAL, "object name '%s': buffer too small", tmp);
+    memcpy(buf, tmp, (size_t)n + 1);
+    return 0;
+}
+
+int desired_name_gateway(char *buf, size_t size, const char *job, const char *region,
+                         cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s-%s-gw", job, region);
+}
+
+int desired_name_peer(char *buf, size_t size, const char *job, const char *region, int stage,
+                      int index, cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s-%s-s%d-%d", job, region, stage, index);
+}
+
+int desired_name_client(char *buf, size_t size, const char *job, const char *region, int index,
+                        cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s-%s-c%d", job, region, index);
+}
+
+int desired_name_secret(char *buf, size_t size, const char *job, cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s" SECRET_SUFFIX, job);
+}
+
+/* ---- reading the SwarmJob ---- */
+
+/* Optional member of type `type` (JSON_OBJECT...): *out NULL when absent or null. */
+static int get_typed(const json_t *parent, const char *key, const char *path, json_type type,
+                     const char *what, const json_t **out, cirrus_error *err)
+{
+    const json_t *v = parent ? json_object_get(parent, key) : NULL;
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (json_typeof(v) != type)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s%s%s must be %s", path, *path ? "." : "",
+                           key, what);
+    *out = v;
+    return 0;
+}
+
+static int get_obj(const json_t *parent, const char *key, const char *path, const json_t **out,
+                   cirrus_error *err)
+{
+    return get_typed(parent, key, path, JSON_OBJECT, "an object", out, err);
+}
+
+static int get_arr(const json_t *parent, const char *key, const char *path, const json_t **out,
+                   cirrus_error *err)
+{
+    return get_typed(parent, key, path, JSON_ARRAY, "an array", out, err);
+}
+
+/* Optional string; def when absent. Empty strings are refused when nonempty is set. */
+static int get_str(const json_t *parent, const char *key, const char *path, const char *def,
+                   int nonempty, const char **out, cirrus_error *err)
+{
+    const json_t *v;
+    int rc = get_typed(parent, key, path, JSON_STRING, "a string", &v, err);
+    if (rc) return rc;
+    *out = v ? json_string_value(v) : def;
+    if (v && nonempty && !**out)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s%s%s must not be empty", path,
+                           *path ? "." : "", key);
+    return 0;
+}
+
+static int req_str(const json_t *parent, const char *key, const char *path, const char **out,
+                   cirrus_error *err)
+{
+    int rc = get_str(parent, key, path, NULL, 1, out, err);
+    if (!rc && !*out)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "%s%s%s is required", path, *path ? "." : "", key);
+    return rc;
+}
+
+/* Optional integer in [lo, hi]; def when absent. */
+static int get_int(const json_t *parent, const char *key, const char *path, long long lo,
+                   long long hi, long long def, long long *out, cirrus_error *err)
+{
+    const json_t *v = parent ? json_object_get(parent, key) : NULL;
+    *out = def;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s.%s must be an integer in [%lld, %lld]", path,
+                           key, lo, hi);
+    *out = (long long)json_integer_value(v);
+    return 0;
+}
+
+static int read_model(const json_t *spec, job_view *v, cirrus_error *err)
+{
+    const json_t *model;
+    int rc = get_obj(spec, "model", "spec", &model, err);
+    if (!rc) rc = get_str(model, "preset", "spec.model", "tiny", 1, &v->preset, err);
+    if (!rc) rc = get_int(model, "layers", "spec.model", 1, 1024, 0, &v->layers, err);
+    if (!rc) rc = get_int(model, "width", "spec.model", 1, 16384, 0, &v->width, err);
+    if (!rc) rc = get_int(model, "heads", "spec.model", 1, 16384, 0, &v->heads, err);
+    if (!rc) rc = get_int(model, "context", "spec.model", 1, 65536, 0, &v->context, err);
+    if (rc) return rc;
+    int p = -1;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, v->preset) == 0) p = (int)i;
+    if (p < 0)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.model.preset '%s' is unknown (known: tiny, small, medium)",
+                           v->preset);
+    v->n_layer = v->layers ? (int)v->layers : presets[p].layers;
+    v->n_context = v->context ? (int)v->context : presets[p].context;
+    long long width = v->width ? v->width : presets[p].width;
+    long long heads = v->heads ? v->heads : presets[p].heads;
+    if (width % heads)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.model.heads (%lld) must divide spec.model.width (%lld)", heads,
+                           width);
+    return 0;
+}
+
+static int read_job(const json_t *job, job_view *v, const json_t **regions, cirrus_error *err)
+{
+    memset(v, 0, sizeof *v);
+    if (!json_is_object(job)) return cirrus_fail(err, CIRRUS_EINVAL, "SwarmJob: not an object");
+    const json_t *meta, *spec, *o;
+    long long x;
+    int rc = get_obj(job, "metadata", "", &meta, err);
+    if (!rc && !meta) rc = cirrus_fail(err, CIRRUS_EINVAL, "metadata is required");
+    if (!rc) rc = req_str(meta, "name", "metadata", &v->name, err);
+    if (!rc) rc = req_str(meta, "namespace", "metadata", &v->ns, err);
+    if (!rc) rc = req_str(meta, "uid", "metadata", &v->uid, err);
+    if (rc) return rc;
+    if (!is_dns1035(v->name))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "metadata.name '%s' must be a DNS label (lowercase letters, digits "
+                           "and '-', starting with a letter)",
+                           v->name);
+    if (!is_dns1123(v->ns))
+        return cirrus_fail(err, CIRRUS_EINVAL, "metadata.namespace '%s' is not a DNS label",
+                           v->ns);
+    rc = get_obj(job, "spec", "", &spec, err);
+    if (!rc && !spec) rc = cirrus_fail(err, CIRRUS_EINVAL, "spec is required");
+    if (!rc) rc = req_str(spec, "image", "spec", &v->image, err);
+    if (!rc) rc = get_str(spec, "imagePullPolicy", "spec", "IfNotPresent", 1, &v->pull_policy, err);
+    if (!rc) rc = get_arr(spec, "imagePullSecrets", "spec", &v->pull_secrets, err);
+    if (!rc) rc = get_int(spec, "steps", "spec", 1, 1000000000, 1000, &v->steps, err);
+    if (rc) return rc;
+    const json_t *susp = json_object_get(spec, "suspend");
+    if (susp && !json_is_null(susp) && !json_is_boolean(susp))
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.suspend must be a boolean");
+    v->suspend = json_is_true(susp);
+    if ((rc = read_model(spec, v, err))) return rc;
+
+    if ((rc = get_obj(spec, "pipeline", "spec", &o, err)) ||
+        (rc = get_int(o, "stages", "spec.pipeline", 1, 64, 1, &x, err)))
+        return rc;
+    v->stages = (int)x;
+    if (v->stages > v->n_layer)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.pipeline.stages (%d) exceeds the model's %d layers", v->stages,
+                           v->n_layer);
+
+    if ((rc = get_obj(spec, "data", "spec", &o, err)) ||
+        (rc = get_int(o, "batchSize", "spec.data", 1, 65536, 8, &v->batch, err)) ||
+        (rc = get_int(o, "sequenceLength", "spec.data", 1, 65536, 0, &v->seq, err)) ||
+        (rc = get_int(o, "seed", "spec.data", 0, INT64_MAX, 1337, &v->seed, err)) ||
+        (rc = get_str(o, "path", "spec.data", NULL, 1, &v->data_path, err)) ||
+        (rc = get_str(o, "claimName", "spec.data", NULL, 1, &v->data_claim, err)))
+        return rc;
+    if (v->seq > v->n_context)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.data.sequenceLength (%lld) exceeds the model's context (%d)",
+                           v->seq, v->n_context);
+
+    const json_t *vol = NULL;
+    if ((rc = get_obj(spec, "checkpoint", "spec", &o, err)) ||
+        (rc = get_obj(o, "volume", "spec.checkpoint", &vol, err)))
+        return rc;
+    if (vol && ((rc = req_str(vol, "claimName", "spec.checkpoint.volume", &v->ckpt_claim, err)) ||
+                (rc = get_str(vol, "subPath", "spec.checkpoint.volume", NULL, 1,
+                              &v->ckpt_subpath, err))))
+        return rc;
+
+    if ((rc = get_obj(spec, "gateway", "spec", &o, err)) ||
+        (rc = get_str(o, "serviceType", "spec.gateway", "ClusterIP", 1, &v->service_type, err)) ||
+        (rc = get_int(o, "port", "spec.gateway", 1, 65535, ROLE_PORT_COORDINATOR, &v->gw_port,
+                      err)) ||
+        (rc = get_obj(o, "serviceAnnotations", "spec.gateway", &v->svc_annotations, err)))
+        return rc;
+
+    if ((rc = get_arr(spec, "regions", "spec", regions, err))) return rc;
+    if (!*regions || json_array_size(*regions) == 0)
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.regions must list at least one region");
+    return 0;
+}
+
+static int read_region(const json_t *regions, size_t k, region_view *r, cirrus_error *err)
+{
+    char path[64], sub[96];
+    const json_t *reg = json_array_get(regions, k), *o;
+    long long x;
+    memset(r, 0, sizeof *r);
+    snprintf(path, sizeof path, "spec.regions[%zu]", k);
+    if (!json_is_object(reg)) return cirrus_fail(err, CIRRUS_EINVAL, "%s must be an object", path);
+    int rc = req_str(reg, "name", path, &r->name, err);
+    if (rc) return rc;
+    if (!is_dns1123(r->name))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "%s.name '%s' must be a DNS label (lowercase letters, digits and "
+                           "'-', starting and ending with a letter or digit)",
+                           path, r->name);
+    for (size_t j = 0; j < k; j++) {
+        const char *other = json_string_value(json_object_get(json_array_get(regions, j), "name"));
+        if (other && strcmp(other, r->name) == 0)
+            return cirrus_fail(err, CIRRUS_EINVAL, "%s.name '%s' is also spec.regions[%zu]'s",
+                               path, r->name, j);
+    }
+    snprintf(sub, sizeof sub, "%s.peers", path);
+    if ((rc = get_obj(reg, "peers", path, &o, err)) ||
+        (rc = get_int(o, "replicas", sub, 1, 256, 2, &x, err)))
+        return rc;
+    r->replicas = (int)x;
+    if ((rc = get_int(reg, "clients", path, 0, 256, 1, &x, err))) return rc;
+    r->clients = (int)x;
+
+    snprintf(sub, sizeof sub, "%s.placement", path);
+    if ((rc = get_obj(reg, "placement", path, &o, err)) ||
+        (rc = get_str(o, "regionLabel", sub, DEFAULT_REGION_LABEL, 1, &r->region_label, err)) ||
+        (rc = get_obj(o, "nodeSelector", sub, &r->node_selector, err)) ||
+        (rc = get_obj(o, "affinity", sub, &r->affinity, err)) ||
+        (rc = get_arr(o, "tolerations", sub, &r->tolerations, err)) ||
+        (rc = get_str(o, "priorityClassName", sub, NULL, 1, &r->priority_class, err)))
+        return rc;
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)r->node_selector, key, val) {
+        if (!json_is_string(val))
+            return cirrus_fail(err, CIRRUS_EINVAL, "%s.nodeSelector[\"%s\"] must be a string",
+                               sub, key);
+        if (strcmp(key, r->region_label) == 0 && strcmp(json_string_value(val), r->name) != 0)
+            return cirrus_fail(err, CIRRUS_EINVAL,
+                               "%s.nodeSelector selects %s=%s, another region than '%s'", sub,
+                               key, json_string_value(val), r->name);
+    }
+
+    snprintf(sub, sizeof sub, "%s.resources", path);
+    if ((rc = get_obj(reg, "resources", path, &o, err)) ||
+        (rc = get_obj(o, "peer", sub, &r->res_peer, err)) ||
+        (rc = get_obj(o, "client", sub, &r->res_client, err)) ||
+        (rc = get_obj(o, "gateway", sub, &r->res_gateway, err)))
+        return rc;
+    return 0;
+}
+
+/* ---- building ---- */
+
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static json_t *labels_new(const job_view *v, const char *region, const char *role, int stage,
+                          int index)
+{
+    json_t *l = json_pack("{s:s, s:s, s:s}", CIRRUS_LABEL_APP_NAME, "cirrus",
+                          CIRRUS_LABEL_MANAGED_BY, "cirrus-operator", CIRRUS_LABEL_JOB, v->name);
+    if (!l) return NULL;
+    if (region) json_object_set_new(l, CIRRUS_LABEL_REGION, json_string(region));
+    if (role) json_object_set_new(l, CIRRUS_LABEL_ROLE, json_string(role));
+    char num[16];
+    if (stage >= 0) {
+        snprintf(num, sizeof num, "%d", stage);
+        json_object_set_new(l, CIRRUS_LABEL_STAGE, json_string(num));
+    }
+    if (index >= 0) {
+        snprintf(num, sizeof num, "%d", index);
+        json_object_set_new(l, CIRRUS_LABEL_INDEX, json_string(num));
+    }
+    return l;
+}
+
+/* An object's apiVersion, kind and metadata (labels stolen). */
+static json_t *object_new(const job_view *v, const char *api, const char *kind,
+                          const char *name, json_t *labels)
+{
+    return json_pack("{s:s, s:s, s:{s:s, s:s, s:o, s:[{s:s, s:s, s:s, s:s, s:b, s:b}]}}",
+                     "apiVersion", api, "kind", kind, "metadata", "name", name, "namespace",
+                     v->ns, "labels", labels, "ownerReferences", "apiVersion",
+                     CIRRUS_API_VERSION, "kind", CIRRUS_KIND, "name", v->name, "uid", v->uid,
+                     "controller", 1, "blockOwnerDeletion", 1);
+}
+
+static void arg(json_t *args, const char *flag, const char *value)
+{
+    json_array_append_new(args, json_string(flag));
+    json_array_append_new(args, json_string(value));
+}
+
+static void argf(json_t *args, const char *flag, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void argf(json_t *args, const char *flag, const char *fmt, ...)
+{
+    char buf[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    arg(args, flag, buf);
+}
+
+/* --model P [--layers N --width N --heads N --context N] --batch B [--seq T] --seed S */
+static void model_args(json_t *args, const job_view *v)
+{
+    arg(args, ROLE_ARG(ROLE_FLAG_MODEL), v->preset);
+    if (v->layers) argf(args, ROLE_ARG(ROLE_FLAG_LAYERS), "%lld", v->layers);
+    if (v->width) argf(args, ROLE_ARG(ROLE_FLAG_WIDTH), "%lld", v->width);
+    if (v->heads) argf(args, ROLE_ARG(ROLE_FLAG_HEADS), "%lld", v->heads);
+    if (v->context) argf(args, ROLE_ARG(ROLE_FLAG_CONTEXT), "%lld", v->context);
+    argf(args, ROLE_ARG(ROLE_FLAG_BATCH), "%lld", v->batch);
+    if (v->seq) argf(args, ROLE_ARG(ROLE_FLAG_SEQ), "%lld", v->seq);
+    argf(args, ROLE_ARG(ROLE_FLAG_SEED), "%lld", v->seed);
+}
+
+static json_t *port_new(const char *name, int port)
+{
+    return json_pack("{s:s, s:i, s:s}", "name", name, "containerPort", port, "protocol", "TCP");
+}
+
+/* The container: role's command and args (stolen), env, resources (copied); ports, mounts
+ * and the probe are added by the caller. */
+static json_t *container_new(const job_view *v, const char *role, json_t *args,
+                             const json_t *resources)
+{
+    json_t *c = json_pack(
+        "{s:s, s:s, s:s, s:[s, s], s:o, s:[{s:s, s:{s:{s:s}}}, {s:s, s:{s:{s:s}}}]}", "name",
+        "trainer", "image", v->image, "imagePullPolicy", v->pull_policy, "command",
+        ROLE_TRAINER_BIN, role, "args", args, "env", "name", "POD_IP", "valueFrom", "fieldRef",
+        "fieldPath", "status.podIP", "name", "POD_NAME", "valueFrom", "fieldRef", "fieldPath",
+        "metadata.name");
+    if (c && resources) json_object_set_new(c, "resources", json_deep_copy(resources));
+    return c;
+}
+
+/* The Pod around container c (stolen); volumes (stolen, may be NULL). */
+static json_t *pod_new(const job_view *v, const region_view *r, const char *name,
+                       json_t *labels, json_t *c, json_t *volumes, cirrus_error *err)
+{
+    json_t *pod = object_new(v, "v1", "Pod", name, labels);
+    json_t *spec = json_pack("{s:s, s:i, s:[o]}", "restartPolicy", "Never",
+                             "terminationGracePeriodSeconds", 10, "containers", c);
+    json_t *sel = r->node_selector ? json_deep_copy(r->node_selector) : json_object();
+    if (!pod || !spec || !sel) {
+        json_decref(pod);
+        json_decref(spec);
+        json_decref(sel);
+        json_decref(volumes);
+        cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
+        return NULL;
+    }
+    json_object_set_new(sel, r->region_label, json_string(r->name));
+    json_object_set_new(spec, "nodeSelector", sel);
+    if (r->affinity) json_object_set_new(spec, "affinity", json_deep_copy(r->affinity));
+    if (r->tolerations) json_object_set_new(spec, "tolerations", json_deep_copy(r->tolerations));
+    if (r->priority_class)
+        json_object_set_new(spec, "priorityClassName", json_string(r->priority_class));
+    if (v->pull_secrets)
+        json_object_set_new(spec, "imagePullSecrets", json_deep_copy(v->pull_secrets));
+    if (volumes) json_object_set_new(spec, "volumes", volumes);
+
+    char *text = json_dumps(spec, JSON_SORT_KEYS | JSON_COMPACT);
+    if (!text) {
+        json_decref(pod);
+        json_decref(spec);
+        cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
+        return NULL;
+    }
+    char hash[17];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)fnv1a64(text));
+    free(text);
+    json_object_set_new(json_object_get(pod, "metadata"), "annotations",
+                        json_pack("{s:s}", CIRRUS_ANNOT_SPEC_HASH, hash));
+    json_object_set_new(pod, "spec", spec);
+    return pod;
+}
+
+static int add_pod(desired_job *d, const char *name, json_t *pod)
+{
+    if (!pod) return CIRRUS_ENOMEM; /* pod_new filled err */
+    return json_object_set_new(d->pods, name, pod) ? CIRRUS_ENOMEM : 0;
+}
+
+static int build_gateway(const job_view *v, const region_view *r, const char *gw,
+                         const char *secret, desired_job *d, cirrus_error *err)
+{
+    json_t *args = json_array();
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    argf(args, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_COORDINATOR);
+    argf(args, ROLE_ARG(ROLE_FLAG_HTTP_PORT), "%d", ROLE_PORT_HTTP);
+    argf(args, ROLE_ARG(ROLE_FLAG_STAGES), "%d", v->stages);
+    argf(args, ROLE_ARG(ROLE_FLAG_LAYERS), "%d", v->n_layer);
+    json_t *c = container_new(v, ROLE_GATEWAY, args, r->res_gateway);
+    if (c) {
+        json_object_set_new(c, "ports", json_pack("[o, o]", port_new("coord",
+                                                                     ROLE_PORT_COORDINATOR),
+                                                  port_new("http", ROLE_PORT_HTTP)));
+        json_object_set_new(c, "volumeMounts",
+                            json_pack("[{s:s, s:s, s:b}]", "name", "tls", "mountPath",
+                                      CIRRUS_TLS_DIR, "readOnly", 1));
+        json_object_set_new(c, "readinessProbe",
+                            json_pack("{s:{s:s, s:i}, s:i, s:i}", "httpGet", "path", "/status",
+                                      "port", ROLE_PORT_HTTP, "periodSeconds", 5,
+                                      "failureThreshold", 3));
+    }
+    char crt[96], key[96];
+    snprintf(crt, sizeof crt, "%s.crt", r->name);
+    snprintf(key, sizeof key, "%s.key", r->name);
+    json_t *vols = json_pack("[{s:s, s:{s:s, s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]}}]", "name",
+                             "tls", "secret", "secretName", secret, "items", "key", "ca.crt",
+                             "path", "ca.crt", "key", crt, "path", "tls.crt", "key", key,
+                             "path", "tls.key");
+    if (!c || !vols) {
+        json_decref(c);
+        json_decref(vols);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", gw);
+    }
+    return add_pod(d, gw, pod_new(v, r, gw, labels_new(v, r->name, CIRRUS_ROLE_GATEWAY, -1, -1),
+                                  c, vols, err));
+}
+
+static int build_peer(const job_view *v, const region_view *r, const char *coord, int s, int i,
+                      desired_job *d, cirrus_error *err)
+{
+    char name[CIRRUS_NAME_MAX + 1];
+    int l0, l1, rc = desired_name_peer(name, sizeof name, v->name, r->name, s, i, err);
+    if (rc) return rc;
+    if (role_stage_layers(v->n_layer, v->stages, s, &l0, &l1))
+        return cirrus_fail(err, CIRRUS_EINVAL, "cannot cut %d layers into %d stages",
+                           v->n_layer, v->stages);
+    json_t *args = json_array();
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    argf(args, ROLE_ARG(ROLE_FLAG_SERVE), "%d:%d", l0, l1);
+    argf(args, ROLE_ARG(ROLE_FLAG_STAGE_INDEX), "%d", s);
+    argf(args, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_STAGE);
+    arg(args, ROLE_ARG(ROLE_FLAG_ADVERTISE), "$(POD_IP)");
+    argf(args, ROLE_ARG(ROLE_FLAG_RING_ADDR), "$(POD_IP):%d", ROLE_PORT_RING);
+    arg(args, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
+    model_args(args, v);
+    json_t *c = container_new(v, ROLE_STAGE, args, r->res_peer);
+    if (!c) return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
+    json_object_set_new(c, "ports", json_pack("[o, o]", port_new("stage", ROLE_PORT_STAGE),
+                                              port_new("ring", ROLE_PORT_RING)));
+    return add_pod(d, name,
+                   pod_new(v, r, name, labels_new(v, r->name, CIRRUS_ROLE_PEER, s, i), c, NULL,
+                           err));
+}
+
+static int build_client(const job_view *v, const region_view *r, const char *coord, int i,
+                        desired_job *d, cirrus_error *err)
+{
+    char name[CIRRUS_NAME_MAX + 1];
+    int rc = desired_name_client(name, sizeof name, v->name, r->name, i, err);
+    if (rc) return rc;
+    json_t *args = json_array();
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    arg(args, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
+    argf(args, ROLE_ARG(ROLE_FLAG_STEPS), "%lld", v->steps);
+    model_args(args, v);
+    if (v->data_path && v->data_claim) {
+        const char *rel = v->data_path;
+        while (*rel == '/') rel++;
+        argf(args, ROLE_ARG(ROLE_FLAG_DATA), "%s/%s", CIRRUS_DATA_DIR, rel);
+    } else if (v->data_path) {
+        arg(args, ROLE_ARG(ROLE_FLAG_DATA), v->data_path);
+    }
+    json_t *c = container_new(v, ROLE_CLIENT, args, r->res_client);
+    json_t *vols = json_array(), *mounts = json_array();
+    if (!c || !vols || !mounts) {
+        json_decref(c);
+        json_decref(vols);
+        json_decref(mounts);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
+    }
+    if (v->data_claim) {
+        json_array_append_new(vols, json_pack("{s:s, s:{s:s, s:b}}", "name", "data",
+                                              "persistentVolumeClaim", "claimName",
+                                              v->data_claim, "readOnly", 1));
+        json_array_append_new(mounts, json_pack("{s:s, s:s, s:b}", "name", "data", "mountPath",
+                                                CIRRUS_DATA_DIR, "readOnly", 1));
+    }
+    if (v->ckpt_claim)
+        json_array_append_new(vols, json_pack("{s:s, s:{s:s}}", "name", "checkpoints",
+                                              "persistentVolumeClaim", "claimName",
+                                              v->ckpt_claim));
+    else
+        json_array_append_new(vols, json_pack("{s:s, s:{}}", "name", "checkpoints", "emptyDir"));
+    json_t *m = json_pack("{s:s, s:s}", "name", "checkpoints", "mountPath", CIRRUS_CKPT_DIR);
+    if (m && v->ckpt_subpath) json_object_set_new(m, "subPath", json_string(v->ckpt_subpath));
+    json_array_append_new(mounts, m);
+    json_object_set_new(c, "volumeMounts", mounts);
+    return add_pod(d, name,
+                   pod_new(v, r, name, labels_new(v, r->name, CIRRUS_ROLE_CLIENT, -1, i), c,
+                           vols, err));
+}
+
+static int build_service(const job_view *v, const region_view *r, const char *gw,
+                         desired_job *d, cirrus_error *err)
+{
+    json_t *svc = object_new(v, "v1", "Service", gw,
+                             labels_new(v, r->name, CIRRUS_ROLE_GATEWAY, -1, -1));
+    json_t *spec = json_pack(
+        "{s:s, s:{s:s, s:s, s:s}, s:[{s:s, s:s, s:i, s:s}, {s:s, s:s, s:i, s:s}]}", "type",
+        v->service_type, "selector", CIRRUS_LABEL_JOB, v->name, CIRRUS_LABEL_REGION, r->name,
+        CIRRUS_LABEL_ROLE, CIRRUS_ROLE_GATEWAY, "ports", "name", "coord", "protocol", "TCP",
+        "port", (int)v->gw_port, "targetPort", "coord", "name", "http", "protocol", "TCP",
+        "port", ROLE_PORT_HTTP, "targetPort", "http");
+    if (!svc || !spec) {
+        json_decref(svc);
+        json_decref(spec);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "building service %s: out of memory", gw);
+    }
+    if (v->svc_annotations)
+        json_object_set_new(json_object_get(svc, "metadata"), "annotations",
+                            json_deep_copy(v->svc_annotations));
+    json_object_set_new(svc, "spec", spec);
+    return json_object_set_new(d->services, gw, svc) ? CIRRUS_ENOMEM : 0;
+}
+
+static int build_region(const job_view *v, const region_view *r, const char *secret,
+                        desired_job *d, cirrus_error *err)
+{
+    char gw[CIRRUS_NAME_MAX + 1], coord[CIRRUS_NAME_MAX + 300];
+    int rc = desired_name_gateway(gw, sizeof gw, v->name, r->name, err);
+    if (rc) return rc;
+    /* Check every name, suspended or not: a name that cannot exist is an error either way. */
+    char name[CIRRUS_NAME_MAX + 1];
+    if ((r->clients > 0 &&
+         (rc = desired_name_client(name, sizeof name, v->name, r->name, r->clients - 1, err))) ||
+        (rc = desired_name_peer(name, sizeof name, v->name, r->name, v->stages - 1,
+                                r->replicas - 1, err)))
+        return rc;
+    if ((rc = build_service(v, r, gw, d, err))) return rc;
+    if (v->suspend) return 0;
+    snprintf(coord, sizeof coord, "%s.%s.svc:%lld", gw, v->ns, v->gw_port);
+    if ((rc = build_gateway(v, r, gw, secret, d, err))) return rc;
+    for (int s = 0; s < v->stages; s++)
+        for (int i = 0; i < r->replicas; i++)
+            if ((rc = build_peer(v, r, coord, s, i, d, err))) return rc;
+    for (int i = 0; i < r->clients; i++)
+        if ((rc = build_client(v, r, coord, i, d, err))) return rc;
+    return 0;
+}
+
+int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
+{
+    memset(out, 0, sizeof *out);
+    job_view v;
+    const json_t *regions = NULL;
+    int rc = read_job(job, &v, &regions, err);
+    if (rc) return rc;
+    char secret[CIRRUS_NAME_MAX + 1];
+    if ((rc = desired_name_secret(secret, sizeof secret, v.name, err))) return rc;
+    desired_job d = {json_object(), json_object(),
+                     object_new(&v, "v1", "Secret", secret, labels_new(&v, NULL, NULL, -1, -1))};
+    if (!d.pods || !d.services || !d.secret) {
+        desired_job_free(&d);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    }
+    json_object_set_new(d.secret, "type", json_string("Opaque"));
+    for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
+        region_view r;
+        rc = read_region(regions, k, &r, err);
+        if (!rc) rc = build_region(&v, &r, secret, &d, err);
+    }
+    if (rc) {
+        if (rc == CIRRUS_ENOMEM && (!err || err->code != CIRRUS_ENOMEM))
+            cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        desired_job_free(&d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void desired_job_free(desired_job *d)
+{
+    if (!d) return;
+    json_decref(d->pods);
+    json_decref(d->services);
+    json_decref(d->secret);
+    d->pods = d->services = d->secret = NULL;
+}
+
+json_t *desired_gateway_dns_names(const json_t *job, const char *region)
+{
+    const json_t *meta = json_object_get(job, "metadata");
+    const char *name = json_string_value(json_object_get(meta, "name"));
+    const char *ns = json_string_value(json_object_get(meta, "namespace"));
+    char gw[CIRRUS_NAME_MAX + 1];
+    if (!name || !ns || !region || !is_dns1035(name) || !is_dns1123(ns) || !is_dns1123(region) ||
+        desired_name_gateway(gw, sizeof gw, name, region, NULL))
+        return NULL;
+    char buf[CIRRUS_NAME_MAX * 2 + 32];
+    json_t *names = json_array();
+    if (!names) return NULL;
+    int bad = json_array_append_new(names, json_string(gw));
+    snprintf(buf, sizeof buf, "%s.%s", gw, ns);
+    bad |= json_array_append_new(names, json_string(buf));
+    snprintf(buf, sizeof buf, "%s.%s.svc", gw, ns);
+    bad |= json_array_append_new(names, json_string(buf));
+    snprintf(buf, sizeof buf, "%s.%s.svc.cluster.local", gw, ns);
+    bad |= json_array_append_new(names, json_string(buf));
+    if (bad) {
+        json_decref(names);
+        return NULL;
+    }
+    return names;
+}

@@ -1,0 +1,85 @@
+/* desired: the desired state of a SwarmJob, the pure half of the operator's reconcile.
+ *
+ * From a SwarmJob object (JSON as the API server returns it, CRD defaults applied; missing
+ * defaults are applied here too) desired_build() makes the manifests of every child object:
+ * per region a gateway Pod and its Service, peers.replicas stage-peer Pods per pipeline
+ * stage and `clients` client Pods; one Secret skeleton for the job's PKI. No network: the
+ * controller diffs these against the cluster and creates, replaces or deletes.
+ *
+ * Every object carries apiVersion, kind, metadata.name/namespace, the labels below and an
+ * ownerReference to the SwarmJob (controller, blockOwnerDeletion). Pods are restartPolicy
+ * Never: the controller replaces a Pod itself (same name) when it ended, or when its
+ * CIRRUS_ANNOT_SPEC_HASH differs from the desired one (Pod specs are immutable).
+ *
+ * Suspended jobs (spec.suspend) have no desired Pods: `pods` is empty, Services and the
+ * Secret stay.
+ */
+#ifndef CIRRUS_OPERATOR_DESIRED_H
+#define CIRRUS_OPERATOR_DESIRED_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "../common/cerr.h"
+
+#define CIRRUS_API_VERSION "cirrus.dev/v1alpha1"
+#define CIRRUS_KIND "SwarmJob"
+
+#define CIRRUS_LABEL_JOB "cirrus.dev/job"       /* metadata.name of the SwarmJob */
+#define CIRRUS_LABEL_REGION "cirrus.dev/region" /* regions[].name (not on the Secret) */
+#define CIRRUS_LABEL_ROLE "cirrus.dev/role"     /* gateway | peer | client (Pods, Service) */
+#define CIRRUS_LABEL_STAGE "cirrus.dev/stage"   /* peers: their stage, "0".. */
+#define CIRRUS_LABEL_INDEX "cirrus.dev/index"   /* peers: i within the stage; clients: i */
+#define CIRRUS_LABEL_APP_NAME "app.kubernetes.io/name"             /* "cirrus" */
+#define CIRRUS_LABEL_MANAGED_BY "app.kubernetes.io/managed-by"     /* "cirrus-operator" */
+/* Hash of the Pod's spec as built (16 hex digits, FNV-1a 64 of the spec's JSON with sorted
+ * keys): the controller replaces a Pod whose hash differs from the desired Pod's. */
+#define CIRRUS_ANNOT_SPEC_HASH "cirrus.dev/spec-hash"
+
+#define CIRRUS_ROLE_GATEWAY "gateway"
+#define CIRRUS_ROLE_PEER "peer"
+#define CIRRUS_ROLE_CLIENT "client"
+
+/* Where the Pods see their volumes. */
+#define CIRRUS_TLS_DIR "/etc/cirrus/tls"   /* gateway: ca.crt, tls.crt, tls.key */
+#define CIRRUS_DATA_DIR "/data"            /* clients: data.claimName, read-only */
+#define CIRRUS_CKPT_DIR "/checkpoints"     /* clients: checkpoint.volume (else an emptyDir) */
+
+/* Longest object name built here (a DNS label). */
+#define CIRRUS_NAME_MAX 63
+
+typedef struct desired_job {
+    json_t *pods;     /* object: pod name -> Pod manifest */
+    json_t *services; /* object: service name -> Service manifest */
+    json_t *secret;   /* the job Secret's manifest WITHOUT data (name, labels, owner, type
+                       * Opaque); the controller fills data: "ca.crt" and, per region R,
+                       * "R.crt" and "R.key" (the gateway Pods mount these: a gateway Pod
+                       * does not start until its keys exist) */
+} desired_job;
+
+/* Build the desired children of job. 0, or CIRRUS_EINVAL with a message naming the field
+ * for anything malformed or missing (metadata.uid/name/namespace, spec.image,
+ * spec.regions...) or a child name that is not a DNS label of at most 63 characters;
+ * CIRRUS_ENOMEM. On failure *out is left empty (all NULL). */
+int desired_build(const json_t *job, desired_job *out, cirrus_error *err);
+void desired_job_free(desired_job *d);
+
+/* The DNS names the region's gateway certificate must carry: NAME, NAME.NS, NAME.NS.svc,
+ * NAME.NS.svc.cluster.local for its Service NAME. A new array of strings; NULL when the
+ * job's metadata.name/namespace or the region name are missing or make an invalid name. */
+json_t *desired_gateway_dns_names(const json_t *job, const char *region);
+
+/* Child names into buf (at least CIRRUS_NAME_MAX + 1 bytes): "<job>-<region>-gw" (the
+ * gateway Pod and its Service), "<job>-<region>-s<stage>-<i>" (stage peers),
+ * "<job>-<region>-c<i>" (clients), "<job>-pki" (the Secret). 0, or CIRRUS_EINVAL (with a
+ * message) when the result is not a DNS-1035 label of at most 63 characters. */
+int desired_name_gateway(char *buf, size_t size, const char *job, const char *region,
+                         cirrus_error *err);
+int desired_name_peer(char *buf, size_t size, const char *job, const char *region, int stage,
+                      int index, cirrus_error *err);
+int desired_name_client(char *buf, size_t size, const char *job, const char *region, int index,
+                        cirrus_error *err);
+int desired_name_secret(char *buf, size_t size, const char *job, cirrus_error *err);
+
+#endif
