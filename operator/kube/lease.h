@@ -1,0 +1,78 @@
+/* kube_lease: leader election with a coordination.k8s.io/v1 Lease, as client-go's
+ * leaderelection package does it.
+ *
+ * Candidates GET the Lease every retry_period (jittered: period + up to 1.2 x period, client-go
+ * JitterFactor 1.2). A missing Lease is created (leaseTransitions 0). A Lease held by another
+ * identity is taken over, with a PUT carrying its resourceVersion and leaseTransitions + 1,
+ * once its record (holderIdentity, renewTime, ..., resourceVersion) has not changed for the
+ * lease duration measured on the LOCAL clock from when this process first saw that record:
+ * clocks of different machines are never compared. The lease duration is the longer of ours
+ * and the record's leaseDurationSeconds, so a holder configured with a longer lease is never
+ * cut short. A Lease with no holder (released) is taken at once; 409 means someone else won.
+ *
+ * The leader renews every retry_period (PUT renewTime, with the resourceVersion it last wrote;
+ * on 409 it re-reads the Lease). If the Lease now names someone else it has lost at once; if
+ * no renewal succeeded for renew_deadline it gives up too (renew_deadline < lease_duration:
+ * it stops before anyone else may take over). Either way on_stopped_leading runs and the
+ * elector becomes a candidate again (on_started_leading may run again later); client-go
+ * exits the process at that point, and callers may too.
+ *
+ * Everything runs from a ticker inside kube_client_poll (single-threaded). Requests are
+ * synchronous: one that hangs holds the loop for up to the client's request timeout, after
+ * which the deadline is checked at once. Callbacks may issue requests on the client but must
+ * not free the elector that called them. One line is logged on acquiring and on losing.
+ */
+#ifndef CIRRUS_KUBE_LEASE_H
+#define CIRRUS_KUBE_LEASE_H
+
+#include <stdint.h>
+
+#include "../../common/cerr.h"
+#include "client.h"
+
+typedef struct kube_lease kube_lease;
+
+#define KUBE_LEASE_DURATION_MS 15000
+#define KUBE_LEASE_RENEW_DEADLINE_MS 10000
+#define KUBE_LEASE_RETRY_PERIOD_MS 2000
+#define KUBE_LEASE_JITTER 1.2
+
+typedef struct kube_lease_config {
+    const char *ns, *name; /* the Lease object */
+    const char *identity;  /* holderIdentity, e.g. the pod name */
+    /* 0: 15000, 10000, 2000. Need lease_duration > renew_deadline > 1.2 x retry_period. */
+    int lease_duration_ms, renew_deadline_ms, retry_period_ms;
+    void (*on_started_leading)(void *ctx);
+    /* Lost the lease or could not renew within renew_deadline: the caller must stop
+     * reconciling (client-go exits the process). Not called by kube_lease_release. */
+    void (*on_stopped_leading)(void *ctx);
+    void *ctx;
+} kube_lease_config;
+
+typedef struct kube_lease_stats {
+    uint64_t attempts;    /* GETs / creates / PUTs sent */
+    uint64_t acquired;    /* times this elector became leader */
+    uint64_t renewals;    /* successful renewals */
+    uint64_t lost;        /* times on_stopped_leading ran */
+} kube_lease_stats;
+
+/* Copies cfg (strings included); c is borrowed and must outlive the elector. The first
+ * attempt runs from the next kube_client_poll, via a ticker. CIRRUS_EINVAL for a bad name
+ * or durations that do not fit. */
+int kube_lease_new(kube_client *c, const kube_lease_config *cfg, kube_lease **out,
+                   cirrus_error *err);
+/* True while leader: false also once renew_deadline has passed since the last successful
+ * renewal, even before the ticker has run to notice it. */
+int kube_lease_is_leader(const kube_lease *l);
+/* The holderIdentity last seen on the Lease ("" if none or not seen yet), borrowed. */
+const char *kube_lease_holder(const kube_lease *l);
+void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st);
+/* Give the lease up now (on SIGTERM): if leader, update the Lease with holderIdentity
+ * cleared and leaseDurationSeconds 1 so a successor takes over at once (client-go
+ * ReleaseOnCancel). The elector then stays idle (it never tries again); free it after.
+ * 0 also when not leader; a failed update returns its error (the lease then expires). */
+int kube_lease_release(kube_lease *l, cirrus_error *err);
+/* Frees without releasing (the Lease then expires after lease_duration). */
+void kube_lease_free(kube_lease *l);
+
+#endif
