@@ -164,5 +164,36 @@ kill "${pids[0]}" 2>/dev/null
 if wait "${pids[0]}"; then ok stage_peer_exits_cleanly_on_sigterm; else bad stage_peer_exits_cleanly_on_sigterm; fi
 pids=()
 
+# 6. A region started by hand, as Kubernetes starts it: a gateway (the coordinator), stage
+#    peers that only know the gateway, and a client given nothing but the gateway's address.
+#    The client starts first and waits until every stage has a peer; then it trains exactly
+#    as `local` does (one peer per stage: bit-identical losses). A client that waits longer
+#    than --wait-peers-s gives up with a message naming the stage it waited for.
+gport=$(python3 "$(dirname "$0")/free_port.py")
+"$bin" gateway --job jobR --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 2>"$tmp/gateway.err" &
+pids+=($!)
+expect_fail client_gives_up_waiting_for_peers 'still waiting for a peer in each of stages \[0, 1\]' -- \
+    "$bin" client --job jobR --coordinator "127.0.0.1:$gport" "${model[@]}" --steps 1 --wait-peers-s 1
+"$bin" client --job jobR --coordinator "127.0.0.1:$gport" "${model[@]}" "${run[@]}" \
+    >"$tmp/found.json" 2>"$tmp/found.err" &
+found_client=$!
+for _ in $(seq 50); do grep -q 'waiting for a peer' "$tmp/found.err" && break; sleep 0.1; done
+for spec in "0 0:1" "1 1:3"; do
+    read -r index layers <<<"$spec"
+    OMP_NUM_THREADS=1 "$bin" stage --serve "$layers" "${model[@]}" --job jobR --listen 127.0.0.1:0 \
+        --coordinator "127.0.0.1:$gport" --stage-index "$index" 2>>"$tmp/found-peers.err" &
+    pids+=($!)
+done
+if wait "$found_client" && grep -q 'waiting for a peer in each of stages \[' "$tmp/found.err" &&
+    cmp -s <(losses "$tmp/local2.json") <(losses "$tmp/found.json"); then
+    ok client_finds_peers_through_coordinator_bit_identical
+else
+    bad client_finds_peers_through_coordinator_bit_identical; tail -3 "$tmp/found.err"
+    diff <(losses "$tmp/local2.json") <(losses "$tmp/found.json") | head -5
+fi
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+wait 2>/dev/null
+pids=()
+
 echo "swarm: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -265,28 +265,150 @@ static int parse_codec(const char *name, int *codec, cirrus_error *err)
     return 0;
 }
 
-/* Register a pipeline client with the coordinator at addr (NULL: none). */
-static coord_client *client_register(const char *addr, const char *job)
+/* A client of the coordinator at addr (NULL: none). It connects lazily, so a coordinator
+ * that is not up yet is not an error here. */
+static coord_client *coord_open(const char *addr, const char *job, cirrus_error *err)
 {
-    if (!addr) return NULL;
     char host[256];
     int port;
     coord_client *cc = NULL;
+    if (addr && (net_split_hostport(addr, host, sizeof host, &port, 0, err) ||
+                 coord_client_open(host, port, job, &cc, err)))
+        return NULL;
+    return cc;
+}
+
+/* Register as a pipeline client (for /status); never fatal. */
+static void client_register(coord_client *cc)
+{
+    if (!cc) return;
     cirrus_error err = {0};
     coord_registration reg = {.role = COORD_ROLE_CLIENT, .stage = COORD_NO_STAGE};
     coord_registered ack;
     snprintf(reg.name, sizeof reg.name, "client-%d", (int)getpid());
-    if (net_split_hostport(addr, host, sizeof host, &port, 0, &err) ||
-        coord_client_open(host, port, job, &cc, &err) ||
-        coord_client_register(cc, &reg, 2000, &ack, &err))
+    if (coord_client_register(cc, &reg, 2000, &ack, &err))
         log_warn("coordinator: %s (training continues without it)", err.msg);
-    return cc;
 }
 
-/* Train through n stages of peers[s] peers each, at addrs (stage-major). */
-static int run_client(const char *cmd, train_options *o, const char *job, int n,
-                      const int *peers, const char *const *addrs, int codec, int micro,
-                      const char *coordinator)
+/* ---- discovery: the stage peers of a region, from its coordinator ---- */
+
+/* Peers found through the coordinator, in its order (registration order, stage-major). */
+typedef struct discovered {
+    int n;                                              /* stages */
+    int peers[PIPE_MAX_STAGES];                         /* per stage */
+    char addr[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX];
+    const char *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS]; /* stage-major, into addr */
+} discovered;
+
+/* Sort the coordinator's list into d; 1 if every stage has a peer. `missing` names the
+ * stages without one (for the log line and the error). */
+static int group_by_stage(const coord_peer_info *list, size_t count, uint32_t n_stages,
+                          discovered *d, char *missing, size_t missing_len)
+{
+    d->n = (int)n_stages;
+    int a = 0, complete = 1;
+    size_t used = 0;
+    missing[0] = '\0';
+    for (int s = 0; s < d->n; s++) {
+        d->peers[s] = 0;
+        for (size_t i = 0; i < count && d->peers[s] < PIPE_MAX_PEERS; i++) {
+            if ((int)list[i].stage != s) continue;
+            snprintf(d->addr[a], sizeof d->addr[a], "%s:%u", list[i].host,
+                     (unsigned)list[i].port);
+            d->addrs[a] = d->addr[a];
+            a++;
+            d->peers[s]++;
+        }
+        if (d->peers[s] == 0) {
+            complete = 0;
+            if (used < missing_len)
+                used += (size_t)snprintf(missing + used, missing_len - used, "%s%d",
+                                         used ? ", " : "", s);
+        }
+    }
+    return complete;
+}
+
+/* Ask the coordinator for the live peers of every stage until each stage has at least one
+ * (pods come up in any order and their addresses are known only once they register), for
+ * at most wait_s seconds. What is waited for is logged when it changes, not every poll. */
+static int discover_stages(coord_client *cc, const char *coordinator, int wait_s,
+                           discovered *d, cirrus_error *err)
+{
+    const double deadline = now_s() + wait_s;
+    char waiting[512] = "", last[512] = "";
+    for (;;) {
+        coord_peer_info *list = NULL;
+        size_t count = 0;
+        uint32_t n_stages = 0;
+        cirrus_error cerr = {0};
+        if (coord_client_peers(cc, COORD_ALL_STAGES, 2000, &list, &count, &n_stages, &cerr)) {
+            snprintf(waiting, sizeof waiting, "the coordinator at %s (%s)", coordinator,
+                     cerr.msg);
+        } else if (n_stages < 1 || n_stages > PIPE_MAX_STAGES) {
+            free(list);
+            return cirrus_fail(err, CIRRUS_EINVAL, "coordinator %s serves %u stages; a client "
+                               "drives 1 to %d", coordinator, n_stages, PIPE_MAX_STAGES);
+        } else {
+            char missing[400];
+            int complete = group_by_stage(list, count, n_stages, d, missing, sizeof missing);
+            free(list);
+            if (complete) return 0;
+            snprintf(waiting, sizeof waiting, "a peer in each of stages [%s] (of %u) at %s",
+                     missing, n_stages, coordinator);
+        }
+        if (now_s() >= deadline)
+            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "still waiting for %s after %d s "
+                               "(--wait-peers-s)", waiting, wait_s);
+        if (strcmp(waiting, last) != 0) {
+            log_info("waiting for %s", waiting);
+            snprintf(last, sizeof last, "%s", waiting);
+        }
+        usleep(250000);
+    }
+}
+
+/* Where the client finds its stage peers: listed on the command line, or discovered. */
+typedef struct peer_source {
+    int n;                    /* stages; 0: ask the coordinator */
+    const int *peers;         /* per stage */
+    const char *const *addrs; /* stage-major */
+    int wait_s;               /* how long discovery may wait for every stage to have a peer */
+} peer_source;
+
+/* Connect to the listed peers, or to those the coordinator lists. A discovered peer may be
+ * gone while still listed (until its registration expires): a connection that fails at the
+ * transport is retried with a fresh list until the wait is over. */
+static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *cc,
+                            const char *coordinator, const char *job, const gpt_config *cfg,
+                            int micro, int T, int codec, cirrus_error *err)
+{
+    if (src->n)
+        return pipeline_connect(p, job, src->n, src->peers, src->addrs, cfg, micro, T, codec,
+                                PIPE_TIMEOUT_MS, err);
+    static discovered d; /* large; one client per process */
+    const double deadline = now_s() + src->wait_s;
+    for (;;) {
+        int left = (int)ceil(deadline - now_s());
+        int rc = discover_stages(cc, coordinator, left > 0 ? left : 0, &d, err);
+        if (rc) return rc;
+        rc = pipeline_connect(p, job, d.n, d.peers, d.addrs, cfg, micro, T, codec,
+                              PIPE_TIMEOUT_MS, err);
+        if (!rc) {
+            log_info("connected to %d stages found through %s", d.n, coordinator);
+            return 0;
+        }
+        if (rc == CIRRUS_EMISMATCH || rc == CIRRUS_EINVAL || rc == CIRRUS_ENOMEM ||
+            now_s() >= deadline)
+            return rc;
+        log_warn("%s; asking %s again", err->msg, coordinator);
+        sleep(1);
+    }
+}
+
+/* Train through the stage peers of src. */
+static int run_client(const char *cmd, train_options *o, const char *job,
+                      const peer_source *src, int codec, int micro, const char *coordinator)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
@@ -296,12 +418,15 @@ static int run_client(const char *cmd, train_options *o, const char *job, int n,
                     o->batch);
         return cli_fail_input(cmd, &err);
     }
-    if (pipeline_connect(&p, job, n, peers, addrs, &o->model, micro, T, codec,
-                         PIPE_TIMEOUT_MS, &err)) {
+    coord_client *cc = coord_open(coordinator, job, &err);
+    if (coordinator && !cc) return cli_fail_input(cmd, &err);
+    if (connect_pipeline(&p, src, cc, coordinator, job, &o->model, micro, T, codec, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        coord_client_close(cc);
         return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
     }
-    pipe_exec pe = {p, micro, client_register(coordinator, job), 0.0};
+    client_register(cc);
+    pipe_exec pe = {p, micro, cc, 0.0};
     train_executor ex = {&pe, pipe_step, pipe_eval};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
@@ -326,33 +451,46 @@ int roles_cmd_client(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
-    int help = 0, micro = 0;
+    int help = 0, micro = 0, wait_s = 600;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
         {"job", FLAG_STR, &job, 0, 0, "job id", 0},
         {"stages", FLAG_STR, &stages, 0, 0,
-         "stage peers, stages in order separated by '/', a stage's peers by ',' (required)",
+         "stage peers, stages in order separated by '/', a stage's peers by ',' "
+         "(default: ask --coordinator)",
          0},
         {"microbatch", FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
          0},
-        {"coordinator", FLAG_STR, &coordinator, 0, 0, "report progress to HOST:PORT", 0},
+        {"coordinator", FLAG_STR, &coordinator, 0, 0,
+         "the region's coordinator, HOST:PORT: finds the stage peers when --stages is not "
+         "given, admits new peers between steps, receives progress",
+         0},
+        {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
+         "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
     if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("client", &err);
     if (help) {
-        fprintf(stderr, "usage: cirrus-trainer client --stages HOST:PORT,... [flags]\n");
+        fprintf(stderr, "usage: cirrus-trainer client --stages HOST:PORT,... [flags]\n"
+                        "       cirrus-trainer client --coordinator HOST:PORT [flags]\n");
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
     int codec = STAGE_CODEC_NONE;
     if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err))
         return cli_fail_input("client", &err);
-    if (!stages) {
-        cirrus_fail(&err, CIRRUS_EINVAL, "--stages HOST:PORT,... is required");
+    if (!stages && !coordinator) {
+        cirrus_fail(&err, CIRRUS_EINVAL,
+                    "--stages HOST:PORT,... or --coordinator HOST:PORT is required");
         return cli_fail_input("client", &err);
+    }
+    micro = micro ? micro : o.batch;
+    if (!stages) {
+        peer_source src = {.n = 0, .wait_s = wait_s};
+        return run_client("client", &o, job, &src, codec, micro, coordinator);
     }
     char *list = strdup(stages);
     const char *stage_lists[PIPE_MAX_STAGES], *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
@@ -371,8 +509,8 @@ int roles_cmd_client(int argc, char **argv)
                     PIPE_MAX_STAGES, PIPE_MAX_PEERS);
         rc = cli_fail_input("client", &err);
     } else {
-        rc = run_client("client", &o, job, n, peers, addrs, codec, micro ? micro : o.batch,
-                        coordinator);
+        peer_source src = {.n = n, .peers = peers, .addrs = addrs};
+        rc = run_client("client", &o, job, &src, codec, micro, coordinator);
     }
     free(list);
     return rc;
@@ -519,7 +657,8 @@ int roles_cmd_local(int argc, char **argv)
             if (rfds[k] >= 0) close(rfds[k]);
         }
     }
-    if (!rc) rc = run_client("local", &o, job, n_stages, peers, addrs, codec, micro, coord_addr);
+    peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs};
+    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr);
     for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
     for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
     coordinator_stop(co);
