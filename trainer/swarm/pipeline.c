@@ -21,6 +21,7 @@
 #include "../net/conn.h"
 #include "deadline.h"
 #include "stage_proto.h"
+#include "wiring.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
 #define PIPE_MAX_MICRO 256 /* microbatches per step */
@@ -30,13 +31,13 @@ typedef struct peer_link {
     char addr[STAGE_ADDR_MAX];
     char ring[STAGE_ADDR_MAX]; /* its gradient-averaging address */
     uint32_t served;   /* forwards and backwards answered */
+    uint32_t wid;      /* its id in the wiring: new for every connection */
 } peer_link;
 
 /* The peers serving one stage; slots of dead peers are reused by joining ones. */
 typedef struct stage_link {
     int n;             /* slots in use */
     peer_link peer[PIPE_MAX_PEERS];
-    int next;          /* round-robin cursor */
     int l0, l1;
 } stage_link;
 
@@ -68,6 +69,11 @@ struct pipeline {
     deadline_estimator *deadline[PIPE_MAX_STAGES][2];
     char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
     int n_dead;
+    /* Which peer of a stage serves the next microbatch (swarm/wiring.c): least loaded by
+     * measured throughput, or round robin. Holds the live peers only. */
+    wiring *wiring;
+    enum wiring_policy policy;
+    uint32_t next_wid;
 };
 
 /* ---- requests ---- */
@@ -149,38 +155,60 @@ static double now_s(void)
  * then they get the caller's full timeout, not the stage's learned deadline. */
 #define PIPE_WARM_REQUESTS 8
 
-/* A forward or backward under its learned deadline; the latency teaches the estimator.
- * The only live peer of a stage, or a peer still warming up, gets the full timeout:
- * there is nothing better to fail over to, or its latency says nothing yet. */
-static int call_timed(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
+/* A forward or backward of B samples under its learned deadline; the latency teaches the
+ * deadline estimator and the wiring. The only live peer of a stage, or a peer still
+ * warming up, gets the full timeout: there is nothing better to fail over to, or its
+ * latency says nothing yet. */
+static int call_timed(pipeline *p, int s, int k, uint16_t type, int B, const wire_writer *w,
                       wire_reader *r, cirrus_error *err)
 {
     deadline_estimator *d = p->deadline[s][type == STAGE_BACKWARD];
     peer_link *pl = &p->link[s].peer[k];
     const int saved = p->timeout_ms;
     const int learned = alive_count(p, s) > 1 && pl->served >= PIPE_WARM_REQUESTS;
+    const enum wiring_kind kind = type == STAGE_BACKWARD ? WIRING_BACKWARD : WIRING_FORWARD;
     double t0 = now_s();
     if (learned) p->timeout_ms = (int)(deadline_get(d) * 1000.0) + 1;
     int rc = call_peer(p, s, k, type, w, r, err);
     p->timeout_ms = saved;
+    const double took = now_s() - t0;
     if (!rc) pl->served++;
     if (!rc && learned)
-        deadline_observe(d, now_s() - t0);
+        deadline_observe(d, took);
     else if (rc == CIRRUS_ETIMEDOUT)
-        deadline_observe_timeout(d, now_s() - t0);
+        deadline_observe_timeout(d, took);
+    /* A refusal is an error answer (the wiring bans until re-added); transport failures
+     * remove the peer from the wiring anyway (peer_failed). */
+    wiring_report(p->wiring, s, pl->wid, kind, B, took,
+                  !rc ? WIRING_OK : rc == CIRRUS_ETIMEDOUT ? WIRING_TIMEOUT : WIRING_ERROR);
     return rc;
 }
 
-/* The next live peer of stage s, round-robin; -1 if none. */
-static int pick_peer(pipeline *p, int s)
+/* The first live peer of stage s (for requests that are not routed work); -1 if none. */
+static int any_live_peer(const pipeline *p, int s)
 {
-    stage_link *L = &p->link[s];
-    for (int tries = 0; tries < L->n; tries++) {
-        int k = L->next;
-        L->next = (L->next + 1) % L->n;
+    for (int k = 0; k < p->link[s].n; k++)
         if (peer_alive(p, s, k)) return k;
-    }
     return -1;
+}
+
+/* The live peer of stage s the wiring picks for work of `charge` samples (in forward
+ * units); -1 if none. */
+static int routed_peer(pipeline *p, int s, double charge)
+{
+    uint32_t wid;
+    if (wiring_choose(p->wiring, s, WIRING_FORWARD, charge, WIRING_NONE, &wid)) return -1;
+    for (int k = 0; k < p->link[s].n; k++)
+        if (peer_alive(p, s, k) && p->link[s].peer[k].wid == wid) return k;
+    return -1; /* not reached: the wiring holds the live peers only */
+}
+
+/* Slot k of stage s now holds a new live connection: the wiring tries it at once. */
+static int track_peer(pipeline *p, int s, int k)
+{
+    peer_link *pl = &p->link[s].peer[k];
+    pl->wid = ++p->next_wid;
+    return wiring_peer_add(p->wiring, s, pl->wid);
 }
 
 static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err);
@@ -196,6 +224,7 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     log_warn("stage %d peer %s lost: %s", s, pl->addr, why->msg);
     net_close(pl->c);
     pl->c = NULL;
+    wiring_peer_remove(p->wiring, s, pl->wid);
     p->counters.peers_lost++;
     if (why->code != CIRRUS_ETIMEDOUT && p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
         memcpy(p->dead[p->n_dead++], pl->addr, STAGE_ADDR_MAX); /* both STAGE_ADDR_MAX */
@@ -232,17 +261,21 @@ static void put_microbatch(pipeline *p, wire_writer *w, int s, uint64_t id, int 
     if (last && y) put_bytes_of(w, p->bytes_y, y, n);
 }
 
-/* Run a request on stage s, on `prefer` if it is alive, else on any live peer, moving on
- * after transport failures. *served receives the peer that answered. */
-static int on_stage(pipeline *p, int s, int prefer, uint16_t type, const wire_writer *w,
-                    wire_reader *r, int *served, cirrus_error *err)
+/* Run a request on stage s, on `prefer` if it is alive, else on the peer the wiring picks
+ * for work of `charge` samples in forward units (0: not routed work, any live peer), moving
+ * on after transport failures. B is the microbatch of a forward or backward (the latency
+ * report). *served receives the peer that answered. */
+static int on_stage(pipeline *p, int s, int prefer, uint16_t type, int B, double charge,
+                    const wire_writer *w, wire_reader *r, int *served, cirrus_error *err)
 {
     for (;;) {
-        int k = prefer >= 0 && peer_alive(p, s, prefer) ? prefer : pick_peer(p, s);
+        int k = prefer >= 0 && peer_alive(p, s, prefer) ? prefer
+                : charge > 0                            ? routed_peer(p, s, charge)
+                                                        : any_live_peer(p, s);
         if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
         prefer = -1;
         int rc = type == STAGE_FORWARD || type == STAGE_BACKWARD
-                     ? call_timed(p, s, k, type, w, r, err)
+                     ? call_timed(p, s, k, type, B, w, r, err)
                      : call_peer(p, s, k, type, w, r, err);
         if (!rc) {
             *served = k;
@@ -264,7 +297,10 @@ static int forward_stage(pipeline *p, int s, uint64_t id, int B, int T, int keep
     wire_reader r;
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
     put_microbatch(p, &w, s, id, B, T, keep, x, y, p->acts[s]);
-    int rc = on_stage(p, s, -1, STAGE_FORWARD, &w, &r, served, err);
+    /* A training forward books its backward on the same peer too (it comes back there, to
+     * the kept activations): the wiring charges both at once. */
+    const double charge = keep ? B * (1.0 + WIRING_BACKWARD_COST) : B;
+    int rc = on_stage(p, s, -1, STAGE_FORWARD, B, charge, &w, &r, served, err);
     wire_writer_free(&w);
     if (rc) return rc;
     if (s == p->n - 1)
@@ -288,7 +324,9 @@ static int backward_stage(pipeline *p, int m, int s, int prefer, float *grad_in,
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
     put_microbatch(p, &w, s, mb->id, mb->B, mb->T, 0, mb->x, mb->y, mb->in[s]);
     if (s != p->n - 1) stage_put_floats(&w, mb->gout[s], n, p->codec);
-    int served, rc = on_stage(p, s, prefer, STAGE_BACKWARD, &w, &r, &served, err);
+    /* Another peer than the forward's (it died) is picked by the wiring, and recomputes. */
+    int served, rc = on_stage(p, s, prefer, STAGE_BACKWARD, mb->B,
+                              WIRING_BACKWARD_COST * mb->B, &w, &r, &served, err);
     wire_writer_free(&w);
     if (rc) return rc;
     mb->bw_peer[s] = served;
@@ -477,7 +515,7 @@ static int exchange_tied(pipeline *p, cirrus_error *err)
     wire_reader r;
     int served, answered;
     wire_writer_init(&w, 0);
-    int rc = on_stage(p, last, -1, STAGE_HEAD_GRAD, &w, &r, &served, err);
+    int rc = on_stage(p, last, -1, STAGE_HEAD_GRAD, 0, 0, &w, &r, &served, err);
     const void *g = rc ? NULL : wire_get_bytes(&r, bytes);
     if (!rc && (!g || wire_reader_done(&r)))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad HEAD_GRAD reply");
@@ -522,7 +560,7 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
         wire_reader r;
         int served;
         wire_writer_init(&w, 0);
-        if ((rc = on_stage(p, s, -1, STAGE_SUMSQ, &w, &r, &served, err))) break;
+        if ((rc = on_stage(p, s, -1, STAGE_SUMSQ, 0, 0, &w, &r, &served, err))) break;
         uint32_t k = wire_get_u32(&r);
         for (uint32_t i = 0; i < k && !r.failed; i++) {
             if (n == cap) {
@@ -655,6 +693,11 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                 pipeline_close(p);
                 return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
             }
+    p->policy = WIRING_LEAST_LOADED;
+    if (!(p->wiring = wiring_create(n, p->policy, 0))) {
+        pipeline_close(p);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    }
     const size_t N = (size_t)max_B * max_T, C = (size_t)cfg->n_embd;
     int rc = 0;
     for (int s = 0; s <= n && !rc; s++)
@@ -673,6 +716,10 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
             uint64_t steps;
             p->link[s].n = k + 1;
             if ((rc = connect_peer(p, s, k, addrs[a++], &l1, &steps, err))) goto fail;
+            if (track_peer(p, s, k)) {
+                rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+                goto fail;
+            }
         }
         p->link[s].l0 = s ? p->link[s - 1].l1 : 0;
         p->link[s].l1 = l1;
@@ -712,7 +759,7 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     while (k < L->n && peer_alive(p, s, k)) k++;
     if (k == PIPE_MAX_PEERS)
         return cirrus_fail(err, CIRRUS_EINVAL, "stage %d already has %d peers", s, k);
-    int donor = pick_peer(p, s);
+    int donor = any_live_peer(p, s);
     if (donor < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer to copy", s);
     if (k == L->n) L->n++;
     int l1 = L->l1;
@@ -735,6 +782,7 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
         rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
         wire_writer_free(&w);
     }
+    if (!rc && track_peer(p, s, k)) rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (rc) {
         net_close(L->peer[k].c);
         L->peer[k].c = NULL;
@@ -755,9 +803,28 @@ int pipeline_stages(const pipeline *p)
     return p->n;
 }
 
+int pipeline_set_routing(pipeline *p, enum wiring_policy policy, uint64_t seed,
+                         cirrus_error *err)
+{
+    if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "routing changes between steps only");
+    wiring *w = wiring_create(p->n, policy, seed);
+    if (!w) return cirrus_fail(err, CIRRUS_EINVAL, "bad routing policy %d", (int)policy);
+    for (int s = 0; s < p->n; s++)
+        for (int k = 0; k < p->link[s].n; k++)
+            if (peer_alive(p, s, k) && wiring_peer_add(w, s, p->link[s].peer[k].wid)) {
+                wiring_destroy(w);
+                return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+            }
+    wiring_destroy(p->wiring);
+    p->wiring = w;
+    p->policy = policy;
+    return 0;
+}
+
 void pipeline_close(pipeline *p)
 {
     if (!p) return;
+    wiring_destroy(p->wiring);
     for (int s = 0; s < p->n; s++)
         for (int kind = 0; kind < 2; kind++) deadline_estimator_destroy(p->deadline[s][kind]);
     for (int s = 0; s < p->n; s++)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "../model/gpt.h"
+#include "wiring.h"
 
 #define PIPE_MAX_STAGES 64
 #define PIPE_MAX_PEERS 16
@@ -27,10 +28,17 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                      int codec, int timeout_ms, cirrus_error *err);
 void pipeline_close(pipeline *p);
 
-/* Forward + backward of one microbatch on the next peer of each stage (round-robin); *loss
- * is its mean loss. Gradients accumulate on the peers until pipeline_step(). */
+/* Forward + backward of one microbatch; *loss is its mean loss. At each stage the wiring
+ * picks the forward's peer (least loaded by measured throughput, or round robin), and the
+ * backward returns to it (it holds the activations) unless it died. Gradients accumulate
+ * on the peers until pipeline_step(). */
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err);
+/* How microbatches are routed: WIRING_LEAST_LOADED (the default) or WIRING_ROUND_ROBIN
+ * (microbatch m on peer m mod P of every stage); seed breaks the wiring's ties. Between
+ * steps only. */
+int pipeline_set_routing(pipeline *p, enum wiring_policy policy, uint64_t seed,
+                         cirrus_error *err);
 /* Optimizer step: the peers of each stage sum their gradients, then every stage steps
  * (grad_scale = 1 / microbatches accumulated since the last step). */
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err);

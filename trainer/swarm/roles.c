@@ -265,6 +265,18 @@ static int parse_codec(const char *name, int *codec, cirrus_error *err)
     return 0;
 }
 
+static int parse_routing(const char *name, enum wiring_policy *policy, cirrus_error *err)
+{
+    if (strcmp(name, "wiring") == 0)
+        *policy = WIRING_LEAST_LOADED;
+    else if (strcmp(name, "rr") == 0)
+        *policy = WIRING_ROUND_ROBIN;
+    else
+        return cirrus_fail(err, CIRRUS_EINVAL, "--routing must be wiring or rr, got '%s'",
+                           name);
+    return 0;
+}
+
 /* A client of the coordinator at addr (NULL: none). It connects lazily, so a coordinator
  * that is not up yet is not an error here. */
 static coord_client *coord_open(const char *addr, const char *job, cirrus_error *err)
@@ -406,9 +418,10 @@ static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *
     }
 }
 
-/* Train through the stage peers of src. */
+/* Train through the stage peers of src, microbatches routed by `routing`. */
 static int run_client(const char *cmd, train_options *o, const char *job,
-                      const peer_source *src, int codec, int micro, const char *coordinator)
+                      const peer_source *src, int codec, int micro, const char *coordinator,
+                      enum wiring_policy routing)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
@@ -424,6 +437,12 @@ static int run_client(const char *cmd, train_options *o, const char *job,
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         coord_client_close(cc);
         return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
+    }
+    if (pipeline_set_routing(p, routing, o->seed, &err)) {
+        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        pipeline_close(p);
+        coord_client_close(cc);
+        return 1;
     }
     client_register(cc);
     pipe_exec pe = {p, micro, cc, 0.0};
@@ -451,6 +470,8 @@ int roles_cmd_client(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
+    const char *routing = "wiring";
+    enum wiring_policy policy = WIRING_LEAST_LOADED;
     int help = 0, micro = 0, wait_s = 600;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -469,6 +490,10 @@ int roles_cmd_client(int argc, char **argv)
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
+        {"routing", FLAG_STR, &routing, 0, 0,
+         "which peer of a stage gets a microbatch: wiring (least loaded by measured "
+         "throughput, default) or rr (round robin, speed ignored)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -480,7 +505,8 @@ int roles_cmd_client(int argc, char **argv)
         return 0;
     }
     int codec = STAGE_CODEC_NONE;
-    if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err))
+    if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err) ||
+        parse_routing(routing, &policy, &err))
         return cli_fail_input("client", &err);
     if (!stages && !coordinator) {
         cirrus_fail(&err, CIRRUS_EINVAL,
@@ -490,7 +516,7 @@ int roles_cmd_client(int argc, char **argv)
     micro = micro ? micro : o.batch;
     if (!stages) {
         peer_source src = {.n = 0, .wait_s = wait_s};
-        return run_client("client", &o, job, &src, codec, micro, coordinator);
+        return run_client("client", &o, job, &src, codec, micro, coordinator, policy);
     }
     char *list = strdup(stages);
     const char *stage_lists[PIPE_MAX_STAGES], *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
@@ -510,7 +536,7 @@ int roles_cmd_client(int argc, char **argv)
         rc = cli_fail_input("client", &err);
     } else {
         peer_source src = {.n = n, .peers = peers, .addrs = addrs};
-        rc = run_client("client", &o, job, &src, codec, micro, coordinator);
+        rc = run_client("client", &o, job, &src, codec, micro, coordinator, policy);
     }
     free(list);
     return rc;
@@ -570,7 +596,8 @@ int roles_cmd_local(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *act = "none";
+    const char *act = "none", *routing = "wiring";
+    enum wiring_policy policy = WIRING_LEAST_LOADED;
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -580,6 +607,10 @@ int roles_cmd_local(int argc, char **argv)
         {"microbatch", FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
+        {"routing", FLAG_STR, &routing, 0, 0,
+         "which peer of a stage gets a microbatch: wiring (least loaded by measured "
+         "throughput, default) or rr (round robin, speed ignored)",
+         0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
@@ -592,7 +623,8 @@ int roles_cmd_local(int argc, char **argv)
         return 0;
     }
     int codec = STAGE_CODEC_NONE;
-    if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err))
+    if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err) ||
+        parse_routing(routing, &policy, &err))
         return cli_fail_input("local", &err);
     if (n_stages > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--stages %d exceeds the model's %d layers", n_stages,
@@ -658,7 +690,7 @@ int roles_cmd_local(int argc, char **argv)
         }
     }
     peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs};
-    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr);
+    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, policy);
     for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
     for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
     coordinator_stop(co);
