@@ -93,6 +93,36 @@ TEST(wiring_new_peer_tried_at_once)
     wiring_destroy(w);
 }
 
+/* Real latencies are milliseconds, far from the 1 s per sample an unmeasured stage is priced
+ * at: the clocks charged before the first measurement must be rescaled, or the peer picked
+ * first is left idle for about a thousand tasks (seen with two equal stage peers: 486
+ * requests against 2). */
+TEST(wiring_first_price_rescaled_to_measurements)
+{
+    wiring *w = make(WIRING_LEAST_LOADED, 2, 9);
+    long count[2] = {0};
+    for (int i = 0; i < 200; i++) {
+        uint32_t id = pick(w, WIRING_FORWARD, WIRING_NONE);
+        count[id]++;
+        ASSERT_OK(wiring_report(w, 0, id, WIRING_FORWARD, 1.0, 0.002, WIRING_OK));
+    }
+    ASSERT(count[0] >= 95 && count[1] >= 95);
+    /* All measured peers gone: a newcomer is priced as they were, so it takes its share at
+     * once instead of being charged 1 s per sample. */
+    ASSERT_OK(wiring_peer_remove(w, 0, 0));
+    ASSERT_OK(wiring_peer_remove(w, 0, 1));
+    ASSERT_OK(wiring_peer_add(w, 0, 2));
+    ASSERT_OK(wiring_peer_add(w, 0, 3));
+    long later[4] = {0};
+    for (int i = 0; i < 100; i++) {
+        uint32_t id = pick(w, WIRING_FORWARD, WIRING_NONE);
+        later[id]++;
+        ASSERT_OK(wiring_report(w, 0, id, WIRING_FORWARD, 1.0, 0.002, WIRING_OK));
+    }
+    ASSERT(later[2] >= 45 && later[3] >= 45);
+    wiring_destroy(w);
+}
+
 TEST(wiring_refresh_keeps_clock)
 {
     wiring *w = make(WIRING_LEAST_LOADED, 2, 5);

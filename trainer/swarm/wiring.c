@@ -15,8 +15,9 @@
 /* A measurement faster than 1 ns per sample is a clock artefact; it would make the peer
  * free forever. */
 #define WIRING_MIN_SPP 1e-9
-/* Cost per sample charged to a stage with no measured peer yet: any positive constant
- * works, all peers are equal until measured. */
+/* Cost per sample charged to a stage with no measured peer yet. All peers are equal until
+ * measured, so any positive constant works, provided the clocks it advanced are converted
+ * to real seconds at the stage's first measurement (stage_first_measure). */
 #define WIRING_DEFAULT_SPP 1.0
 
 typedef struct wiring_peer {
@@ -35,6 +36,7 @@ typedef struct wiring_stage {
     int n, cap;
     int rr_next;       /* round robin: index to try first */
     double vmin;       /* clock of the last chosen peer: where a peer joins an empty stage */
+    double known_spp;  /* mean of the last measured peers; 0 until the first measurement */
     rng_state rng;     /* tie-breaks */
 } wiring_stage;
 
@@ -93,7 +95,10 @@ static double stage_prior_spp(const wiring_stage *st)
         const wiring_peer *p = &st->peers[i];
         if (!p->banned && p->n_measured > 0) sum += p->spp, n++;
     }
-    return n ? sum / n : WIRING_DEFAULT_SPP;
+    if (n) return sum / n;
+    /* Every measured peer left: newcomers are priced as the last ones were, not at the
+     * constant, which would be out of scale with the clocks. */
+    return st->known_spp > 0 ? st->known_spp : WIRING_DEFAULT_SPP;
 }
 
 static double peer_spp(const wiring_stage *st, const wiring_peer *p)
@@ -238,6 +243,17 @@ static void peer_measure(wiring_peer *p, double spp)
     p->n_measured++;
 }
 
+/* The stage's first measurement: until now every charge was priced at WIRING_DEFAULT_SPP
+ * seconds per sample, so every clock is rescaled to the measured price. Without this, the
+ * peer picked first carries a clock of seconds per sample while the others advance by
+ * milliseconds, and it is not picked again for a thousand tasks. */
+static void stage_first_measure(wiring_stage *st, double spp)
+{
+    const double scale = spp / WIRING_DEFAULT_SPP;
+    for (int i = 0; i < st->n; i++) st->peers[i].vclock *= scale;
+    st->vmin *= scale;
+}
+
 int wiring_report(wiring *w, int stage, uint32_t peer_id, enum wiring_kind kind,
                   double task_size, double seconds, enum wiring_outcome outcome)
 {
@@ -251,15 +267,17 @@ int wiring_report(wiring *w, int stage, uint32_t peer_id, enum wiring_kind kind,
     double units = kind == WIRING_BACKWARD ? WIRING_BACKWARD_COST * task_size : task_size;
     switch (outcome) {
     case WIRING_OK:
-        p->completed++;
-        peer_measure(p, seconds / units);
-        return CIRRUS_OK;
     case WIRING_TIMEOUT:
-        /* Not banned (the reference retries elsewhere and keeps the peer), but the time it
-         * took without answering is a lower bound on its cost: folding it in sends a
-         * struggling peer less work instead of all-or-nothing. */
-        p->timeouts++;
+        /* A timeout is not banned (the reference retries elsewhere and keeps the peer), but
+         * the time it took without answering is a lower bound on its cost: folding it in
+         * sends a struggling peer less work instead of all-or-nothing. */
+        if (outcome == WIRING_OK)
+            p->completed++;
+        else
+            p->timeouts++;
         peer_measure(p, seconds / units);
+        if (st->known_spp == 0) stage_first_measure(st, p->spp);
+        st->known_spp = stage_prior_spp(st);
         return CIRRUS_OK;
     case WIRING_ERROR:
         p->errors++;
