@@ -793,6 +793,25 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     return 0;
 }
 
+void pipeline_log_routing(const pipeline *p)
+{
+    for (int s = 0; s < p->n; s++) {
+        char line[1024];
+        size_t used = 0;
+        line[0] = '\0';
+        for (int k = 0; k < p->link[s].n && used < sizeof line; k++) {
+            const peer_link *pl = &p->link[s].peer[k];
+            wiring_peer_stats ps = {0};
+            if (!pl->c || wiring_peer_stats_get(p->wiring, s, pl->wid, &ps)) continue;
+            used += (size_t)snprintf(line + used, sizeof line - used,
+                                     "%s%s %u requests, %.0f samples/s", used ? "; " : "",
+                                     pl->addr, pl->served, ps.throughput);
+        }
+        log_info("stage %d routing (%s): %s", s,
+                 p->policy == WIRING_ROUND_ROBIN ? "round robin" : "wiring", line);
+    }
+}
+
 const pipeline_counters *pipeline_get_counters(const pipeline *p)
 {
     return &p->counters;

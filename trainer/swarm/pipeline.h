@@ -55,6 +55,8 @@ typedef struct pipeline_counters {
 } pipeline_counters;
 
 const pipeline_counters *pipeline_get_counters(const pipeline *p);
+/* One log line per stage: each live peer's requests served and measured throughput. */
+void pipeline_log_routing(const pipeline *p);
 int pipeline_stages(const pipeline *p);
 
 /* Forward only: the mean loss of a batch, nothing kept. */

@@ -69,6 +69,7 @@ int roles_cmd_stage(int argc, char **argv)
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
+    float slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         {"job", FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
@@ -86,6 +87,10 @@ int roles_cmd_stage(int argc, char **argv)
         {"stage-index", FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
          0},
         {"advertise", FLAG_STR, &advertise, 0, 0, "host clients reach this peer at", 0},
+        {"slowdown", FLAG_FLOAT, &slowdown, 1, 1000,
+         "tests and benchmarks only: be F times slower (sleep (F-1) x the compute time "
+         "after each forward and backward; default 1)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -100,7 +105,7 @@ int roles_cmd_stage(int argc, char **argv)
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
-    stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed};
+    stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",
@@ -449,6 +454,7 @@ static int run_client(const char *cmd, train_options *o, const char *job,
     train_executor ex = {&pe, pipe_step, pipe_eval};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
+    pipeline_log_routing(p);
     const pipeline_counters *pc = pipeline_get_counters(p);
     /* One line for people and scripts: every microbatch completed, and what it took. */
     log_info("pipeline counters: {\"microbatches\":%llu,\"retried\":%llu,\"redone\":%llu,"
@@ -549,6 +555,7 @@ typedef struct peer_spec {
     int stage, l0, l1, listen_fd, ring_fd;
     const char *ring_addr;   /* HOST:PORT of ring_fd */
     const char *coordinator; /* HOST:PORT */
+    double slowdown;         /* > 1: --slowdown for this peer (tests, benchmarks) */
 } peer_spec;
 
 /* Start a stage peer process on inherited listening sockets. */
@@ -585,9 +592,35 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     }
     char *ring[] = {"--ring-addr", (char *)ps->ring_addr, "--ring-fd", a_rfd};
     for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) args[n++] = ring[i];
+    char a_slow[32];
+    if (ps->slowdown > 1.0) {
+        snprintf(a_slow, sizeof a_slow, "%g", ps->slowdown);
+        args[n++] = "--slowdown";
+        args[n++] = a_slow;
+    }
     args[n] = NULL;
     execv("/proc/self/exe", args);
     _exit(127);
+}
+
+/* --slow-peer STAGE:PEER:F */
+typedef struct slow_peer {
+    int stage, peer;
+    double factor;
+} slow_peer;
+
+static int parse_slow_peer(const char *text, int n_stages, int n_peers, slow_peer *sp,
+                           cirrus_error *err)
+{
+    char tail;
+    if (sscanf(text, "%d:%d:%lf%c", &sp->stage, &sp->peer, &sp->factor, &tail) != 3 ||
+        sp->stage < 0 || sp->stage >= n_stages || sp->peer < 0 || sp->peer >= n_peers ||
+        !(sp->factor >= 1.0 && sp->factor <= 1000.0))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "--slow-peer must be STAGE:PEER:F with STAGE < %d, PEER < %d and "
+                           "1 <= F <= 1000, got '%s'",
+                           n_stages, n_peers, text);
+    return 0;
 }
 
 int roles_cmd_local(int argc, char **argv)
@@ -596,8 +629,9 @@ int roles_cmd_local(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *act = "none", *routing = "wiring";
+    const char *act = "none", *routing = "wiring", *slow_text = NULL;
     enum wiring_policy policy = WIRING_LEAST_LOADED;
+    slow_peer slow = {-1, -1, 1.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -610,6 +644,10 @@ int roles_cmd_local(int argc, char **argv)
         {"routing", FLAG_STR, &routing, 0, 0,
          "which peer of a stage gets a microbatch: wiring (least loaded by measured "
          "throughput, default) or rr (round robin, speed ignored)",
+         0},
+        {"slow-peer", FLAG_STR, &slow_text, 0, 0,
+         "tests and benchmarks only: STAGE:PEER:F starts that peer with --slowdown F "
+         "(F times slower)",
          0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
@@ -631,6 +669,8 @@ int roles_cmd_local(int argc, char **argv)
                     o.model.n_layer);
         return cli_fail_input("local", &err);
     }
+    if (slow_text && parse_slow_peer(slow_text, n_stages, n_peers, &slow, &err))
+        return cli_fail_input("local", &err);
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
     const char *job = "cirrus-local";
     /* The region's coordinator runs inside this process (as it runs inside the gateway). */
@@ -672,7 +712,8 @@ int roles_cmd_local(int argc, char **argv)
             snprintf(ring_buf[started + k], sizeof ring_buf[0], "127.0.0.1:%d", rport);
         }
         for (int k = 0; k < n_peers && !rc; k++) {
-            peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr};
+            peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr,
+                            s == slow.stage && k == slow.peer ? slow.factor : 1.0};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {

@@ -1,6 +1,7 @@
 /* stage_peer: see stage_peer.h. */
 #include "stage_peer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <poll.h>
 #include <stdio.h>
@@ -281,6 +282,24 @@ out:
     return rc;
 }
 
+static double elapsed_s(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (t1.tv_sec - t0->tv_sec) + (t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* A peer started with --slowdown F stands for slower hardware: having computed for
+ * `seconds`, it stays busy (the lock held, as a busy device) for (F - 1) x as long. */
+static void slow_down(const peer *p, double seconds)
+{
+    const double extra = (p->opt->slowdown - 1.0) * seconds;
+    if (!(extra > 0)) return;
+    struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 /* Serve one request under the lock; fills the reply. Returns 0, or a status code after
  * which the connection is dropped (with *why set). */
 static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_writer *reply,
@@ -300,11 +319,11 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
             return CIRRUS_ECORRUPT;
         float loss = 0.0f;
         *why = "forward failed";
-        struct timespec t0, t1;
+        struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if ((rc = gpt_stage_forward(p->stage, &in, p->out, &loss, keep))) return rc;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        p->busy_s += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        slow_down(p, elapsed_s(&t0));
+        p->busy_s += elapsed_s(&t0);
         p->samples += (uint64_t)in.B;
         if (last && in.targets)
             wire_put_f32(reply, loss);
@@ -320,7 +339,10 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
         *why = "backward failed";
         unsum_gradients(p); /* a backward re-run for a lost peer after a round */
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         if ((rc = gpt_stage_backward(p->stage, &in, p->grad, p->out))) return rc;
+        slow_down(p, elapsed_s(&t0));
         p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);
         return 0;

@@ -37,6 +37,9 @@ typedef struct stage_peer_options {
     int stage_index;
     const char *advertise_host;
     int advertise_port;
+    /* Tests and benchmarks: after each forward and backward the peer sleeps (slowdown - 1)
+     * times its compute time, so it is `slowdown` times slower as a whole (<= 1: none). */
+    double slowdown;
 } stage_peer_options;
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */
