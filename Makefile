@@ -25,7 +25,7 @@ OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
             gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
-            libmicrohttpd-dev
+            libmicrohttpd-dev jq curl valgrind
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))
@@ -154,9 +154,14 @@ bench-collective: deps
 	bash tests/bench/collective.sh $(BIN)/cirrus-trainer $(BUILD)/bench
 
 # Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
+# A second operator build without -march=native (valgrind cannot run AVX-512 code) is run
+# under valgrind through a reconcile test.
+VALGRIND_BUILD := $(BUILD)/valgrind
 test-operator: cluster-deps all $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+	$(MAKE) --no-print-directory BUILD=$(VALGRIND_BUILD) MARCH= OPT='-O1 -g' $(VALGRIND_BUILD)/bin/cirrus-operator
 	@echo "cirrus: operator tests against the real control plane"
-	bash tests/operator/run.sh $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+	CIRRUS_OPERATOR_VALGRIND=$(VALGRIND_BUILD)/bin/cirrus-operator \
+	  bash tests/operator/run.sh $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
 
 clean:
 	rm -rf $(BUILD)

@@ -327,15 +327,20 @@ static int delete_pod(controller *ctl, const json_t *job, const char *name, cirr
     return rc;
 }
 
-static void mark_seen(job_mem *m, const char *name, const char *uid, int counted)
+/* Remember pod `name` as uid. observed: seen in the cache (not only created by us: a pod we
+ * just created may not be in the cache yet, and must not look deleted). counted: its end
+ * was accounted for, or we deleted it ourselves. Flags only ever go from 0 to 1 for a uid. */
+static void mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted)
 {
     json_t *s = json_object_get(m->seen, name);
     const char *old_uid = json_string_value(json_object_get(s, "uid"));
     if (s && old_uid && !strcmp(old_uid, uid)) {
+        if (observed) json_object_set_new(s, "observed", json_true());
         if (counted) json_object_set_new(s, "counted", json_true());
         return;
     }
-    json_object_set_new(m->seen, name, json_pack("{s:s, s:b}", "uid", uid, "counted", counted));
+    json_object_set_new(m->seen, name, json_pack("{s:s, s:b, s:b}", "uid", uid, "observed",
+                                                 observed, "counted", counted));
 }
 
 static region_observed *region_obs(job_observed *obs, const char *name)
@@ -383,7 +388,7 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
     const char *seen_uid = json_string_value(json_object_get(seen, "uid"));
     int counted = seen_uid && !strcmp(seen_uid, uid) &&
                   json_is_true(json_object_get(seen, "counted"));
-    mark_seen(m, name, uid, 0);
+    mark_seen(m, name, uid, 1, 0);
     char why[128];
     enum pod_state st = pod_state_of(pod, why, sizeof why);
     region_observed *ro = region_obs(obs, region);
@@ -400,7 +405,7 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
     }
     if (st == POD_TERMINATING) return 0;
     if (!want) { /* scaled down, or a region/stage no longer in the spec */
-        mark_seen(m, name, uid, 1);
+        mark_seen(m, name, uid, 1, 1);
         return delete_pod(ctl, job, name, err);
     }
     if (st == POD_SUCCEEDED && is_client) return 0; /* kept for its logs */
@@ -412,7 +417,7 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
                   jobstatus_phase_final(phase) || obs->suspended ? "not replaced"
                                                                  : "replacing it in place");
         }
-        mark_seen(m, name, uid, 1);
+        mark_seen(m, name, uid, 1, 1);
     }
     if (pod_state_ended(st)) return delete_pod(ctl, job, name, err);
     int stop = obs->suspended || phase == PHASE_FAILED || (phase == PHASE_SUCCEEDED);
@@ -420,7 +425,7 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
     const char *want_hash = annotation(want, CIRRUS_ANNOT_SPEC_HASH);
     int stale = want_hash && (!have_hash || strcmp(have_hash, want_hash));
     if (stop || stale) {
-        mark_seen(m, name, uid, 1); /* our own deletion: not a preemption */
+        mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
         return delete_pod(ctl, job, name, err);
     }
     return 0;
@@ -432,7 +437,8 @@ static int create_pod(controller *ctl, const json_t *job, job_mem *m, const char
                       const json_t *want, cirrus_error *err)
 {
     const json_t *seen = json_object_get(m->seen, name);
-    if (seen && !json_is_true(json_object_get(seen, "counted"))) {
+    if (seen && json_is_true(json_object_get(seen, "observed")) &&
+        !json_is_true(json_object_get(seen, "counted"))) {
         /* It existed, nobody here deleted it and it did not end by itself: deleted by a
          * person or by the node's loss (pod GC). That is a preemption. */
         const char *region = label(want, CIRRUS_LABEL_REGION);
@@ -447,7 +453,7 @@ static int create_pod(controller *ctl, const json_t *job, job_mem *m, const char
     int rc = kube_apply(ctl->client, path, want, CONTROLLER_FIELD_MANAGER, &out, err);
     if (!rc) {
         ctl->stats.pods_created++;
-        if (meta_str(out, "uid")) mark_seen(m, name, meta_str(out, "uid"), 0);
+        if (meta_str(out, "uid")) mark_seen(m, name, meta_str(out, "uid"), 0, 0);
     }
     json_decref(out);
     return rc;
@@ -599,7 +605,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             enum pod_state st = pod_state_of(pod, NULL, 0);
             if (rc || pod_state_ended(st) || st == POD_TERMINATING) continue;
             if (phase == PHASE_SUCCEEDED && role && !strcmp(role, CIRRUS_ROLE_CLIENT)) continue;
-            mark_seen(m, pname, meta_str(pod, "uid") ? meta_str(pod, "uid") : "", 1);
+            mark_seen(m, pname, meta_str(pod, "uid") ? meta_str(pod, "uid") : "", 1, 1);
             rc = delete_pod(ctl, job, pname, err);
         }
     }
@@ -730,6 +736,14 @@ int64_t controller_next_ms(controller *ctl)
 }
 
 void controller_get_stats(const controller *ctl, controller_stats *st) { *st = ctl->stats; }
+
+void controller_resync(controller *ctl)
+{
+    while (ctl->mems) mem_forget(ctl, ctl->mems->key);
+    const char *key;
+    const json_t *job;
+    json_object_foreach((json_t *)kube_informer_objects(ctl->jobs), key, job) enqueue(ctl, key);
+}
 
 void controller_rewatch(controller *ctl, const char *resume_rv)
 {

@@ -55,6 +55,11 @@ typedef struct controller_stats {
 } controller_stats;
 void controller_get_stats(const controller *ctl, controller_stats *st);
 
+/* Forget what was remembered between reconciles (counters re-read from the statuses) and
+ * queue every job: for a replica that has just become leader, whose memory may predate
+ * another leader's work. */
+void controller_resync(controller *ctl);
+
 /* Drop every watch and resume from resume_rv (NULL: the last seen). With an expired
  * resourceVersion this forces the 410 -> re-list path; the operator does it on SIGUSR1. */
 void controller_rewatch(controller *ctl, const char *resume_rv);

@@ -1,8 +1,11 @@
 /* cirrus-operator: reconciles SwarmJobs (controller.h) from one event loop.
  *
  * With --leader-elect, replicas share a Lease and only the holder reconciles; the others keep
- * their caches warm so a successor starts at once. Losing the lease ends the process (as
- * client-go does): its state might be stale, and the Deployment restarts it as a standby.
+ * their caches warm so a successor starts at once. A leader that loses the lease (another
+ * took it, or renewals failed for renewDeadline, e.g. while the API server restarts) stops
+ * reconciling at once and stands again as a candidate; when it leads again it forgets what
+ * it remembered and re-reads every job, as a fresh process would. (client-go exits instead
+ * and leaves the restart to the kubelet; staying up keeps the caches warm.)
  * SIGTERM releases the lease so a successor takes over without waiting for it to expire.
  * SIGUSR1 drops every watch and resumes from an expired resourceVersion, which makes the
  * caches re-list: a way to prove or force "nothing missed" without restarting.
@@ -39,21 +42,21 @@ static void on_rewatch(int sig)
 
 typedef struct run_state {
     op_metrics *metrics;
-    int lost; /* the lease was lost: exit non-zero */
+    controller *ctl;
 } run_state;
 
 static void started_leading(void *ctx)
 {
     run_state *rs = ctx;
     op_metrics_leader(rs->metrics, 1);
+    if (rs->ctl) controller_resync(rs->ctl);
 }
 
 static void stopped_leading(void *ctx)
 {
     run_state *rs = ctx;
     op_metrics_leader(rs->metrics, 0);
-    rs->lost = 1;
-    stop_requested = 1;
+    log_warn("not leading any more: reconciling stops until the lease is won again");
 }
 
 static const char *env_or(const char *name, const char *dflt)
@@ -110,7 +113,7 @@ int main(int argc, char **argv)
     kube_client *client = NULL;
     controller *ctl = NULL;
     kube_lease *lease = NULL;
-    run_state rs = {op_metrics_new(), 0};
+    run_state rs = {op_metrics_new(), NULL};
     if (!rs.metrics || kube_client_new(cfg, &client, &err)) goto out;
     if (metrics_port >= 0) {
         int bound = 0;
@@ -119,6 +122,7 @@ int main(int argc, char **argv)
     }
     controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics};
     if (controller_new(client, &co, &ctl, &err)) goto out;
+    rs.ctl = ctl;
     if (leader_elect) {
         kube_lease_config lc = {.ns = lease_ns, .name = lease_name, .identity = identity,
                                 .on_started_leading = started_leading,
@@ -149,8 +153,7 @@ int main(int argc, char **argv)
         op_metrics_ready(rs.metrics, synced);
         if (!lease || kube_lease_is_leader(lease)) controller_process(ctl, 32);
     }
-    rc = rs.lost ? 1 : 0;
-    if (rs.lost) cirrus_fail(&err, CIRRUS_EIO, "lost the leader lease");
+    rc = 0;
     if (lease && kube_lease_is_leader(lease)) {
         cirrus_error rerr;
         if (kube_lease_release(lease, &rerr)) log_warn("lease not released: %s", rerr.msg);

@@ -6,6 +6,9 @@
 #   cluster.sh down   stop everything that `up` started (also after a failed `up`), remove state
 #   cluster.sh env    print export lines (KUBECONFIG, PATH, ...) for a running cluster
 #   cluster.sh status show which components are running
+#   cluster.sh restart-apiserver
+#                     stop kube-apiserver and start it again with the same flags (what an
+#                     upgrade or a crash looks like to clients), wait until it is ready
 #
 # State (certificates, kubeconfigs, etcd data, logs, PIDs) lives in CLUSTER_STATE_DIR
 # (default: <repo>/build/cluster). Ports are free random ones unless set with
@@ -413,13 +416,25 @@ cmd_up() {
     log "up: ready in $((SECONDS - t0))s; KUBECONFIG=$ADMIN_KUBECONFIG (eval \"\$(tests/cluster/cluster.sh env)\")"
 }
 
+cmd_restart_apiserver() {
+    local pid args
+    pid=$(pid_of kube-apiserver) || die "kube-apiserver is not running"
+    mapfile -d '' args <"/proc/$pid/cmdline"
+    log "restart-apiserver: stopping kube-apiserver ($pid)"
+    stop TERM kube-apiserver
+    start kube-apiserver kube-apiserver "${args[@]:1}"
+    wait_for "kube-apiserver /readyz" "$START_TIMEOUT" kube-apiserver k get --raw /readyz
+    log "restart-apiserver: ready again"
+}
+
 case "${1:-}" in
 up) cmd_up ;;
+restart-apiserver) cmd_restart_apiserver ;;
 down) cmd_down ;;
 env) cmd_env ;;
 status) cmd_status ;;
 *)
-    echo "usage: $0 up|down|env|status" >&2
+    echo "usage: $0 up|down|env|status|restart-apiserver" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# cirrus-operator against the real control plane (run by run.sh with KUBECONFIG set and
+# kubectl on PATH). The operator runs as its own ServiceAccount (a token bound by the RBAC in
+# manifests/), with leader election, from build/bin/cirrus-operator:
+#   * the sample SwarmJob: every pod, Service and the Secret created with owners, labels,
+#     placement and arguments; the certificates verify against the job CA and name their
+#     region; status, conditions, printer columns, events and /metrics filled;
+#   * a deleted peer pod is replaced in place within 2 s, the other pods untouched, counted as
+#     a preemption; a pod whose program fails (exit 1) counts as a failure, one killed by a
+#     signal (exit 137) as a preemption; past runPolicy.backoffLimit the job is Failed;
+#   * a deleted node's pods come back on another node of the same region;
+#   * the operator killed (SIGKILL) mid-reconcile and restarted converges with no duplicate
+#     and no needlessly replaced pod; kube-apiserver restarted: the operator reconnects;
+#     watches forced onto an expired resourceVersion (410): it re-lists and misses nothing;
+#   * the job deleted: every child garbage-collected.
+# OPERATOR_VALGRIND=1 instead runs the operator under valgrind through the sample, a
+# replacement (its time limit relaxed to 30 s) and a clean shutdown, and fails on any invalid
+# access or leak; CIRRUS_OPERATOR names a binary valgrind can run (no -march=native). Last line: "operator: N passed, N failed"; exits non-zero if anything failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+here=$root/tests/operator
+bin=${CIRRUS_OPERATOR:-$root/build/bin/cirrus-operator}
+sample=$root/manifests/samples/swarmjob.yaml
+cluster=$root/tests/cluster/cluster.sh
+NS=cirrus-op-test
+JOB=tiny-bible
+work=$(mktemp -d)
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
+not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
+expect_eq() { if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi; }
+check() { local what=$1; shift; if "$@" >/dev/null 2>&1; then ok "$what"; else not_ok "$what"; fi; }
+check_not() { local what=$1; shift; if "$@" >/dev/null 2>&1; then not_ok "$what"; else ok "$what"; fi; }
+k() { kubectl "$@"; }
+kn() { kubectl -n "$NS" "$@"; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+# wait_until TIMEOUT_S COMMAND...: poll every 50 ms
+wait_until() {
+    local deadline=$(($(date +%s) + $1)); shift
+    until "$@" >/dev/null 2>&1; do
+        (($(date +%s) < deadline)) || return 1
+        sleep 0.05
+    done
+}
+op_pid=
+op_log=$work/operator.log
+start_operator() {
+    local -a cmd=("$bin" --kubeconfig "$work/kubeconfig" --leader-elect --lease-namespace cirrus-system --metrics-port 0)
+    if [[ "${OPERATOR_VALGRIND:-0}" == 1 ]]; then
+        cmd=(valgrind --quiet --leak-check=full --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --log-file="$work/valgrind.%p" "${cmd[@]}")
+    fi
+    "${cmd[@]}" >>"$op_log" 2>&1 &
+    op_pid=$!
+}
+stop_operator() { # SIGNAL; returns the operator's exit status
+    [[ -n "$op_pid" ]] || return 0
+    kill "-$1" "$op_pid" 2>/dev/null
+    local rc=0
+    wait "$op_pid" || rc=$?
+    op_pid=
+    return $rc
+}
+cleanup() {
+    [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
+    k delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
+    k delete node cirrus-r1-spot-extra --ignore-not-found >/dev/null 2>&1
+    # Give back the node the node-loss test deleted: later tests (and runs) expect it.
+    [[ -s "$work/node.json" ]] && k apply -f "$work/node.json" >/dev/null 2>&1
+    rm -rf "$work"
+}
+trap cleanup EXIT
+finish() {
+    if ((fail)); then echo "--- operator log (last 40 lines)"; tail -40 "$op_log"; fi
+    echo "operator: $pass passed, $fail failed"
+    exit $((fail > 0))
+}
+fail_fast() { not_ok "$*"; finish; }
+
+[[ -x "$bin" ]] || fail_fast "$bin is missing (make all)"
+k apply -f "$root/manifests/" >/dev/null 2>&1 || fail_fast "kubectl apply -f manifests/"
+k wait --for condition=Established --timeout=30s crd/swarmjobs.cirrus.dev >/dev/null 2>&1 ||
+    fail_fast "CRD not Established"
+# Leave no standby from an earlier run holding the Lease.
+k -n cirrus-system delete lease cirrus-operator --ignore-not-found >/dev/null 2>&1
+token=$(k -n cirrus-system create token cirrus-operator --duration=1h) || fail_fast "TokenRequest"
+cat >"$work/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: "$CIRRUS_APISERVER", certificate-authority: "$CIRRUS_CA_FILE"}
+users:
+- name: cirrus-operator
+  user: {token: "$token"}
+contexts:
+- name: test
+  context: {cluster: test, user: cirrus-operator}
+current-context: test
+EOF
+k create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
+start_operator
+wait_until 60 grep -q "caches synced" "$op_log" || fail_fast "operator did not sync its caches"
+wait_until 30 grep -q "acquired the lease" "$op_log" || fail_fast "operator did not acquire the lease"
+ok "operator started as its ServiceAccount, acquired the lease, synced"
+
+# ---- the sample ------------------------------------------------------------------------------
+kn apply -f "$sample" >/dev/null || fail_fast "apply the sample"
+all_running() { [[ $(kn get pods -l cirrus.dev/job=$JOB --field-selector status.phase=Running -o name | wc -l) == 12 ]]; }
+t0=$(now)
+if wait_until 60 all_running; then ok "12 pods running $(elapsed "$t0") s after apply"; else not_ok "pods not all running"; fi
+phase_is() { [[ $(kn get sj $JOB -o jsonpath='{.status.phase}') == "$1" ]]; }
+wait_until 30 phase_is Running
+expect_eq "phase" Running "$(kn get sj $JOB -o jsonpath='{.status.phase}')"
+uid=$(kn get sj $JOB -o jsonpath='{.metadata.uid}')
+expect_eq "pods: gateway, 2 stages x 2 peers, client per region" \
+    "tiny-bible-r1-c0 tiny-bible-r1-gw tiny-bible-r1-s0-0 tiny-bible-r1-s0-1 tiny-bible-r1-s1-0 tiny-bible-r1-s1-1 tiny-bible-r2-c0 tiny-bible-r2-gw tiny-bible-r2-s0-0 tiny-bible-r2-s0-1 tiny-bible-r2-s1-0 tiny-bible-r2-s1-1" \
+    "$(kn get pods -l cirrus.dev/job=$JOB -o jsonpath='{.items[*].metadata.name}')"
+expect_eq "every pod owned by the job (controller, blockOwnerDeletion)" "12" \
+    "$(kn get pods -l cirrus.dev/job=$JOB -o json | jq "[.items[] | select(.metadata.ownerReferences[0] | .uid == \"$uid\" and .controller and .blockOwnerDeletion and .kind == \"SwarmJob\")] | length")"
+expect_eq "labels of a peer" "tiny-bible r1 peer 1" \
+    "$(kn get pod tiny-bible-r1-s1-0 -o jsonpath='{.metadata.labels.cirrus\.dev/job} {.metadata.labels.cirrus\.dev/region} {.metadata.labels.cirrus\.dev/role} {.metadata.labels.cirrus\.dev/stage}')"
+expect_eq "r1's pods on r1's spot nodes" "cirrus-r1-spot-0" \
+    "$(kn get pods -l cirrus.dev/region=r1 -o jsonpath='{.items[*].spec.nodeName}' | tr ' ' '\n' | sort -u | tr '\n' ' ' | sed 's/ $//')"
+expect_eq "r2's pods on r2's spot nodes" "cirrus-r2-spot-0" \
+    "$(kn get pods -l cirrus.dev/region=r2 -o jsonpath='{.items[*].spec.nodeSelector.cirrus\.dev/pool}' | tr ' ' '\n' | sort -u | sed 's/spot/cirrus-r2-spot-0/')"
+expect_eq "placement: region label and the spot toleration" "r1 cirrus.dev/spot" \
+    "$(kn get pod tiny-bible-r1-s0-0 -o jsonpath='{.spec.nodeSelector.topology\.kubernetes\.io/region} {.spec.tolerations[?(@.key=="cirrus.dev/spot")].key}')"
+args=$(kn get pod tiny-bible-r1-s1-0 -o jsonpath='{.spec.containers[0].args[*]}')
+check "stage 1 peer serves layers 2:4 and registers with its region's gateway" \
+    grep -q -- "--serve 2:4 .*--coordinator tiny-bible-r1-gw.$NS.svc:7400" <<<"$args"
+check "pods run cirrus-trainer with the job's uid as job id" grep -q -- "--job $uid" <<<"$args"
+expect_eq "gateway Services" "tiny-bible-r1-gw tiny-bible-r2-gw" \
+    "$(kn get svc -l cirrus.dev/job=$JOB -o jsonpath='{.items[*].metadata.name}')"
+# Certificates: the job CA signs each region's gateway certificate, which names its Service.
+for f in ca.crt r1.crt r1.key r2.crt; do
+    kn get secret $JOB-pki -o jsonpath="{.data.${f//./\\.}}" | base64 -d >"$work/$f"
+done
+check "r1's certificate verifies against the job CA" openssl verify -CAfile "$work/ca.crt" "$work/r1.crt"
+check "r1's certificate is valid for tiny-bible-r1-gw.$NS.svc" \
+    openssl verify -CAfile "$work/ca.crt" -verify_hostname "tiny-bible-r1-gw.$NS.svc" "$work/r1.crt"
+check_not "r1's certificate is not valid for r2's gateway" \
+    openssl verify -CAfile "$work/ca.crt" -verify_hostname "tiny-bible-r2-gw.$NS.svc" "$work/r1.crt"
+check "r1's key matches its certificate" \
+    bash -c "[[ \$(openssl x509 -noout -pubkey -in '$work/r1.crt') == \$(openssl pkey -pubout -in '$work/r1.key') ]]"
+expect_eq "status.readyPeers / readyRegions" "8/8 2/2" \
+    "$(kn get sj $JOB -o jsonpath='{.status.readyPeers} {.status.readyRegions}')"
+expect_eq "conditions Created, Running" "True True" \
+    "$(kn get sj $JOB -o jsonpath='{.status.conditions[?(@.type=="Created")].status} {.status.conditions[?(@.type=="Running")].status}')"
+expect_eq "observedGeneration" "$(kn get sj $JOB -o jsonpath='{.metadata.generation}')" \
+    "$(kn get sj $JOB -o jsonpath='{.status.observedGeneration}')"
+check "kubectl get sj prints phase, regions, ready peers" \
+    bash -c "kubectl -n $NS get sj $JOB --no-headers | grep -Eq '^tiny-bible +Running +2/2 +8/8 '"
+check "events record the transitions" bash -c "kubectl -n $NS get events --field-selector involvedObject.name=$JOB,reason=Running -o name | grep -q ."
+port=$(sed -n 's/.*metrics on :\([0-9]*\).*/\1/p' "$op_log" | tail -1)
+metrics=$(curl -fsS "http://127.0.0.1:$port/metrics")
+check "/metrics: successful reconciles counted" \
+    grep -Eq '^controller_runtime_reconcile_total\{controller="swarmjob",result="success"\} [1-9]' <<<"$metrics"
+check "/metrics: leader_election_master_status 1" grep -q '^leader_election_master_status{name="cirrus-operator"} 1$' <<<"$metrics"
+check "/readyz answers 200" curl -fsS "http://127.0.0.1:$port/readyz"
+
+# ---- in-place replacement --------------------------------------------------------------------
+uids() { kn get pods -l cirrus.dev/job=$JOB -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort; }
+before=$(uids)
+victim=tiny-bible-r1-s0-1
+old=$(kn get pod $victim -o jsonpath='{.metadata.uid}')
+replaced() { local u; u=$(kn get pod $victim -o jsonpath='{.metadata.uid}') && [[ -n "$u" && "$u" != "$old" ]]; }
+t0=$(now)
+kn delete pod $victim --wait=false >/dev/null
+limit=2
+[[ "${OPERATOR_VALGRIND:-0}" == 1 ]] && limit=30
+if wait_until $limit replaced; then ok "deleted peer pod replaced in $(elapsed "$t0") s (limit $limit s)"; else not_ok "deleted peer pod not replaced within $limit s"; fi
+after=$(uids)
+expect_eq "the other 11 pods untouched" "11" "$(comm -12 <(echo "$before") <(echo "$after") | wc -l)"
+counts() { kn get sj $JOB -o jsonpath='{.status.regions[?(@.name=="r1")].preemptions} {.status.regions[?(@.name=="r1")].failures}'; }
+counts_are() { [[ "$(counts)" == "$1" ]]; }
+wait_until 10 counts_are "1 0"
+expect_eq "r1 preemptions, failures" "1 0" "$(counts)"
+if [[ "${OPERATOR_VALGRIND:-0}" != 1 ]]; then
+
+# A pod's program failing (exit 1) is a failure; one killed by a signal (137) a preemption.
+end_pod() { # POD EXIT_CODE: what the kubelet reports when the container exits so
+    kn patch pod "$1" --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"trainer\",\"image\":\"cirrus:latest\",\"imageID\":\"\",\"ready\":false,\"restartCount\":0,\"state\":{\"terminated\":{\"exitCode\":$2,\"reason\":\"Error\"}}}]}}" >/dev/null
+}
+old=$(kn get pod tiny-bible-r1-s1-0 -o jsonpath='{.metadata.uid}')
+victim=tiny-bible-r1-s1-0
+end_pod $victim 1
+wait_until 10 counts_are "1 1"
+expect_eq "exit 1: r1 preemptions, failures" "1 1" "$(counts)"
+check "failed pod replaced in place" wait_until 10 replaced
+old=$(kn get pod tiny-bible-r1-s1-1 -o jsonpath='{.metadata.uid}')
+victim=tiny-bible-r1-s1-1
+end_pod $victim 137
+wait_until 10 counts_are "2 1"
+expect_eq "exit 137: r1 preemptions, failures" "2 1" "$(counts)"
+check "killed pod replaced in place" wait_until 10 replaced
+wait_until 30 all_running
+
+# ---- node loss ---------------------------------------------------------------------------------
+# A second spot node in r1, then r1's first one disappears: pod GC deletes its pods and the
+# operator re-creates them, which the scheduler puts on the node that is left.
+k get node cirrus-r1-spot-0 -o json |
+    jq '{apiVersion, kind, metadata: {name: .metadata.name, labels: .metadata.labels, annotations: .metadata.annotations}, spec: {}, status: {capacity: .status.capacity, allocatable: .status.allocatable}}' >"$work/node.json"
+jq '{apiVersion, kind, metadata: {name: "cirrus-r1-spot-extra", labels: (.metadata.labels + {"kubernetes.io/hostname": "cirrus-r1-spot-extra"}), annotations: .metadata.annotations}, spec: {}, status: {capacity: .status.capacity, allocatable: .status.allocatable}}' "$work/node.json" |
+    k apply -f - >/dev/null
+node_ready() { [[ $(k get node cirrus-r1-spot-extra -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+wait_until 60 node_ready || not_ok "extra node not Ready"
+r2_before=$(kn get pods -l cirrus.dev/region=r2 -o jsonpath='{.items[*].metadata.uid}')
+t0=$(now)
+k delete node cirrus-r1-spot-0 >/dev/null
+moved() { [[ "$(kn get pods -l cirrus.dev/region=r1 --field-selector status.phase=Running -o jsonpath='{.items[*].spec.nodeName}' | tr ' ' '\n' | sort | uniq -c | awk '{print $1, $2}')" == "6 cirrus-r1-spot-extra" ]]; }
+if wait_until 150 moved; then ok "r1's 6 pods running on the other r1 node $(elapsed "$t0") s after its node was deleted"; else not_ok "r1's pods did not move: $(kn get pods -l cirrus.dev/region=r1 -o wide --no-headers | awk '{print $1, $3, $7}' | tr '\n' ';')"; fi
+expect_eq "r2's pods untouched by r1's node loss" "$r2_before" "$(kn get pods -l cirrus.dev/region=r2 -o jsonpath='{.items[*].metadata.uid}')"
+
+# ---- operator killed mid-reconcile, restarted --------------------------------------------------
+wait_until 30 all_running
+before=$(uids)
+counts_before=$(counts)
+cat >"$work/second.yaml" <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: second}
+spec:
+  image: cirrus:latest
+  pipeline: {stages: 4}
+  model: {preset: tiny, layers: 8}
+  regions:
+    - name: r2
+      peers: {replicas: 8, min: 1}
+      clients: 2
+EOF
+kn apply -f "$work/second.yaml" >/dev/null
+# Kill it as soon as it has started creating the second job's pods.
+some_created() { [[ $(kn get pods -l cirrus.dev/job=second -o name | wc -l) -ge 1 ]]; }
+wait_until 20 some_created
+stop_operator KILL
+n_mid=$(kn get pods -l cirrus.dev/job=second -o name | wc -l)
+start_operator
+second_done() { [[ $(kn get pods -l cirrus.dev/job=second --field-selector status.phase=Running -o name | wc -l) == 35 ]]; }
+# The restarted operator waits for the killed one's lease to expire (15 s) first.
+if wait_until 90 second_done; then ok "restarted operator finished the second job (killed with $n_mid of its 35 pods made)"; else not_ok "second job not converged: $(kn get pods -l cirrus.dev/job=second --no-headers | wc -l) pods"; fi
+expect_eq "second job: pods (4 stages x 8 peers + gateway + 2 clients), no duplicates" "35" "$(kn get pods -l cirrus.dev/job=second -o name | wc -l)"
+expect_eq "first job's pods not replaced across the restart" "$before" "$(uids)"
+expect_eq "counters survive the restart (from the status)" "$counts_before" "$(counts)"
+
+# ---- kube-apiserver restarted ------------------------------------------------------------------
+"$cluster" restart-apiserver >/dev/null 2>&1 || not_ok "restart-apiserver"
+victim=tiny-bible-r2-s0-0
+old=$(kn get pod $victim -o jsonpath='{.metadata.uid}')
+kn delete pod $victim --wait=false >/dev/null
+if wait_until 30 replaced; then ok "after an API server restart the operator reconnects and replaces pods"; else not_ok "no replacement after the API server restart"; fi
+
+# ---- watch history expired (forced 410): re-list, nothing missed ------------------------------
+# Stop the operator, delete a pod while it cannot see, then make every watch resume from an
+# expired resourceVersion: only the re-list can tell it the pod is gone.
+n_relist=$(grep -c "/api/v1/pods: resourceVersion 1 expired, re-listing" "$op_log")
+kill -STOP "$op_pid"
+victim=tiny-bible-r2-s1-0
+old=$(kn get pod $victim -o jsonpath='{.metadata.uid}')
+kn delete pod $victim --wait=true >/dev/null
+kill -USR1 "$op_pid"
+kill -CONT "$op_pid"
+if wait_until 30 replaced; then ok "pod deleted while the operator was frozen is replaced after SIGUSR1"; else not_ok "pod deleted while frozen not replaced"; fi
+relisted() { (($(grep -c "/api/v1/pods: resourceVersion 1 expired, re-listing" "$op_log") > n_relist)); }
+check "the pod cache re-listed after its watch got 410" wait_until 20 relisted
+
+# ---- invalid spec changes and deletion ---------------------------------------------------------
+kn delete sj $JOB --wait=false >/dev/null
+gone() { [[ -z "$(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name 2>/dev/null)" ]]; }
+if wait_until 60 gone; then ok "job deleted: pods, Services and Secret garbage-collected"; else not_ok "children left after deleting the job: $(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name | tr '\n' ' ')"; fi
+
+# ---- backoffLimit --------------------------------------------------------------------------------
+cat >"$work/fragile.yaml" <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: fragile}
+spec:
+  image: cirrus:latest
+  regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
+  runPolicy: {backoffLimit: 1}
+EOF
+kn apply -f "$work/fragile.yaml" >/dev/null
+fragile_up() { [[ $(kn get pods -l cirrus.dev/job=fragile --field-selector status.phase=Running -o name | wc -l) == 2 ]]; }
+wait_until 30 fragile_up
+end_pod fragile-r1-s0-0 137   # preemptions never count
+end_pod fragile-r1-gw 137
+sleep 1
+wait_until 30 fragile_up
+fphase() { kn get sj fragile -o jsonpath='{.status.phase}'; }
+expect_eq "two preemptions with backoffLimit 1: still" "Running" "$(fphase)"
+end_pod fragile-r1-s0-0 1
+wait_until 30 fragile_up
+expect_eq "one failure: within backoffLimit 1" "Running" "$(fphase)"
+end_pod fragile-r1-s0-0 2
+fphase_failed() { [[ "$(fphase)" == Failed ]]; }
+check "second failure: phase Failed" wait_until 30 fphase_failed
+no_running() { [[ -z "$(kn get pods -l cirrus.dev/job=fragile --field-selector status.phase=Running -o name)" ]]; }
+check "failed job's pods stopped" wait_until 30 no_running
+expect_eq "Failed condition reason" "BackoffLimitExceeded" \
+    "$(kn get sj fragile -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}')"
+
+fi # not under valgrind
+
+# ---- clean shutdown ---------------------------------------------------------------------------
+stop_operator TERM
+rc=$?
+expect_eq "operator exits 0 on SIGTERM" 0 "$rc"
+if [[ "${OPERATOR_VALGRIND:-0}" == 1 ]]; then
+    if cat "$work"/valgrind.* 2>/dev/null | grep -q .; then
+        not_ok "valgrind reported: $(cat "$work"/valgrind.* | head -30)"
+    else
+        ok "valgrind: no invalid accesses, no leaks"
+    fi
+fi
+finish
