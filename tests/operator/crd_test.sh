@@ -49,7 +49,7 @@ else
 fi
 check "operator Deployment rolls out (scheduled, Ready under kwok)" \
     k -n cirrus-system rollout status deployment/cirrus-operator --timeout=60s
-expect_eq "Deployment args" "--leader-elect" \
+expect_eq "Deployment args" "--leader-elect --metrics-port=8080" \
     "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.containers[0].args[*]}')"
 expect_eq "operator runs as non-root with a read-only root filesystem" "true true" \
     "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.securityContext.runAsNonRoot} {.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}')"
