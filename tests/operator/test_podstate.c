@@ -1,0 +1,176 @@
+/* podstate and jobstatus: pods classified from hand-written statuses (preemption is never a
+ * failure), and the phase / conditions / per-region figures a SwarmJob's status gets. */
+#include <string.h>
+
+#include <jansson.h>
+
+#include "../../operator/jobstatus.h"
+#include "../../operator/podstate.h"
+#include "../unit/test.h"
+
+static enum pod_state state_of(const char *json, char *why, size_t n)
+{
+    json_t *pod = json_loads(json, 0, NULL);
+    if (!pod) return (enum pod_state)-1;
+    enum pod_state s = pod_state_of(pod, why, n);
+    json_decref(pod);
+    return s;
+}
+
+TEST(podstate_lifecycle)
+{
+    char why[64];
+    ASSERT_EQ(state_of("{}", why, sizeof why), POD_PENDING);
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Pending\",\"conditions\":[{\"type\":"
+                       "\"PodScheduled\",\"status\":\"False\",\"reason\":\"Unschedulable\"}]}}",
+                       why, sizeof why),
+              POD_UNSCHEDULABLE);
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Running\"}}", why, sizeof why), POD_RUNNING);
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\","
+                       "\"status\":\"True\"}]}}",
+                       why, sizeof why),
+              POD_READY);
+    ASSERT_EQ(state_of("{\"metadata\":{\"deletionTimestamp\":\"2026-11-22T00:00:00Z\"},"
+                       "\"status\":{\"phase\":\"Running\"}}",
+                       why, sizeof why),
+              POD_TERMINATING);
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Succeeded\"}}", why, sizeof why), POD_SUCCEEDED);
+}
+
+static const char *failed_with(int code)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf,
+             "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"trainer\","
+             "\"state\":{\"terminated\":{\"exitCode\":%d}}}]}}",
+             code);
+    return buf;
+}
+
+TEST(podstate_preemption_is_not_failure)
+{
+    char why[64];
+    ASSERT_EQ(state_of(failed_with(1), why, sizeof why), POD_FAILED);
+    ASSERT(!strcmp(why, "exit 1"));
+    ASSERT_EQ(state_of(failed_with(127), why, sizeof why), POD_FAILED);
+    ASSERT_EQ(state_of(failed_with(128), why, sizeof why), POD_PREEMPTED);
+    ASSERT_EQ(state_of(failed_with(137), why, sizeof why), POD_PREEMPTED);
+    ASSERT(!strcmp(why, "exit 137"));
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"reason\":\"Evicted\"}}", why,
+                       sizeof why),
+              POD_PREEMPTED);
+    ASSERT(!strcmp(why, "Evicted"));
+    /* A DisruptionTarget condition wins over the program's exit code. */
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"conditions\":[{\"type\":"
+                       "\"DisruptionTarget\",\"status\":\"True\",\"reason\":"
+                       "\"PreemptionByScheduler\"}],\"containerStatuses\":[{\"state\":{"
+                       "\"terminated\":{\"exitCode\":1}}}]}}",
+                       why, sizeof why),
+              POD_PREEMPTED);
+    ASSERT(!strcmp(why, "DisruptionTarget: PreemptionByScheduler"));
+    /* Failed without any container record: the node lost it. */
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\"}}", why, sizeof why), POD_PREEMPTED);
+    ASSERT(pod_state_ended(POD_PREEMPTED) && pod_state_ended(POD_FAILED) &&
+           !pod_state_ended(POD_TERMINATING) && !pod_state_ended(POD_READY));
+}
+
+static void region(job_observed *o, const char *name, int ready0, int ready1, int gw)
+{
+    region_observed *r = &o->regions[o->n_regions++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    r->n_stages = 2;
+    r->replicas = 2;
+    r->min = 1;
+    r->ready[0] = ready0;
+    r->ready[1] = ready1;
+    r->gateway_ready = gw;
+    r->clients = 1;
+}
+
+TEST(jobstatus_phases)
+{
+    job_observed o = {.backoff_limit = 2, .generation = 3};
+    region(&o, "r1", 2, 2, 1);
+    region(&o, "r2", 0, 0, 0);
+    ASSERT_EQ(jobstatus_phase(&o, NULL, 0), PHASE_DEGRADED); /* r1 can train */
+    o.regions[1].ready[0] = o.regions[1].ready[1] = 1;
+    o.regions[1].gateway_ready = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Degraded", 1), PHASE_RUNNING);
+    o.regions[0].ready[1] = 0;
+    o.regions[1].ready[1] = 0;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 0), PHASE_CREATED);
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_DEGRADED); /* had started */
+    o.regions[0].failures = 2;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_DEGRADED); /* at the limit, not past */
+    o.regions[1].preemptions = 50; /* never counts */
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_DEGRADED);
+    o.regions[1].failures = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_FAILED);
+    o.regions[1].failures = 0;
+    o.regions[0].clients_succeeded = o.regions[1].clients_succeeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUCCEEDED);
+    o.regions[0].clients_succeeded = 0;
+    ASSERT_EQ(jobstatus_phase(&o, "Succeeded", 1), PHASE_SUCCEEDED); /* final stays final */
+    ASSERT_EQ(jobstatus_phase(&o, "Failed", 1), PHASE_FAILED);
+    o.suspended = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUSPENDED);
+}
+
+static const char *cond(const json_t *st, const char *type, const char *field)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(st, "conditions"), i, c)
+    {
+        if (!strcmp(json_string_value(json_object_get(c, "type")), type))
+            return json_string_value(json_object_get(c, field));
+    }
+    return NULL;
+}
+
+TEST(jobstatus_build_and_transitions)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 7};
+    region(&o, "r1", 2, 2, 1);
+    region(&o, "r2", 1, 0, 1);
+    o.regions[1].unschedulable = 2;
+    o.regions[0].preemptions = 3;
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT(st);
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "phase")), "Degraded"));
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "readyPeers")), "5/8"));
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "readyRegions")), "1/2"));
+    ASSERT_EQ(json_integer_value(json_object_get(st, "observedGeneration")), 7);
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "startTime")), "2026-11-22T01:00:00Z"));
+    json_t *r2 = json_array_get(json_object_get(st, "regions"), 1);
+    ASSERT_EQ(json_integer_value(json_object_get(r2, "pendingPods")), 2);
+    ASSERT_EQ(json_integer_value(json_array_get(json_object_get(r2, "readyPeersPerStage"), 1)), 0);
+    ASSERT_EQ(json_integer_value(json_object_get(json_array_get(json_object_get(st, "regions"), 0),
+                                                 "preemptions")),
+              3);
+    ASSERT(!strcmp(cond(st, "Degraded", "status"), "True"));
+    ASSERT(strstr(cond(st, "Degraded", "message"), "region r2 stage 1"));
+    ASSERT(strstr(cond(st, "Degraded", "message"), "wait for nodes"));
+    ASSERT(!strcmp(cond(st, "Running", "status"), "True"));
+    /* Same observations later: nothing changed but the clock, so no write is needed and the
+     * transition times stay. */
+    json_object_set_new(st, "step", json_integer(120)); /* written by someone else: kept */
+    json_t *again = jobstatus_build(&o, st, "2026-11-22T02:00:00Z");
+    ASSERT(!jobstatus_changed(st, again));
+    ASSERT(!strcmp(cond(again, "Degraded", "lastTransitionTime"), "2026-11-22T01:00:00Z"));
+    ASSERT_EQ(json_integer_value(json_object_get(again, "step")), 120);
+    /* r2 recovers: Degraded flips, with the new time; startTime stays. */
+    o.regions[1].ready[1] = 1;
+    json_t *later = jobstatus_build(&o, again, "2026-11-22T03:00:00Z");
+    ASSERT(jobstatus_changed(again, later));
+    ASSERT(!strcmp(json_string_value(json_object_get(later, "phase")), "Running"));
+    ASSERT(!strcmp(cond(later, "Degraded", "status"), "False"));
+    ASSERT(!strcmp(cond(later, "Degraded", "lastTransitionTime"), "2026-11-22T03:00:00Z"));
+    ASSERT(!strcmp(cond(later, "Running", "lastTransitionTime"), "2026-11-22T01:00:00Z"));
+    ASSERT(!strcmp(json_string_value(json_object_get(later, "startTime")), "2026-11-22T01:00:00Z"));
+    ASSERT(!json_object_get(later, "completionTime"));
+    json_decref(st);
+    json_decref(again);
+    json_decref(later);
+}
