@@ -34,7 +34,8 @@ struct controller {
     kube_client *client;
     controller_options opt;
     char identity[128];
-    kube_informer *jobs, *pods, *services, *secrets;
+    kube_informer *jobs, *pods, *services, *secrets, *nodes;
+    json_t *gone_nodes; /* node name -> true: deleted nodes whose pods are lost */
     kube_workqueue *queue;
     job_mem *mems;
     controller_stats stats;
@@ -110,6 +111,30 @@ static void child_updated(void *ctx, const json_t *old_obj, const json_t *new_ob
 {
     (void)old_obj;
     child_changed(ctx, new_obj);
+}
+
+/* A deleted node's pods will never run again, but pod GC only removes them after 40 s: the
+ * operator replaces them at once (on a spot pool, the node object going is how the cloud
+ * says the VM was reclaimed). */
+static void node_deleted(void *ctx, const json_t *node)
+{
+    controller *ctl = ctx;
+    const char *name = meta_str(node, "name"), *key;
+    const json_t *pod;
+    if (!name) return;
+    json_object_set_new(ctl->gone_nodes, name, json_true());
+    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
+    {
+        const char *on = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+        if (on && !strcmp(on, name)) child_changed(ctl, pod);
+    }
+}
+
+static void node_added(void *ctx, const json_t *node)
+{
+    controller *ctl = ctx;
+    const char *name = meta_str(node, "name");
+    if (name) json_object_del(ctl->gone_nodes, name); /* a new node under an old name */
 }
 
 /* ---- per-job memory ----------------------------------------------------------------------- */
@@ -316,12 +341,15 @@ static int ensure_services(controller *ctl, const json_t *job, const json_t *ser
 
 /* ---- pods ------------------------------------------------------------------------------------ */
 
-static int delete_pod(controller *ctl, const json_t *job, const char *name, cirrus_error *err)
+static int delete_pod(controller *ctl, const json_t *job, const char *name, int force,
+                      cirrus_error *err)
 {
     char path[PATH_MAX_LEN];
     if (child_path(path, job, "pods", name))
         return cirrus_fail(err, CIRRUS_EINVAL, "pod path too long");
-    int rc = kube_delete(ctl->client, path, NULL, err);
+    json_t *opt = force ? json_pack("{s:i}", "gracePeriodSeconds", 0) : NULL;
+    int rc = kube_delete(ctl->client, path, opt, err);
+    json_decref(opt);
     if (rc == CIRRUS_ENOENT) rc = 0;
     if (!rc) ctl->stats.pods_deleted++;
     return rc;
@@ -391,6 +419,13 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
     mark_seen(m, name, uid, 1, 0);
     char why[128];
     enum pod_state st = pod_state_of(pod, why, sizeof why);
+    const char *node =
+        json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    int node_gone = node && json_object_get(ctl->gone_nodes, node);
+    if (node_gone && !pod_state_ended(st)) {
+        st = POD_PREEMPTED;
+        snprintf(why, sizeof why, "node %s deleted", node);
+    }
     region_observed *ro = region_obs(obs, region);
     int is_client = role && !strcmp(role, CIRRUS_ROLE_CLIENT);
     if (ro && st == POD_UNSCHEDULABLE) ro->unschedulable++;
@@ -403,10 +438,10 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
             if (s >= 0 && s < ro->n_stages) ro->ready[s]++;
         }
     }
-    if (st == POD_TERMINATING) return 0;
+    if (st == POD_TERMINATING && !node_gone) return 0;
     if (!want) { /* scaled down, or a region/stage no longer in the spec */
         mark_seen(m, name, uid, 1, 1);
-        return delete_pod(ctl, job, name, err);
+        return delete_pod(ctl, job, name, 0, err);
     }
     if (st == POD_SUCCEEDED && is_client) return 0; /* kept for its logs */
     if (pod_state_ended(st) && !counted) {
@@ -419,14 +454,15 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
         }
         mark_seen(m, name, uid, 1, 1);
     }
-    if (pod_state_ended(st)) return delete_pod(ctl, job, name, err);
+    /* No kubelet will confirm a graceful deletion on a node that is gone: force it. */
+    if (pod_state_ended(st)) return delete_pod(ctl, job, name, node_gone, err);
     int stop = obs->suspended || phase == PHASE_FAILED || (phase == PHASE_SUCCEEDED);
     const char *have_hash = annotation(pod, CIRRUS_ANNOT_SPEC_HASH);
     const char *want_hash = annotation(want, CIRRUS_ANNOT_SPEC_HASH);
     int stale = want_hash && (!have_hash || strcmp(have_hash, want_hash));
     if (stop || stale) {
         mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
-        return delete_pod(ctl, job, name, err);
+        return delete_pod(ctl, job, name, 0, err);
     }
     return 0;
 }
@@ -606,7 +642,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             if (rc || pod_state_ended(st) || st == POD_TERMINATING) continue;
             if (phase == PHASE_SUCCEEDED && role && !strcmp(role, CIRRUS_ROLE_CLIENT)) continue;
             mark_seen(m, pname, meta_str(pod, "uid") ? meta_str(pod, "uid") : "", 1, 1);
-            rc = delete_pod(ctl, job, pname, err);
+            rc = delete_pod(ctl, job, pname, 0, err);
         }
     }
     json_decref(have);
@@ -643,6 +679,7 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     ctl->opt = *o;
     snprintf(ctl->identity, sizeof ctl->identity, "%s", o->identity ? o->identity : "cirrus-operator");
     ctl->queue = kube_workqueue_new(NULL, NULL);
+    ctl->gone_nodes = json_object();
     const char *ns = o->watch_namespace && *o->watch_namespace ? o->watch_namespace : NULL;
     char jobs[PATH_MAX_LEN], pods[PATH_MAX_LEN], svcs[PATH_MAX_LEN], secrets[PATH_MAX_LEN];
     int rc = ctl->queue ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
@@ -655,6 +692,11 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     if (!rc) rc = informer(ctl, pods, CHILD_SELECTOR, 0, &ctl->pods, err);
     if (!rc) rc = informer(ctl, svcs, CHILD_SELECTOR, 0, &ctl->services, err);
     if (!rc) rc = informer(ctl, secrets, CHILD_SELECTOR, 0, &ctl->secrets, err);
+    if (!rc) {
+        kube_informer_config nc = {.path = "/api/v1/nodes", .on_add = node_added,
+                                   .on_delete = node_deleted, .ctx = ctl};
+        rc = kube_informer_new(c, &nc, &ctl->nodes, err);
+    }
     if (rc) {
         controller_free(ctl);
         return rc;
@@ -670,6 +712,8 @@ void controller_free(controller *ctl)
     kube_informer_free(ctl->pods);
     kube_informer_free(ctl->services);
     kube_informer_free(ctl->secrets);
+    kube_informer_free(ctl->nodes);
+    json_decref(ctl->gone_nodes);
     kube_workqueue_free(ctl->queue);
     while (ctl->mems) mem_forget(ctl, ctl->mems->key);
     free(ctl);
@@ -678,7 +722,8 @@ void controller_free(controller *ctl)
 int controller_synced(const controller *ctl)
 {
     return kube_informer_has_synced(ctl->jobs) && kube_informer_has_synced(ctl->pods) &&
-           kube_informer_has_synced(ctl->services) && kube_informer_has_synced(ctl->secrets);
+           kube_informer_has_synced(ctl->services) && kube_informer_has_synced(ctl->secrets) &&
+           kube_informer_has_synced(ctl->nodes);
 }
 
 static double now_s(void)
@@ -751,4 +796,5 @@ void controller_rewatch(controller *ctl, const char *resume_rv)
     kube_informer_disconnect(ctl->pods, resume_rv);
     kube_informer_disconnect(ctl->services, resume_rv);
     kube_informer_disconnect(ctl->secrets, resume_rv);
+    kube_informer_disconnect(ctl->nodes, resume_rv);
 }

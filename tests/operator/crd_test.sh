@@ -245,6 +245,7 @@ cannot() {
     check_not "operator cannot $verb $res $*" k auth can-i "$verb" "$res" --as="$SA" "$@"
 }
 for v in get list watch; do can "$v" swarmjobs.cirrus.dev -A; done
+for v in list watch; do can "$v" nodes; done
 can update swarmjobs.cirrus.dev --subresource=status -n "$NS"
 can patch swarmjobs.cirrus.dev --subresource=status -n "$NS"
 can update swarmjobs.cirrus.dev --subresource=finalizers -n "$NS"
