@@ -72,7 +72,12 @@ cleanup() {
 }
 trap cleanup EXIT
 finish() {
-    if ((fail)); then echo "--- operator log (last 40 lines)"; tail -40 "$op_log"; fi
+    if ((fail)); then
+        echo "--- operator log (last 60 lines)"
+        tail -60 "$op_log"
+        echo "--- pods"
+        kn get pods -o wide --no-headers 2>&1 | head -60
+    fi
     echo "operator: $pass passed, $fail failed"
     exit $((fail > 0))
 }
@@ -245,13 +250,6 @@ expect_eq "second job: pods (4 stages x 8 peers + gateway + 2 clients), no dupli
 expect_eq "first job's pods not replaced across the restart" "$before" "$(uids)"
 expect_eq "counters survive the restart (from the status)" "$counts_before" "$(counts)"
 
-# ---- kube-apiserver restarted ------------------------------------------------------------------
-"$cluster" restart-apiserver >/dev/null 2>&1 || not_ok "restart-apiserver"
-victim=tiny-bible-r2-s0-0
-old=$(kn get pod $victim -o jsonpath='{.metadata.uid}')
-kn delete pod $victim --wait=false >/dev/null
-if wait_until 30 replaced; then ok "after an API server restart the operator reconnects and replaces pods"; else not_ok "no replacement after the API server restart"; fi
-
 # ---- watch history expired (forced 410): re-list, nothing missed ------------------------------
 # Stop the operator, delete a pod while it cannot see, then make every watch resume from an
 # expired resourceVersion: only the re-list can tell it the pod is gone.
@@ -266,7 +264,14 @@ if wait_until 30 replaced; then ok "pod deleted while the operator was frozen is
 relisted() { (($(grep -c "/api/v1/pods: resourceVersion 1 expired, re-listing" "$op_log") > n_relist)); }
 check "the pod cache re-listed after its watch got 410" wait_until 20 relisted
 
-# ---- invalid spec changes and deletion ---------------------------------------------------------
+# ---- kube-apiserver restarted ------------------------------------------------------------------
+"$cluster" restart-apiserver >/dev/null 2>&1 || not_ok "restart-apiserver"
+victim=tiny-bible-r2-s0-0
+old=$(kn get pod $victim -o jsonpath='{.metadata.uid}')
+kn delete pod $victim --wait=false >/dev/null
+if wait_until 30 replaced; then ok "after an API server restart the operator reconnects and replaces pods"; else not_ok "no replacement after the API server restart"; fi
+
+# ---- deletion ---------------------------------------------------------
 kn delete sj $JOB --wait=false >/dev/null
 gone() { [[ -z "$(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name 2>/dev/null)" ]]; }
 if wait_until 60 gone; then ok "job deleted: pods, Services and Secret garbage-collected"; else not_ok "children left after deleting the job: $(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name | tr '\n' ' ')"; fi
