@@ -114,3 +114,85 @@ TEST(swarm_two_peers_equal_one_process)
     gpt_stage_destroy(st);
     gpt_model_destroy(&m);
 }
+
+/* Several microbatches in flight over a stage of two peers, one of them three times slower
+ * (the wiring sends it less): every microbatch of every step is accumulated exactly once,
+ * so the losses follow in-process gradient accumulation over the same microbatches, to
+ * float rounding (the peers sum in another order). */
+TEST(swarm_microbatches_in_flight_match_accumulation)
+{
+    enum { M = 4, MSTEPS = 3 };
+    const adamw_config ac = adamw_defaults(1e-3f, MSTEPS);
+    gpt_model m;
+    ASSERT_OK(gpt_model_create(&m, &cfg, NULL));
+    gpt_model_init(&m, 5);
+    gpt_stage *st;
+    ASSERT_OK(gpt_stage_create(&st, &m, 0, cfg.n_layer, B, T, NULL));
+    adamw opt;
+    gpt_span all = {0, m.n_params};
+    ASSERT_OK(adamw_create(&opt, &cfg, &all, 1, &ac, NULL));
+    float ref[MSTEPS][M];
+    int32_t x[M * B * T], y[M * B * T];
+    for (int s = 0; s < MSTEPS; s++) {
+        for (int i = 0; i < M; i++) {
+            batch(10 * s + i, x + i * B * T, y + i * B * T);
+            gpt_stage_input in = {.id = (uint64_t)i + 1, .B = B, .T = T, .tokens = x + i * B * T,
+                                  .targets = y + i * B * T};
+            ASSERT_OK(gpt_stage_forward(st, &in, NULL, &ref[s][i], 1));
+            ASSERT_OK(gpt_stage_backward(st, &in, NULL, NULL));
+        }
+        gpt_fold_tied_grads(&m);
+        adamw_step(&opt, m.params, m.grads, 1.0f / M,
+                   adamw_total_sumsq(&opt, m.grads, 1.0f / M), adamw_lr(&ac, (uint64_t)s),
+                   (uint64_t)s + 1);
+    }
+    /* Stage 0: layers [0, 2), one peer; stage 1: layers [2, 3), two peers averaging over a
+     * ring, the second one slowed down 3x. */
+    enum { NP = 3 };
+    peer_thread peers[NP];
+    pthread_t th[NP];
+    char addr[NP][32], ring[NP][32];
+    const char *addrs[NP] = {addr[0], addr[1], addr[2]};
+    const int l0[NP] = {0, 2, 2}, l1[NP] = {2, 3, 3};
+    for (int i = 0; i < NP; i++) {
+        int port, rport;
+        memset(&peers[i], 0, sizeof peers[i]);
+        peers[i].o = (stage_peer_options){.job_id = "swarm-test", .model = cfg, .l0 = l0[i],
+                                          .l1 = l1[i], .max_B = B, .max_T = T, .seed = 5,
+                                          .adam = ac, .slowdown = i == 2 ? 3.0 : 1.0};
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &port, NULL));
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.ring_listen_fd, &rport, NULL));
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port);
+        snprintf(ring[i], sizeof ring[i], "127.0.0.1:%d", rport);
+        peers[i].o.ring_addr = ring[i];
+        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
+    }
+    pipeline *p;
+    cirrus_error err = {0};
+    const int per_stage[2] = {1, 2};
+    if (pipeline_connect(&p, "swarm-test", 2, per_stage, addrs, &cfg, B, T, STAGE_CODEC_NONE,
+                         5000, &err) ||
+        pipeline_set_routing(p, WIRING_LEAST_LOADED, M, 1, &err))
+        TEST_FAIL("connect: %s", err.msg);
+    for (int s = 0; s < MSTEPS; s++) {
+        float loss[M];
+        for (int i = 0; i < M; i++) batch(10 * s + i, x + i * B * T, y + i * B * T);
+        if (pipeline_microbatches(p, (uint64_t)s * M + 1, M, B, T, x, y, loss, &err) ||
+            pipeline_step(p, adamw_lr(&ac, (uint64_t)s), 1.0f / M, (uint64_t)s + 1, &err))
+            TEST_FAIL("step %d: %s", s, err.msg);
+        for (int i = 0; i < M; i++) ASSERT_NEAR(loss[i], ref[s][i], 1e-5 * ref[s][i]);
+    }
+    ASSERT_EQ(pipeline_get_counters(p)->microbatches, (uint64_t)(M * MSTEPS));
+    ASSERT_EQ(pipeline_get_counters(p)->retried, 0);
+    pipeline_close(p);
+    for (int i = 0; i < NP; i++) {
+        peers[i].stop = 1;
+        pthread_join(th[i], NULL);
+        close(peers[i].o.listen_fd);
+        close(peers[i].o.ring_listen_fd);
+        ASSERT_OK(peers[i].rc);
+    }
+    adamw_destroy(&opt);
+    gpt_stage_destroy(st);
+    gpt_model_destroy(&m);
+}

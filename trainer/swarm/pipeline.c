@@ -12,6 +12,8 @@
  */
 #include "pipeline.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +26,6 @@
 #include "wiring.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
-#define PIPE_MAX_MICRO 256 /* microbatches per step */
 
 typedef struct peer_link {
     net_conn *c;       /* NULL once dead */
@@ -46,9 +47,13 @@ typedef struct mb_record {
     int32_t *x, *y;          /* tokens and targets (B*T) */
     float **in, **gout;      /* per stage: input activations, gradient of the output */
     int *bw_peer;            /* per stage: the peer whose gradients hold this microbatch */
+    int *fw_peer;            /* per stage: the peer that ran its forward (-1: none yet) */
     uint64_t id;
     int B, T;
+    float loss;              /* from the last stage's forward */
 } mb_record;
+
+typedef struct task task;
 
 struct pipeline {
     int n, codec, timeout_ms, max_B, max_T;
@@ -74,6 +79,14 @@ struct pipeline {
     wiring *wiring;
     enum wiring_policy policy;
     uint32_t next_wid;
+    /* Microbatches in flight: the step's records [0, n_mb) are started in order from
+     * next_start while fewer than the window are active; tasks are their forwards and
+     * backwards, queued or on the wire. */
+    int inflight;                     /* the window; 0: one per live peer */
+    int next_start, mb_active;
+    task *tasks;
+    int n_tasks, cap_tasks;
+    int in_engine;                    /* inside engine_run: faults queue work, not run it */
 };
 
 /* ---- requests ---- */
@@ -112,12 +125,12 @@ static int send_to(pipeline *p, int s, int k, uint16_t type, uint64_t id, const 
 /* Wait for peer k of stage s to answer request id of `type` (with type + 1). A refusal
  * comes back as CIRRUS_EMISMATCH-or-its-code with the peer's message; never a fault. */
 static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wire_reader *r,
-                       cirrus_error *err)
+                       int timeout_ms, cirrus_error *err)
 {
     wire_header h;
     const uint8_t *payload;
     if (!peer_alive(p, s, k)) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d peer %d is gone", s, k);
-    int rc = net_recv_frame(p->link[s].peer[k].c, &h, &payload, p->timeout_ms, err);
+    int rc = net_recv_frame(p->link[s].peer[k].c, &h, &payload, timeout_ms, err);
     if (rc) return rc;
     if (h.type == WIRE_ERROR) {
         wire_reader e;
@@ -141,7 +154,7 @@ static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer
 {
     uint64_t id = ++p->next_id;
     int rc = send_to(p, s, k, type, id, w, err);
-    return rc ? rc : await_reply(p, s, k, type, id, r, err);
+    return rc ? rc : await_reply(p, s, k, type, id, r, p->timeout_ms, err);
 }
 
 static double now_s(void)
@@ -212,9 +225,10 @@ static int track_peer(pipeline *p, int s, int k)
 }
 
 static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err);
+static int reassign_tasks_of(pipeline *p, int s, int k, cirrus_error *err);
 
-/* Drop a peer after a transport failure and re-run, on survivors, the backwards whose
- * gradients it held. A peer that only timed out is not banned (SWARM's rule): its
+/* Drop a peer after a transport failure: its queued and unanswered tasks go to other peers,
+ * and the backwards whose gradients it held are re-run on survivors. A peer that only timed out is not banned (SWARM's rule): its
  * connection is closed (a late reply must not be mistaken for another), and if the
  * coordinator still lists it later, it rejoins with fresh state. */
 static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err)
@@ -231,8 +245,9 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     if (alive_count(p, s) == 0)
         return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer left (last: %s)", s,
                            why->msg);
+    int rc = reassign_tasks_of(p, s, k, err);
     /* Once the stage's gradients are summed, every survivor holds the dead peer's share. */
-    return p->averaged[s] ? 0 : redo_backwards_of(p, s, k, err);
+    return rc || p->averaged[s] ? rc : redo_backwards_of(p, s, k, err);
 }
 
 /* ---- microbatches ---- */
@@ -312,43 +327,332 @@ static int forward_stage(pipeline *p, int s, uint64_t id, int B, int T, int keep
     return 0;
 }
 
-/* Backward of microbatch m at stage s, preferably on `prefer` (which holds its
- * activations). grad_in (may be NULL) receives the gradient of the stage's input. */
-static int backward_stage(pipeline *p, int m, int s, int prefer, float *grad_in,
-                          cirrus_error *err)
+/* ---- microbatches in flight ----
+ *
+ * Up to `inflight` microbatches of a step move through the stages at once, so the peers of
+ * a stage work side by side and a slow peer delays only the microbatches it holds. This is
+ * where routing by measured speed pays: with one microbatch in flight every request waits
+ * for the one before, so handing a 3x slower peer its fair quarter of a stage's work still
+ * costs nearly what round robin does (1.2x better, measured; BENCHMARKS.md). Each forward
+ * or backward is a task, assigned to a peer when it
+ * becomes ready (the wiring picks the forward's peer; the backward returns to it) and
+ * queued at the client: a peer has at most one request of this client on the wire, so
+ * the client still chooses what it does next. Backwards first (they finish a microbatch
+ * and find the activations of a recent forward), then the oldest microbatch. */
+
+/* One forward or backward of one microbatch at one stage. */
+typedef struct task {
+    int m, s, k;             /* microbatch (index in the step), stage, peer slot */
+    uint16_t type;           /* STAGE_FORWARD or STAGE_BACKWARD */
+    int redo;                /* a backward re-run for a lost peer: only its gradients count */
+    int sent;                /* on the wire (id, t_sent, deadline valid) */
+    int learned;             /* the deadline is the stage's learned one */
+    uint64_t id;
+    double t_sent, deadline; /* seconds (now_s) */
+} task;
+
+static int task_push(pipeline *p, const task *t)
 {
-    mb_record *mb = &p->mb[m];
-    const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
-    wire_writer w;
-    wire_reader r;
-    wire_writer_init(&w, PIPE_REPLY_LIMIT);
-    put_microbatch(p, &w, s, mb->id, mb->B, mb->T, 0, mb->x, mb->y, mb->in[s]);
-    if (s != p->n - 1) stage_put_floats(&w, mb->gout[s], n, p->codec);
-    /* Another peer than the forward's (it died) is picked by the wiring, and recomputes. */
-    int served, rc = on_stage(p, s, prefer, STAGE_BACKWARD, mb->B,
-                              WIRING_BACKWARD_COST * mb->B, &w, &r, &served, err);
-    wire_writer_free(&w);
-    if (rc) return rc;
-    mb->bw_peer[s] = served;
-    if (s > 0 && grad_in && stage_get_floats(&r, grad_in, n, p->codec))
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
-    if (grad_in && wire_reader_done(&r))
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad backward reply", s);
+    if (p->n_tasks == p->cap_tasks) {
+        int cap = p->cap_tasks ? 2 * p->cap_tasks : 64;
+        task *grown = realloc(p->tasks, sizeof *grown * (size_t)cap);
+        if (!grown) return CIRRUS_ENOMEM;
+        p->tasks = grown;
+        p->cap_tasks = cap;
+    }
+    p->tasks[p->n_tasks++] = *t;
     return 0;
 }
 
-/* The dead peer k of stage s held the gradients of some of this step's backwards: run
- * them again on survivors (the recomputed grad_in is not needed: upstream already has it). */
+static void task_drop(pipeline *p, int i)
+{
+    p->tasks[i] = p->tasks[--p->n_tasks];
+}
+
+/* Give task t a live peer of its stage: a forward goes where the wiring says, booking its
+ * backward there too; a backward goes back to its forward's peer (the activations), or,
+ * if that one is gone, where the wiring says (that peer recomputes the forward). */
+static int task_assign(pipeline *p, task *t, cirrus_error *err)
+{
+    const mb_record *mb = &p->mb[t->m];
+    int k = -1;
+    if (t->type == STAGE_FORWARD)
+        k = routed_peer(p, t->s, mb->B * (1.0 + WIRING_BACKWARD_COST));
+    else if (!t->redo && mb->fw_peer[t->s] >= 0 && peer_alive(p, t->s, mb->fw_peer[t->s]))
+        k = mb->fw_peer[t->s];
+    else
+        k = routed_peer(p, t->s, WIRING_BACKWARD_COST * mb->B);
+    if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", t->s);
+    t->k = k;
+    t->sent = 0;
+    return 0;
+}
+
+static int task_add(pipeline *p, int m, int s, uint16_t type, int redo, cirrus_error *err)
+{
+    task t = {.m = m, .s = s, .type = type, .redo = redo};
+    int rc = task_assign(p, &t, err);
+    if (!rc && task_push(p, &t)) rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    return rc;
+}
+
+static int engine_run(pipeline *p, cirrus_error *err);
+
+/* The dead peer k of stage s held the gradients of some of this step's backwards: they are
+ * run again on survivors (the recomputed grad_in is not needed: upstream already has it). */
 static int redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err)
 {
-    for (int m = 0; m < p->n_mb; m++) {
+    int rc = 0;
+    for (int m = 0; m < p->n_mb && !rc; m++) {
         if (p->mb[m].bw_peer[s] != dead) continue;
         p->mb[m].bw_peer[s] = -1;
         p->counters.redone++;
-        int rc = backward_stage(p, m, s, -1, NULL, err);
+        rc = task_add(p, m, s, STAGE_BACKWARD, 1, err);
+    }
+    /* Outside the flow of microbatches (a peer lost while averaging), run them now. */
+    return rc || p->in_engine ? rc : engine_run(p, err);
+}
+
+/* Tasks queued for, or sent to, the lost peer k of stage s go to other peers. */
+static int reassign_tasks_of(pipeline *p, int s, int k, cirrus_error *err)
+{
+    for (int i = 0; i < p->n_tasks; i++) {
+        task *t = &p->tasks[i];
+        if (t->s != s || t->k != k) continue;
+        if (t->sent) p->counters.retried++;
+        int rc = task_assign(p, t, err);
         if (rc) return rc;
     }
     return 0;
+}
+
+/* The FORWARD or BACKWARD request of task t. */
+static void put_task(pipeline *p, wire_writer *w, const task *t)
+{
+    const mb_record *mb = &p->mb[t->m];
+    const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
+    put_microbatch(p, w, t->s, mb->id, mb->B, mb->T, t->type == STAGE_FORWARD, mb->x, mb->y,
+                   mb->in[t->s]);
+    if (t->type == STAGE_BACKWARD && t->s != p->n - 1)
+        stage_put_floats(w, mb->gout[t->s], n, p->codec);
+}
+
+/* Put task t on the wire to its peer, under the stage's learned deadline once the peer is
+ * warm and has a live alternative (as call_timed). */
+static int task_send(pipeline *p, task *t, cirrus_error *err)
+{
+    peer_link *pl = &p->link[t->s].peer[t->k];
+    wire_writer w;
+    wire_writer_init(&w, PIPE_REPLY_LIMIT);
+    put_task(p, &w, t);
+    t->id = ++p->next_id;
+    int rc = send_to(p, t->s, t->k, t->type, t->id, &w, err);
+    wire_writer_free(&w);
+    if (rc) return rc;
+    t->sent = 1;
+    t->learned = alive_count(p, t->s) > 1 && pl->served >= PIPE_WARM_REQUESTS;
+    t->t_sent = now_s();
+    t->deadline = t->t_sent + (t->learned ? deadline_get(p->deadline[t->s][t->type ==
+                                                                          STAGE_BACKWARD])
+                                          : p->timeout_ms / 1000.0);
+    return 0;
+}
+
+/* What the latency of a finished (rc 0) or failed task teaches the estimators. */
+static void task_observe(pipeline *p, const task *t, int rc)
+{
+    peer_link *pl = &p->link[t->s].peer[t->k];
+    deadline_estimator *d = p->deadline[t->s][t->type == STAGE_BACKWARD];
+    const double took = now_s() - t->t_sent;
+    if (!rc) pl->served++;
+    if (!rc && t->learned)
+        deadline_observe(d, took);
+    else if (rc == CIRRUS_ETIMEDOUT)
+        deadline_observe_timeout(d, took);
+    wiring_report(p->wiring, t->s, pl->wid,
+                  t->type == STAGE_BACKWARD ? WIRING_BACKWARD : WIRING_FORWARD,
+                  p->mb[t->m].B, took,
+                  !rc ? WIRING_OK : rc == CIRRUS_ETIMEDOUT ? WIRING_TIMEOUT : WIRING_ERROR);
+}
+
+/* Task t was answered with r: keep what the reply carries. A malformed reply is a fault of
+ * the peer (the task stays, to be sent elsewhere). */
+static int task_read_reply(pipeline *p, const task *t, wire_reader *r, cirrus_error *err)
+{
+    mb_record *mb = &p->mb[t->m];
+    const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
+    const int last = t->s == p->n - 1;
+    if (t->type == STAGE_FORWARD) {
+        if (last)
+            mb->loss = wire_get_f32(r);
+        else if (stage_get_floats(r, mb->in[t->s + 1], n, p->codec))
+            r->failed = 1;
+    } else if (t->s > 0) {
+        /* A redo's grad_in is read (the reply must be well formed) and dropped. */
+        if (stage_get_floats(r, t->redo ? p->acts[0] : mb->gout[t->s - 1], n, p->codec))
+            r->failed = 1;
+    }
+    if (wire_reader_done(r))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %s: bad %s reply", t->s,
+                           p->link[t->s].peer[t->k].addr,
+                           t->type == STAGE_FORWARD ? "FORWARD" : "BACKWARD");
+    return 0;
+}
+
+/* Task t is done: queue what comes next for its microbatch. */
+static int task_done(pipeline *p, const task *t, cirrus_error *err)
+{
+    mb_record *mb = &p->mb[t->m];
+    const int last = t->s == p->n - 1;
+    if (t->type == STAGE_FORWARD) {
+        mb->fw_peer[t->s] = t->k;
+        return task_add(p, t->m, last ? t->s : t->s + 1, last ? STAGE_BACKWARD : STAGE_FORWARD,
+                        0, err);
+    }
+    mb->bw_peer[t->s] = t->k;
+    if (t->redo) return 0;
+    if (t->s > 0) return task_add(p, t->m, t->s - 1, STAGE_BACKWARD, 0, err);
+    p->counters.microbatches++;
+    p->mb_active--;
+    return 0;
+}
+
+/* Which queued task peer k of stage s does next: backwards first, then the oldest
+ * microbatch; -1 if none. */
+static int next_task_for(const pipeline *p, int s, int k)
+{
+    int best = -1;
+    for (int i = 0; i < p->n_tasks; i++) {
+        const task *t = &p->tasks[i];
+        if (t->s != s || t->k != k) continue;
+        if (t->sent) return -1; /* busy */
+        if (best < 0) {
+            best = i;
+            continue;
+        }
+        const task *b = &p->tasks[best];
+        const int tb = t->type == STAGE_BACKWARD, bb = b->type == STAGE_BACKWARD;
+        if (tb > bb || (tb == bb && t->m < b->m)) best = i;
+    }
+    return best;
+}
+
+static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err);
+
+/* Send every idle peer its next task. */
+static int dispatch(pipeline *p, cirrus_error *err)
+{
+    for (int s = 0; s < p->n; s++)
+        for (int k = 0; k < p->link[s].n; k++) {
+            if (!peer_alive(p, s, k)) continue;
+            int i = next_task_for(p, s, k);
+            if (i < 0) continue;
+            cirrus_error why;
+            if (!task_send(p, &p->tasks[i], &why)) continue;
+            p->counters.retried++;
+            int rc = peer_failed(p, s, k, &why, err);
+            if (rc) return rc;
+            k = -1; /* tasks moved to other peers of the stage: look at all of them again */
+        }
+    return 0;
+}
+
+/* The reply to task i (its peer's socket is readable, or its deadline passed). */
+static int task_answer(pipeline *p, int i, int timed_out, cirrus_error *err)
+{
+    task t = p->tasks[i];
+    wire_reader r;
+    cirrus_error why = {0};
+    int rc;
+    if (timed_out) {
+        rc = cirrus_fail(&why, CIRRUS_ETIMEDOUT, "stage %d peer %s: no reply within %.3f s",
+                         t.s, p->link[t.s].peer[t.k].addr, now_s() - t.t_sent);
+    } else {
+        /* Readable: the frame is arriving; a peer stalling mid-frame still meets the
+         * deadline, with a little slack for the frame that has begun. */
+        double left = t.deadline - now_s();
+        rc = await_reply(p, t.s, t.k, t.type, t.id, &r, (int)((left > 0.1 ? left : 0.1) * 1000),
+                         &why);
+    }
+    if (!rc) rc = task_read_reply(p, &t, &r, &why);
+    task_observe(p, &t, rc);
+    if (!rc) {
+        task_drop(p, i);
+        return task_done(p, &t, err);
+    }
+    if (!is_peer_fault(rc)) {
+        *err = why;
+        return rc;
+    }
+    return peer_failed(p, t.s, t.k, &why, err);
+}
+
+/* Wait for the first reply or deadline among the requests on the wire, and handle it. */
+static int engine_wait(pipeline *p, cirrus_error *err)
+{
+    struct pollfd fds[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
+    int which[PIPE_MAX_STAGES * PIPE_MAX_PEERS], n = 0;
+    double first = 0;
+    for (int i = 0; i < p->n_tasks; i++) {
+        const task *t = &p->tasks[i];
+        if (!t->sent) continue;
+        fds[n] = (struct pollfd){.fd = net_fd(p->link[t->s].peer[t->k].c), .events = POLLIN};
+        which[n++] = i;
+        if (n == 1 || t->deadline < first) first = t->deadline;
+    }
+    if (n == 0) return cirrus_fail(err, CIRRUS_EIO, "tasks queued but none on the wire");
+    double left = first - now_s();
+    int ready = poll(fds, (nfds_t)n, left > 0 ? (int)(left * 1000.0) + 1 : 0);
+    if (ready < 0 && errno != EINTR) return cirrus_fail(err, CIRRUS_EIO, "poll: %s", strerror(errno));
+    /* One event per wait: handling it may move or drop other tasks. */
+    for (int j = 0; j < n && ready > 0; j++)
+        if (fds[j].revents) return task_answer(p, which[j], 0, err);
+    for (int j = 0; j < n; j++)
+        if (p->tasks[which[j]].deadline <= now_s()) return task_answer(p, which[j], 1, err);
+    return 0;
+}
+
+/* After an error the requests still on the wire would answer out of turn: their peers'
+ * connections are closed (the pipeline is not used again after a failed step). */
+static void engine_abandon(pipeline *p)
+{
+    for (int i = 0; i < p->n_tasks; i++) {
+        peer_link *pl = &p->link[p->tasks[i].s].peer[p->tasks[i].k];
+        if (p->tasks[i].sent && pl->c) {
+            net_close(pl->c);
+            pl->c = NULL;
+            wiring_peer_remove(p->wiring, p->tasks[i].s, pl->wid);
+        }
+    }
+    p->n_tasks = 0;
+}
+
+/* The window: microbatches started and not finished at once. */
+static int engine_window(const pipeline *p)
+{
+    if (p->inflight > 0) return p->inflight;
+    int peers = 0; /* default: one per live peer, enough to keep every peer busy */
+    for (int s = 0; s < p->n; s++) peers += alive_count(p, s);
+    return peers;
+}
+
+/* Run tasks until every started microbatch, and every queued redo, is done. */
+static int engine_run(pipeline *p, cirrus_error *err)
+{
+    int rc = 0;
+    p->in_engine = 1;
+    while (!rc) {
+        while (!rc && p->next_start < p->n_mb && p->mb_active < engine_window(p)) {
+            p->mb_active++;
+            rc = task_add(p, p->next_start++, 0, STAGE_FORWARD, 0, err);
+        }
+        if (rc || (rc = dispatch(p, err))) break;
+        if (p->n_tasks == 0 && p->next_start == p->n_mb) break;
+        rc = engine_wait(p, err);
+    }
+    p->in_engine = 0;
+    if (rc) engine_abandon(p);
+    return rc;
 }
 
 static int keep_record(pipeline *p, int m, uint64_t id, int B, int T, const int32_t *x,
@@ -362,7 +666,9 @@ static int keep_record(pipeline *p, int m, uint64_t id, int B, int T, const int3
         mb->in = calloc((size_t)p->n, sizeof(float *));
         mb->gout = calloc((size_t)p->n, sizeof(float *));
         mb->bw_peer = malloc(sizeof(int) * (size_t)p->n);
-        if (!mb->x || !mb->y || !mb->in || !mb->gout || !mb->bw_peer) return CIRRUS_ENOMEM;
+        mb->fw_peer = malloc(sizeof(int) * (size_t)p->n);
+        if (!mb->x || !mb->y || !mb->in || !mb->gout || !mb->bw_peer || !mb->fw_peer)
+            return CIRRUS_ENOMEM;
         for (int s = 0; s < p->n; s++) {
             mb->in[s] = s ? malloc(sizeof(float) * N * C) : NULL;
             mb->gout[s] = s < p->n - 1 ? malloc(sizeof(float) * N * C) : NULL;
@@ -371,36 +677,39 @@ static int keep_record(pipeline *p, int m, uint64_t id, int B, int T, const int3
     }
     memcpy(mb->x, x, sizeof(int32_t) * (size_t)B * T);
     memcpy(mb->y, y, sizeof(int32_t) * (size_t)B * T);
-    for (int s = 0; s < p->n; s++) mb->bw_peer[s] = -1;
+    for (int s = 0; s < p->n; s++) mb->bw_peer[s] = mb->fw_peer[s] = -1;
     mb->id = id;
     mb->B = B;
     mb->T = T;
+    mb->loss = 0.0f;
     return 0;
+}
+
+int pipeline_microbatches(pipeline *p, uint64_t first_id, int n, int B, int T,
+                          const int32_t *x, const int32_t *y, float *losses, cirrus_error *err)
+{
+    if (n < 1 || p->n_mb + n > PIPE_MAX_MICRO)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches: a step holds 1 to %d", n,
+                           PIPE_MAX_MICRO);
+    if (B < 1 || B > p->max_B || T < 1 || T > p->max_T)
+        return cirrus_fail(err, CIRRUS_EINVAL, "microbatch %d x %d exceeds %d x %d", B, T,
+                           p->max_B, p->max_T);
+    const int first = p->n_mb;
+    const size_t BT = (size_t)B * T;
+    for (int i = 0; i < n; i++)
+        if (keep_record(p, first + i, first_id + (uint64_t)i, B, T, x + i * BT, y + i * BT))
+            return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    p->next_start = first;
+    p->n_mb = first + n; /* from here on, their backwards count toward the step */
+    int rc = engine_run(p, err);
+    for (int i = 0; !rc && i < n; i++) losses[i] = p->mb[first + i].loss;
+    return rc;
 }
 
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err)
 {
-    if (p->n_mb == PIPE_MAX_MICRO)
-        return cirrus_fail(err, CIRRUS_EINVAL, "more than %d microbatches in one step",
-                           PIPE_MAX_MICRO);
-    const int m = p->n_mb;
-    if (keep_record(p, m, id, B, T, x, y)) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    mb_record *mb = &p->mb[m];
-    const size_t n = (size_t)B * T * p->cfg.n_embd;
-    int fw_peer[PIPE_MAX_STAGES], rc;
-    for (int s = 0; s < p->n; s++) {
-        if ((rc = forward_stage(p, s, id, B, T, 1, x, y, loss, &fw_peer[s], err))) return rc;
-        if (s + 1 < p->n) memcpy(mb->in[s + 1], p->acts[s + 1], sizeof(float) * n);
-    }
-    p->n_mb++; /* from here on, its backwards count toward the step */
-    for (int s = p->n - 1; s >= 0; s--) {
-        /* The peer that ran the forward still holds the activations: ask it first. */
-        if ((rc = backward_stage(p, m, s, fw_peer[s], s ? mb->gout[s - 1] : NULL, err)))
-            return rc;
-    }
-    p->counters.microbatches++;
-    return 0;
+    return pipeline_microbatches(p, id, 1, B, T, x, y, loss, err);
 }
 
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,
@@ -429,7 +738,8 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
         if (peer_alive(p, s, k)) sent[k] = send_to(p, s, k, type, id, w, &why[k]) == 0 ? 1 : -1;
     for (int k = 0; k < p->link[s].n; k++) {
         if (sent[k] == 0) continue;
-        int prc = sent[k] == 1 ? await_reply(p, s, k, type, id, r, &why[k]) : CIRRUS_ECLOSED;
+        int prc = sent[k] == 1 ? await_reply(p, s, k, type, id, r, p->timeout_ms, &why[k])
+                               : CIRRUS_ECLOSED;
         if (!prc) {
             (*answered)++;
         } else if (is_peer_fault(prc)) {
@@ -474,7 +784,8 @@ static int average_stages(pipeline *p, cirrus_error *err)
             for (int k = 0; k < p->link[s].n; k++) {
                 if (sent[k] == 0) continue;
                 wire_reader r;
-                int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r, &why[k])
+                int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r,
+                                                    p->timeout_ms, &why[k])
                                       : CIRRUS_ECLOSED;
                 if (!rc) {
                     held += wire_get_u32(&r);
@@ -607,7 +918,7 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
         wire_writer_free(&w);
         if (!rc && !answered) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d: no peer stepped", s);
     }
-    p->n_mb = 0;
+    p->n_mb = p->next_start = p->mb_active = 0;
     memset(p->averaged, 0, sizeof p->averaged);
     return rc;
 }
@@ -822,10 +1133,14 @@ int pipeline_stages(const pipeline *p)
     return p->n;
 }
 
-int pipeline_set_routing(pipeline *p, enum wiring_policy policy, uint64_t seed,
+int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, uint64_t seed,
                          cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "routing changes between steps only");
+    if (inflight < 0 || inflight > PIPE_MAX_MICRO)
+        return cirrus_fail(err, CIRRUS_EINVAL, "microbatches in flight must be in [0, %d], got %d",
+                           PIPE_MAX_MICRO, inflight);
+    p->inflight = inflight;
     wiring *w = wiring_create(p->n, policy, seed);
     if (!w) return cirrus_fail(err, CIRRUS_EINVAL, "bad routing policy %d", (int)policy);
     for (int s = 0; s < p->n; s++)
@@ -861,7 +1176,9 @@ void pipeline_close(pipeline *p)
         free(mb->in);
         free(mb->gout);
         free(mb->bw_peer);
+        free(mb->fw_peer);
     }
+    free(p->tasks);
     free(p->tied);
     free(p->bytes_x);
     free(p->bytes_y);

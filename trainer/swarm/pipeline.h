@@ -17,6 +17,7 @@
 
 #define PIPE_MAX_STAGES 64
 #define PIPE_MAX_PEERS 16
+#define PIPE_MAX_MICRO 256 /* microbatches per step */
 
 typedef struct pipeline pipeline;
 
@@ -28,16 +29,20 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                      int codec, int timeout_ms, cirrus_error *err);
 void pipeline_close(pipeline *p);
 
-/* Forward + backward of one microbatch; *loss is its mean loss. At each stage the wiring
- * picks the forward's peer (least loaded by measured throughput, or round robin), and the
- * backward returns to it (it holds the activations) unless it died. Gradients accumulate
- * on the peers until pipeline_step(). */
+/* Forward + backward of n microbatches of B x T tokens (microbatch i: x + i*B*T, y + i*B*T,
+ * id first_id + i), up to the routing's window of them in flight at once; losses[i]
+ * receives their mean losses. At each stage the wiring picks a forward's peer (least loaded
+ * by measured throughput, or round robin), and the backward returns to it (it holds the
+ * activations) unless it died. Gradients accumulate on the peers until pipeline_step(). */
+int pipeline_microbatches(pipeline *p, uint64_t first_id, int n, int B, int T,
+                          const int32_t *x, const int32_t *y, float *losses, cirrus_error *err);
+/* The same for one microbatch. */
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err);
 /* How microbatches are routed: WIRING_LEAST_LOADED (the default) or WIRING_ROUND_ROBIN
- * (microbatch m on peer m mod P of every stage); seed breaks the wiring's ties. Between
- * steps only. */
-int pipeline_set_routing(pipeline *p, enum wiring_policy policy, uint64_t seed,
+ * (each stage's peers in turn, speed ignored), with up to `inflight` microbatches in flight
+ * (0, the default: one per live peer); seed breaks the wiring's ties. Between steps only. */
+int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, uint64_t seed,
                          cirrus_error *err);
 /* Optimizer step: the peers of each stage sum their gradients, then every stage steps
  * (grad_scale = 1 / microbatches accumulated since the last step). */

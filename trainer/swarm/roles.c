@@ -70,6 +70,7 @@ int roles_cmd_stage(int argc, char **argv)
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
     float slowdown = 1.0f;
+    int act_slots = STAGE_PEER_DEFAULT_SLOTS;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         {"job", FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
@@ -91,6 +92,10 @@ int roles_cmd_stage(int argc, char **argv)
          "tests and benchmarks only: be F times slower (sleep (F-1) x the compute time "
          "after each forward and backward; default 1)",
          0},
+        {"act-slots", FLAG_INT, &act_slots, 1, STAGE_PEER_MAX_SLOTS,
+         "forwards whose activations are kept for their backward (default 4; more "
+         "microbatches in flight need more, each costs a microbatch's activations)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -105,7 +110,8 @@ int roles_cmd_stage(int argc, char **argv)
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
-    stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown};
+    stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
+                            .act_slots = act_slots};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",
@@ -225,18 +231,18 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
 {
     pipe_exec *e = ctx;
     const int M = B / e->micro;
+    float losses[PIPE_MAX_MICRO];
     admit_new_peers(e);
+    if (M > PIPE_MAX_MICRO)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step: at most %d", M,
+                           PIPE_MAX_MICRO);
+    int rc = pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + 1, M, e->micro, T, x, y,
+                                   losses, err);
+    if (rc) return rc;
     double sum = 0.0;
-    for (int m = 0; m < M; m++) {
-        float l;
-        const size_t off = (size_t)m * e->micro * T;
-        int rc = pipeline_microbatch(e->p, (id - 1) * (uint64_t)M + (uint64_t)m + 1, e->micro,
-                                     T, x + off, y + off, &l, err);
-        if (rc) return rc;
-        sum += l;
-    }
+    for (int m = 0; m < M; m++) sum += losses[m]; /* in order: the same sum every run */
     *loss = (float)(sum / M);
-    int rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
+    rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
     if (!rc) report_step(e, step, *loss, B * T);
     return rc;
 }
@@ -423,10 +429,17 @@ static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *
     }
 }
 
-/* Train through the stage peers of src, microbatches routed by `routing`. */
+/* How a client routes microbatches (--routing, --inflight). */
+typedef struct routing_flags {
+    const char *name;
+    enum wiring_policy policy;
+    int inflight;
+} routing_flags;
+
+/* Train through the stage peers of src. */
 static int run_client(const char *cmd, train_options *o, const char *job,
                       const peer_source *src, int codec, int micro, const char *coordinator,
-                      enum wiring_policy routing)
+                      const routing_flags *routing)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
@@ -443,7 +456,7 @@ static int run_client(const char *cmd, train_options *o, const char *job,
         coord_client_close(cc);
         return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
     }
-    if (pipeline_set_routing(p, routing, o->seed, &err)) {
+    if (pipeline_set_routing(p, routing->policy, routing->inflight, o->seed, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         pipeline_close(p);
         coord_client_close(cc);
@@ -476,8 +489,7 @@ int roles_cmd_client(int argc, char **argv)
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
-    const char *routing = "wiring";
-    enum wiring_policy policy = WIRING_LEAST_LOADED;
+    routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -496,10 +508,12 @@ int roles_cmd_client(int argc, char **argv)
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
-        {"routing", FLAG_STR, &routing, 0, 0,
+        {"routing", FLAG_STR, &routing.name, 0, 0,
          "which peer of a stage gets a microbatch: wiring (least loaded by measured "
          "throughput, default) or rr (round robin, speed ignored)",
          0},
+        {"inflight", FLAG_INT, &routing.inflight, 0, PIPE_MAX_MICRO,
+         "microbatches in flight at once (default 0: one per stage peer)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -512,7 +526,7 @@ int roles_cmd_client(int argc, char **argv)
     }
     int codec = STAGE_CODEC_NONE;
     if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err) ||
-        parse_routing(routing, &policy, &err))
+        parse_routing(routing.name, &routing.policy, &err))
         return cli_fail_input("client", &err);
     if (!stages && !coordinator) {
         cirrus_fail(&err, CIRRUS_EINVAL,
@@ -522,7 +536,7 @@ int roles_cmd_client(int argc, char **argv)
     micro = micro ? micro : o.batch;
     if (!stages) {
         peer_source src = {.n = 0, .wait_s = wait_s};
-        return run_client("client", &o, job, &src, codec, micro, coordinator, policy);
+        return run_client("client", &o, job, &src, codec, micro, coordinator, &routing);
     }
     char *list = strdup(stages);
     const char *stage_lists[PIPE_MAX_STAGES], *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
@@ -542,7 +556,7 @@ int roles_cmd_client(int argc, char **argv)
         rc = cli_fail_input("client", &err);
     } else {
         peer_source src = {.n = n, .peers = peers, .addrs = addrs};
-        rc = run_client("client", &o, job, &src, codec, micro, coordinator, policy);
+        rc = run_client("client", &o, job, &src, codec, micro, coordinator, &routing);
     }
     free(list);
     return rc;
@@ -629,8 +643,8 @@ int roles_cmd_local(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *act = "none", *routing = "wiring", *slow_text = NULL;
-    enum wiring_policy policy = WIRING_LEAST_LOADED;
+    const char *act = "none", *slow_text = NULL;
+    routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0;
     flag_spec flags[] = {
@@ -641,10 +655,12 @@ int roles_cmd_local(int argc, char **argv)
         {"microbatch", FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
-        {"routing", FLAG_STR, &routing, 0, 0,
+        {"routing", FLAG_STR, &routing.name, 0, 0,
          "which peer of a stage gets a microbatch: wiring (least loaded by measured "
          "throughput, default) or rr (round robin, speed ignored)",
          0},
+        {"inflight", FLAG_INT, &routing.inflight, 0, PIPE_MAX_MICRO,
+         "microbatches in flight at once (default 0: one per stage peer)", 0},
         {"slow-peer", FLAG_STR, &slow_text, 0, 0,
          "tests and benchmarks only: STAGE:PEER:F starts that peer with --slowdown F "
          "(F times slower)",
@@ -662,7 +678,7 @@ int roles_cmd_local(int argc, char **argv)
     }
     int codec = STAGE_CODEC_NONE;
     if (cli_model_from_flags(&mf, &o.model, &err) || parse_codec(act, &codec, &err) ||
-        parse_routing(routing, &policy, &err))
+        parse_routing(routing.name, &routing.policy, &err))
         return cli_fail_input("local", &err);
     if (n_stages > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--stages %d exceeds the model's %d layers", n_stages,
@@ -731,7 +747,7 @@ int roles_cmd_local(int argc, char **argv)
         }
     }
     peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs};
-    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, policy);
+    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, &routing);
     for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
     for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
     coordinator_stop(co);

@@ -21,11 +21,21 @@
 #define PEER_IO_TIMEOUT_MS 60000
 #define PEER_REPLY_LIMIT (256u << 20)
 
+/* One forward's activations, kept for its backward (a gpt_stage over the shared model). */
+typedef struct act_slot {
+    gpt_stage *stage;
+    uint64_t id;   /* the microbatch whose activations it holds; 0: none */
+    uint64_t used; /* when last used (the peer's request count): the oldest is reused */
+} act_slot;
+
 typedef struct peer {
     const stage_peer_options *opt;
     pthread_mutex_t mu; /* one request at a time: the model, stage and buffers below */
     gpt_model model;
-    gpt_stage *stage;
+    act_slot slot[STAGE_PEER_MAX_SLOTS];
+    int n_slots;
+    uint64_t uses;
+    uint64_t backwards, recomputed; /* backwards served; of them, without kept activations */
     adamw adam;
     size_t N, C, V;
     int32_t *tokens, *targets; /* max_B * max_T */
@@ -282,6 +292,25 @@ out:
     return rc;
 }
 
+/* The slot for microbatch `id`: the one holding it, else the least recently used. *hit
+ * says whether it holds the activations. */
+static gpt_stage *slot_for(peer *p, uint64_t id, int *hit)
+{
+    int best = 0;
+    for (int i = 0; i < p->n_slots; i++) {
+        if (id && p->slot[i].id == id) {
+            best = i;
+            break;
+        }
+        if (p->slot[i].used < p->slot[best].used) best = i;
+    }
+    act_slot *s = &p->slot[best];
+    *hit = id && s->id == id;
+    s->id = id;
+    s->used = ++p->uses;
+    return s->stage;
+}
+
 static double elapsed_s(const struct timespec *t0)
 {
     struct timespec t1;
@@ -321,7 +350,9 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         *why = "forward failed";
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        if ((rc = gpt_stage_forward(p->stage, &in, p->out, &loss, keep))) return rc;
+        int hit;
+        gpt_stage *st = slot_for(p, keep ? in.id : 0, &hit);
+        if ((rc = gpt_stage_forward(st, &in, p->out, &loss, keep))) return rc;
         slow_down(p, elapsed_s(&t0));
         p->busy_s += elapsed_s(&t0);
         p->samples += (uint64_t)in.B;
@@ -341,7 +372,11 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         unsum_gradients(p); /* a backward re-run for a lost peer after a round */
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        if ((rc = gpt_stage_backward(p->stage, &in, p->grad, p->out))) return rc;
+        int hit;
+        gpt_stage *st = slot_for(p, in.id, &hit);
+        p->backwards++;
+        p->recomputed += !hit;
+        if ((rc = gpt_stage_backward(st, &in, p->grad, p->out))) return rc;
         slow_down(p, elapsed_s(&t0));
         p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);
@@ -549,8 +584,14 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
     int rc;
     if ((rc = gpt_model_create(&p->model, &o->model, err))) return rc;
     gpt_model_init(&p->model, o->seed);
-    if ((rc = gpt_stage_create(&p->stage, &p->model, o->l0, o->l1, o->max_B, o->max_T, err)))
-        return rc;
+    p->n_slots = o->act_slots > 0 ? o->act_slots : STAGE_PEER_DEFAULT_SLOTS;
+    if (p->n_slots > STAGE_PEER_MAX_SLOTS)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d activation slots: at most %d", p->n_slots,
+                           STAGE_PEER_MAX_SLOTS);
+    for (int i = 0; i < p->n_slots; i++)
+        if ((rc = gpt_stage_create(&p->slot[i].stage, &p->model, o->l0, o->l1, o->max_B,
+                                   o->max_T, err)))
+            return rc;
     const int first = o->l0 == 0, last = o->l1 == o->model.n_layer;
     p->C = (size_t)o->model.n_embd;
     p->V = (size_t)o->model.vocab;
@@ -587,7 +628,7 @@ static void peer_teardown(peer *p)
     free(p->out);
     free(p->grad);
     adamw_destroy(&p->adam);
-    gpt_stage_destroy(p->stage);
+    for (int i = 0; i < p->n_slots; i++) gpt_stage_destroy(p->slot[i].stage);
     gpt_model_destroy(&p->model);
 }
 
@@ -638,6 +679,9 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
         if (!active) break;
         usleep(10000);
     }
+    if (p.backwards)
+        log_info("served %llu backwards, %llu of them without kept activations (%d slots)",
+                 (unsigned long long)p.backwards, (unsigned long long)p.recomputed, p.n_slots);
 out:
     peer_teardown(&p);
     pthread_mutex_destroy(&p.mu);

@@ -40,7 +40,15 @@ typedef struct stage_peer_options {
     /* Tests and benchmarks: after each forward and backward the peer sleeps (slowdown - 1)
      * times its compute time, so it is `slowdown` times slower as a whole (<= 1: none). */
     double slowdown;
+    /* Activation slots: the forwards whose activations are kept for their backward. With
+     * several microbatches in flight, forwards of other microbatches come between a
+     * forward and its backward; with too few slots the backward recomputes the forward.
+     * 0: STAGE_PEER_DEFAULT_SLOTS. */
+    int act_slots;
 } stage_peer_options;
+
+#define STAGE_PEER_DEFAULT_SLOTS 4
+#define STAGE_PEER_MAX_SLOTS 64
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */
 int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop,
