@@ -7,19 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/model_presets.h"
 #include "../common/role_args.h"
 
 #define DEFAULT_REGION_LABEL "topology.kubernetes.io/region"
 #define SECRET_SUFFIX "-pki"
 
-/* The presets of trainer/model/gpt.c (the operator does not link the trainer). */
+/* The model presets (common/model_presets.h, shared with the trainer). */
 static const struct {
     const char *name;
     int layers, width, heads, context;
 } presets[] = {
-    {"tiny", 4, 128, 4, 128},
-    {"small", 6, 384, 6, 256},
-    {"medium", 8, 512, 8, 256},
+#define PRESET(name, layers, width, heads, context) {#name, layers, width, heads, context},
+    CIRRUS_MODEL_PRESETS(PRESET)
+#undef PRESET
 };
 
 /* What the Pods need of the spec, defaults applied. Pointers borrow from the job. */

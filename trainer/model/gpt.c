@@ -6,22 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/model_presets.h"
 #include "../../common/rng.h"
 
 static const struct {
     const char *name;
     gpt_config cfg;
-    const char *about;
 } presets[] = {
-    /* ~0.83M parameters: the model of fast tests and the learning test. */
-    {"tiny", {.n_layer = 4, .n_embd = 128, .n_head = 4, .seq_len = 128, .vocab = GPT_VOCAB},
-     "4 layers, 128 wide"},
-    /* ~10.8M parameters: the shape of llm.c's CPU comparison point. */
-    {"small", {.n_layer = 6, .n_embd = 384, .n_head = 6, .seq_len = 256, .vocab = GPT_VOCAB},
-     "6 layers, 384 wide"},
-    /* ~25M parameters: the largest preset that still trains usefully on 2 cores. */
-    {"medium", {.n_layer = 8, .n_embd = 512, .n_head = 8, .seq_len = 256, .vocab = GPT_VOCAB},
-     "8 layers, 512 wide"},
+#define PRESET(name, layers, width, heads, context)                                          \
+    {#name, {.n_layer = layers, .n_embd = width, .n_head = heads, .seq_len = context,         \
+             .vocab = GPT_VOCAB}},
+    CIRRUS_MODEL_PRESETS(PRESET)
+#undef PRESET
 };
 
 int gpt_config_preset(gpt_config *cfg, const char *name, cirrus_error *err)
