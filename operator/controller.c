@@ -574,6 +574,22 @@ static int64_t expire_finished(controller *ctl, const json_t *job, cirrus_error 
     return 0;
 }
 
+/* runPolicy.activeDeadlineSeconds, counted from status.startTime (as a Job counts it): marks
+ * obs when it has passed; else returns the milliseconds left (0: no deadline or not started). */
+static int64_t active_deadline(const json_t *job, job_observed *obs)
+{
+    json_int_t limit = int_at(json_object_get(job, "spec"), "runPolicy", "activeDeadlineSeconds",
+                              -1);
+    double age = seconds_since(
+        json_string_value(json_object_get(json_object_get(job, "status"), "startTime")));
+    if (limit <= 0 || age < 0) return 0;
+    if (age >= (double)limit) {
+        obs->deadline_exceeded = 1;
+        return 0;
+    }
+    return (int64_t)(((double)limit - age) * 1000) + 100;
+}
+
 /* ---- reconcile ------------------------------------------------------------------------------- */
 
 static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirrus_error *err)
@@ -599,6 +615,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     }
     job_observed obs;
     observe_spec(job, &obs);
+    int64_t deadline_ms = active_deadline(job, &obs);
     const char *old_phase = json_string_value(json_object_get(json_object_get(job, "status"), "phase"));
     enum job_phase phase = jobstatus_phase(&obs, old_phase, 0);
     /* Before the pods: a final phase reached earlier stays; Failed from counts is decided
@@ -648,6 +665,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     json_decref(have);
     if (!rc) rc = write_status(ctl, job, m, &obs, err);
     if (!rc && jobstatus_phase_final(phase)) *requeue_ms = expire_finished(ctl, job, err, &rc);
+    else if (!rc && deadline_ms > 0) *requeue_ms = deadline_ms;
     desired_job_free(&d);
     json_decref((json_t *)job);
     return rc;

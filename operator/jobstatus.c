@@ -32,7 +32,7 @@ enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
 {
     if (old_phase && !strcmp(old_phase, "Failed")) return PHASE_FAILED;
     if (old_phase && !strcmp(old_phase, "Succeeded")) return PHASE_SUCCEEDED;
-    if (total_failures(obs) > obs->backoff_limit) return PHASE_FAILED;
+    if (total_failures(obs) > obs->backoff_limit || obs->deadline_exceeded) return PHASE_FAILED;
     int clients = 0, done = 0;
     for (int i = 0; i < obs->n_regions; i++) {
         clients += obs->regions[i].clients;
@@ -130,11 +130,16 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                   ph == PHASE_SUCCEEDED ? "every client finished its steps"
                                         : "clients still training",
                   now, g);
-    snprintf(msg, sizeof msg, "%lld pod failures, backoffLimit %lld", (long long)fails,
-             (long long)obs->backoff_limit);
-    add_condition(c, old_status, "Failed", ph == PHASE_FAILED,
-                  ph == PHASE_FAILED ? "BackoffLimitExceeded" : "WithinBackoffLimit", msg, now,
-                  g);
+    int by_deadline = ph == PHASE_FAILED && obs->deadline_exceeded && fails <= obs->backoff_limit;
+    if (by_deadline)
+        snprintf(msg, sizeof msg, "runPolicy.activeDeadlineSeconds passed since the job started");
+    else
+        snprintf(msg, sizeof msg, "%lld pod failures, backoffLimit %lld", (long long)fails,
+                 (long long)obs->backoff_limit);
+    const char *reason = ph != PHASE_FAILED ? "WithinBackoffLimit"
+                         : by_deadline      ? "DeadlineExceeded"
+                                            : "BackoffLimitExceeded";
+    add_condition(c, old_status, "Failed", ph == PHASE_FAILED, reason, msg, now, g);
     return c;
 }
 

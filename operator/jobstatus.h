@@ -6,7 +6,8 @@
  * lastTransitionTime kept while a condition's status does not change), per-region figures
  * and the printer-column strings. Pure: the clock is passed in, so it is unit-tested.
  *
- * Phases: Failed once failures exceed runPolicy.backoffLimit and Succeeded once every client
+ * Phases: Failed once failures exceed runPolicy.backoffLimit or runPolicy.activeDeadlineSeconds
+ * has passed since the job started, and Succeeded once every client
  * finished (both final); Suspended while spec.suspend; Running when every region has its
  * gateway and at least peers.min ready peers in every stage; Degraded when training can go
  * on (some region has a ready gateway and a ready peer in every stage) or had started, but
@@ -37,6 +38,7 @@ typedef struct job_observed {
     region_observed regions[JOBSTATUS_MAX_REGIONS];
     int64_t backoff_limit;
     int suspended;
+    int deadline_exceeded; /* runPolicy.activeDeadlineSeconds has passed since startTime */
     int64_t generation;
 } job_observed;
 

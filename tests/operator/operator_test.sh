@@ -7,7 +7,8 @@
 #     region; status, conditions, printer columns, events and /metrics filled;
 #   * a deleted peer pod is replaced in place within 2 s, the other pods untouched, counted as
 #     a preemption; a pod whose program fails (exit 1) counts as a failure, one killed by a
-#     signal (exit 137) as a preemption; past runPolicy.backoffLimit the job is Failed;
+#     signal (exit 137) as a preemption; past runPolicy.backoffLimit the job is Failed, and
+#     so it is once runPolicy.activeDeadlineSeconds has passed;
 #   * a deleted node's pods come back on another node of the same region within 20 s;
 #   * the operator killed (SIGKILL) mid-reconcile and restarted converges with no duplicate
 #     and no needlessly replaced pod; kube-apiserver restarted: the operator reconnects;
@@ -306,6 +307,23 @@ check "failed job's pods stopped" wait_until 30 no_running
 expect_eq "Failed condition reason" "BackoffLimitExceeded" \
     "$(kn get sj fragile -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}')"
 
+
+# ---- activeDeadlineSeconds ---------------------------------------------------------------------
+cat >"$work/brief.yaml" <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: brief}
+spec:
+  image: cirrus:latest
+  regions: [{name: r2, peers: {replicas: 1, min: 1}, clients: 1}]
+  runPolicy: {activeDeadlineSeconds: 3}
+EOF
+kn apply -f "$work/brief.yaml" >/dev/null
+brief_failed() { [[ "$(kn get sj brief -o jsonpath='{.status.phase} {.status.conditions[?(@.type=="Failed")].reason}')" == "Failed DeadlineExceeded" ]]; }
+t0=$(now)
+if wait_until 30 brief_failed; then ok "activeDeadlineSeconds 3: Failed (DeadlineExceeded) $(elapsed "$t0") s after apply"; else not_ok "activeDeadlineSeconds not enforced: $(kn get sj brief -o jsonpath='{.status.phase}')"; fi
+brief_stopped() { [[ -z "$(kn get pods -l cirrus.dev/job=brief --field-selector status.phase=Running -o name)" ]]; }
+check "the deadline-exceeded job's pods stopped" wait_until 30 brief_stopped
 fi # not under valgrind
 
 # ---- clean shutdown ---------------------------------------------------------------------------

@@ -115,6 +115,22 @@ TEST(jobstatus_phases)
     ASSERT_EQ(jobstatus_phase(&o, "Failed", 1), PHASE_FAILED);
     o.suspended = 1;
     ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUSPENDED);
+    o.suspended = 0;
+    o.deadline_exceeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_FAILED);
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    json_t *conds = json_object_get(st, "conditions");
+    size_t i;
+    json_t *c;
+    int seen = 0;
+    json_array_foreach(conds, i, c)
+    {
+        if (strcmp(json_string_value(json_object_get(c, "type")), "Failed")) continue;
+        ASSERT(!strcmp(json_string_value(json_object_get(c, "reason")), "DeadlineExceeded"));
+        seen = 1;
+    }
+    ASSERT(seen);
+    json_decref(st);
 }
 
 static const char *cond(const json_t *st, const char *type, const char *field)
