@@ -15,6 +15,8 @@
 #include "podstate.h"
 
 #define KEY_MAX 512
+/* A requeue is at most an hour away (TTLs and deadlines far off are re-checked then). */
+#define REQUEUE_MAX_MS 3600000LL
 #define PATH_MAX_LEN 512
 #define SWARMJOB_API "apis/cirrus.dev/v1alpha1"
 /* Only what this operator made: its label is on every child (desired.h). */
@@ -27,6 +29,7 @@ typedef struct job_mem {
     json_t *counts; /* region -> {"preemptions": n, "failures": n} */
     json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
     char phase[16]; /* the phase last written, for transition events */
+    int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
     struct job_mem *next;
 } job_mem;
 
@@ -85,6 +88,13 @@ static int child_path(char *buf, const json_t *job, const char *resource, const 
     return kube_path(buf, PATH_MAX_LEN, "api/v1", meta_str(job, "namespace"), resource, name);
 }
 
+/* Leadership is re-checked before every write: a reconcile can outlast the renew deadline,
+ * and a replica that lost the lease must not act beside its successor. */
+static int leading(const controller *ctl)
+{
+    return !ctl->opt.leading || ctl->opt.leading(ctl->opt.leading_ctx);
+}
+
 /* ---- informer handlers: every change queues the job it belongs to ------------------------- */
 
 static void job_changed(void *ctx, const json_t *obj)
@@ -122,6 +132,21 @@ static void node_deleted(void *ctx, const json_t *node)
     const char *name = meta_str(node, "name"), *key;
     const json_t *pod;
     if (!name) return;
+    /* Forget nodes whose pods are all gone: the set stays as small as the losses in flight. */
+    const char *gone;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(ctl->gone_nodes, tmp, gone, v)
+    {
+        int used = 0;
+        json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
+        {
+            const char *on =
+                json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+            if (on && !strcmp(on, gone)) used = 1;
+        }
+        if (!used) json_object_del(ctl->gone_nodes, gone);
+    }
     json_object_set_new(ctl->gone_nodes, name, json_true());
     json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
     {
@@ -236,9 +261,10 @@ static void event(controller *ctl, const json_t *job, int warning, const char *r
         warning ? "Warning" : "Normal", "firstTimestamp", now, "lastTimestamp", now, "count", 1,
         "source", "component", "cirrus-operator", "reportingComponent", "cirrus-operator",
         "reportingInstance", ctl->identity);
-    cirrus_error err;
-    if (ev && kube_create(ctl->client, path, ev, NULL, &err))
-        log_warn("event %s for %s not recorded: %s", reason, meta_str(job, "name"), err.msg);
+    cirrus_error err = {0};
+    if (!ev || kube_create(ctl->client, path, ev, NULL, &err))
+        log_warn("event %s for %s not recorded: %s", reason, meta_str(job, "name"),
+                 ev ? err.msg : "out of memory");
     else
         ctl->stats.events++;
     json_decref(ev);
@@ -317,20 +343,19 @@ static int ensure_secret(controller *ctl, const json_t *job, const json_t *skele
 /* ---- services ----------------------------------------------------------------------------- */
 
 static int ensure_services(controller *ctl, const json_t *job, const json_t *services,
-                           cirrus_error *err)
+                           int64_t applied_gen, cirrus_error *err)
 {
+    int64_t generation = int_at(job, "metadata", "generation", 0);
     const char *name;
     json_t *svc;
     json_object_foreach((json_t *)services, name, svc)
     {
         char key[KEY_MAX], path[PATH_MAX_LEN];
         snprintf(key, sizeof key, "%s/%s", meta_str(job, "namespace"), name);
-        const json_t *have = kube_informer_get(ctl->services, key);
-        const char *want_type = json_string_value(
-            json_object_get(json_object_get(svc, "spec"), "type"));
-        const char *have_type = json_string_value(
-            json_object_get(json_object_get(have, "spec"), "type"));
-        if (have && (!want_type || (have_type && !strcmp(want_type, have_type)))) continue;
+        /* Applied when missing, and once per generation of the job (and after a restart): a
+         * changed port, type or annotation must reach the Service that the new pods'
+         * --coordinator points at. An unchanged apply writes nothing. */
+        if (kube_informer_get(ctl->services, key) && applied_gen == generation) continue;
         if (child_path(path, job, "services", name))
             return cirrus_fail(err, CIRRUS_EINVAL, "service path too long");
         int rc = kube_apply(ctl->client, path, svc, CONTROLLER_FIELD_MANAGER, NULL, err);
@@ -341,16 +366,20 @@ static int ensure_services(controller *ctl, const json_t *job, const json_t *ser
 
 /* ---- pods ------------------------------------------------------------------------------------ */
 
-static int delete_pod(controller *ctl, const json_t *job, const char *name, int force,
-                      cirrus_error *err)
+/* Delete one pod, but only the incarnation we looked at (uid precondition): after a stale
+ * cache or a leadership change, a replacement made meanwhile under the same name survives. */
+static int delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,
+                      int force, cirrus_error *err)
 {
     char path[PATH_MAX_LEN];
     if (child_path(path, job, "pods", name))
         return cirrus_fail(err, CIRRUS_EINVAL, "pod path too long");
-    json_t *opt = force ? json_pack("{s:i}", "gracePeriodSeconds", 0) : NULL;
-    int rc = kube_delete(ctl->client, path, opt, err);
+    json_t *opt = json_pack("{s:{s:s}}", "preconditions", "uid", uid ? uid : "");
+    if (opt && force) json_object_set_new(opt, "gracePeriodSeconds", json_integer(0));
+    int rc = opt ? kube_delete(ctl->client, path, opt, err)
+                 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     json_decref(opt);
-    if (rc == CIRRUS_ENOENT) rc = 0;
+    if (rc == CIRRUS_ENOENT || rc == CIRRUS_ECONFLICT) rc = 0; /* gone, or already replaced */
     if (!rc) ctl->stats.pods_deleted++;
     return rc;
 }
@@ -403,15 +432,18 @@ static void observe_spec(const json_t *job, job_observed *obs)
     }
 }
 
-/* One observed pod of the job: account for it, and delete it when it must be replaced.
- * final: the job has ended (Succeeded or Failed); stop: suspended or final — no pod runs. */
-static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json_t *pod,
-                      const json_t *want, job_observed *obs, enum job_phase phase,
-                      cirrus_error *err)
+enum pod_action { KEEP_POD, DELETE_POD, FORCE_DELETE_POD };
+
+/* One observed pod of the job: fold it into obs, count its end once (preemption or failure),
+ * and say whether it must go: ended (to be re-created), no longer wanted, or built from an
+ * older spec. No requests here except Events: deletions wait until the counts are written
+ * to the status, so a count is never lost with the pod that showed it. */
+static enum pod_action observe_pod(controller *ctl, const json_t *job, job_mem *m,
+                                   const json_t *pod, const json_t *want, job_observed *obs)
 {
     const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
     const char *region = label(pod, CIRRUS_LABEL_REGION), *role = label(pod, CIRRUS_LABEL_ROLE);
-    if (!name || !uid) return 0;
+    if (!name || !uid) return KEEP_POD;
     const json_t *seen = json_object_get(m->seen, name);
     const char *seen_uid = json_string_value(json_object_get(seen, "uid"));
     int counted = seen_uid && !strcmp(seen_uid, uid) &&
@@ -438,33 +470,29 @@ static int handle_pod(controller *ctl, const json_t *job, job_mem *m, const json
             if (s >= 0 && s < ro->n_stages) ro->ready[s]++;
         }
     }
-    if (st == POD_TERMINATING && !node_gone) return 0;
+    if (st == POD_TERMINATING) return KEEP_POD;
     if (!want) { /* scaled down, or a region/stage no longer in the spec */
         mark_seen(m, name, uid, 1, 1);
-        return delete_pod(ctl, job, name, 0, err);
+        return DELETE_POD;
     }
-    if (st == POD_SUCCEEDED && is_client) return 0; /* kept for its logs */
+    if (st == POD_SUCCEEDED && is_client) return KEEP_POD; /* done; kept for its logs */
     if (pod_state_ended(st) && !counted) {
         if (st == POD_FAILED || st == POD_PREEMPTED) {
             count(ctl, m, region, st == POD_FAILED);
-            event(ctl, job, 1, st == POD_FAILED ? "PodFailed" : "PodPreempted",
-                  "pod %s %s (%s); %s", name, st == POD_FAILED ? "failed" : "was preempted", why,
-                  jobstatus_phase_final(phase) || obs->suspended ? "not replaced"
-                                                                 : "replacing it in place");
+            event(ctl, job, 1, st == POD_FAILED ? "PodFailed" : "PodPreempted", "pod %s %s (%s)",
+                  name, st == POD_FAILED ? "failed" : "was preempted", why);
         }
         mark_seen(m, name, uid, 1, 1);
     }
     /* No kubelet will confirm a graceful deletion on a node that is gone: force it. */
-    if (pod_state_ended(st)) return delete_pod(ctl, job, name, node_gone, err);
-    int stop = obs->suspended || phase == PHASE_FAILED || (phase == PHASE_SUCCEEDED);
+    if (pod_state_ended(st)) return node_gone ? FORCE_DELETE_POD : DELETE_POD;
     const char *have_hash = annotation(pod, CIRRUS_ANNOT_SPEC_HASH);
     const char *want_hash = annotation(want, CIRRUS_ANNOT_SPEC_HASH);
-    int stale = want_hash && (!have_hash || strcmp(have_hash, want_hash));
-    if (stop || stale) {
+    if (want_hash && (!have_hash || strcmp(have_hash, want_hash))) {
         mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
-        return delete_pod(ctl, job, name, 0, err);
+        return DELETE_POD;
     }
-    return 0;
+    return KEEP_POD;
 }
 
 /* A desired pod that does not exist (any more): count it if it vanished under us, then
@@ -613,6 +641,11 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         json_decref((json_t *)job);
         return 0;
     }
+    if (!m) {
+        desired_job_free(&d);
+        json_decref((json_t *)job);
+        return rc;
+    }
     job_observed obs;
     observe_spec(job, &obs);
     int64_t deadline_ms = active_deadline(job, &obs);
@@ -621,7 +654,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     /* Before the pods: a final phase reached earlier stays; Failed from counts is decided
      * after accounting below. */
     if (!rc) rc = ensure_secret(ctl, job, d.secret, err);
-    if (!rc) rc = ensure_services(ctl, job, d.services, err);
+    if (!rc) rc = ensure_services(ctl, job, d.services, m->services_gen, err);
+    if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
     /* Observed pods of this job (the informer caches every pod the operator manages). */
     const char *pkey;
     const json_t *pod;
@@ -634,38 +668,74 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             json_object_set(have, meta_str(pod, "name"), (json_t *)pod);
     }
     apply_counts(&obs, m);
+    json_t *doomed = json_object(); /* pod name -> {"uid", "force", "ended"} */
     const char *pname;
     json_object_foreach(have, pname, pod)
     {
-        if (rc) break;
-        rc = handle_pod(ctl, job, m, pod, json_object_get(d.pods, pname), &obs, phase, err);
+        enum pod_action a = observe_pod(ctl, job, m, pod, json_object_get(d.pods, pname), &obs);
+        if (a != KEEP_POD)
+            json_object_set_new(doomed, pname,
+                                json_pack("{s:s, s:b, s:b}", "uid", meta_str(pod, "uid"),
+                                          "force", a == FORCE_DELETE_POD, "ended",
+                                          pod_state_ended(pod_state_of(pod, NULL, 0))));
     }
     apply_counts(&obs, m);
     phase = jobstatus_phase(&obs, old_phase, 0);
-    int stop = obs.suspended || jobstatus_phase_final(phase);
-    const json_t *want;
-    json_object_foreach(d.pods, pname, want)
-    {
-        if (rc || stop) break;
-        if (!json_object_get(have, pname)) rc = create_pod(ctl, job, m, pname, want, err);
-    }
-    if (stop && jobstatus_phase_final(phase) && !rc) {
-        /* Stop what still runs once the job is over (the loop above only handled pods
-         * observed before the phase was decided). */
+    int final = jobstatus_phase_final(phase), stop = obs.suspended || final;
+    if (stop) {
+        /* Nothing runs while suspended or once the job is over, except clients that finished. */
         json_object_foreach(have, pname, pod)
         {
             const char *role = label(pod, CIRRUS_LABEL_ROLE);
             enum pod_state st = pod_state_of(pod, NULL, 0);
-            if (rc || pod_state_ended(st) || st == POD_TERMINATING) continue;
+            if (pod_state_ended(st) || st == POD_TERMINATING) continue;
             if (phase == PHASE_SUCCEEDED && role && !strcmp(role, CIRRUS_ROLE_CLIENT)) continue;
             mark_seen(m, pname, meta_str(pod, "uid") ? meta_str(pod, "uid") : "", 1, 1);
-            rc = delete_pod(ctl, job, pname, 0, err);
+            json_object_set_new(doomed, pname, json_pack("{s:s, s:b, s:b}", "uid",
+                                                         meta_str(pod, "uid"), "force", 0,
+                                                         "ended", 0));
         }
     }
+    /* Create what is missing; one pod the API refuses does not hold up the others. */
+    const json_t *want;
+    int first = 0;
+    cirrus_error first_err = {0};
+    json_object_foreach(d.pods, pname, want)
+    {
+        if (rc || stop || !leading(ctl)) break;
+        if (json_object_get(have, pname)) continue;
+        int prc = create_pod(ctl, job, m, pname, want, err);
+        if (prc && !first) {
+            first = prc;
+            first_err = *err;
+        }
+    }
+    /* The counts reach the status before the pods that showed them are deleted. */
+    if (!rc && leading(ctl)) rc = write_status(ctl, job, m, &obs, err);
+    json_t *gone;
+    json_object_foreach(doomed, pname, gone)
+    {
+        if (rc || !leading(ctl)) break;
+        /* Once the job is over, ended pods stay for their logs (Kubeflow's cleanPodPolicy
+         * Running); before, an ended pod is deleted and re-created under its name. */
+        if (final && json_is_true(json_object_get(gone, "ended"))) continue;
+        int prc = delete_pod(ctl, job, pname, json_string_value(json_object_get(gone, "uid")),
+                             json_is_true(json_object_get(gone, "force")), err);
+        if (prc && !first) {
+            first = prc;
+            first_err = *err;
+        }
+    }
+    json_decref(doomed);
+    if (!rc && first) {
+        rc = first;
+        *err = first_err;
+    }
+    if (!rc && !leading(ctl)) *requeue_ms = 1000; /* finish when leading again */
     json_decref(have);
-    if (!rc) rc = write_status(ctl, job, m, &obs, err);
-    if (!rc && jobstatus_phase_final(phase)) *requeue_ms = expire_finished(ctl, job, err, &rc);
-    else if (!rc && deadline_ms > 0) *requeue_ms = deadline_ms;
+    if (!rc && final) *requeue_ms = expire_finished(ctl, job, err, &rc);
+    else if (!rc && deadline_ms > 0 && !*requeue_ms) *requeue_ms = deadline_ms;
+    if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
     json_decref((json_t *)job);
     return rc;
@@ -756,7 +826,7 @@ int controller_process(controller *ctl, int max_keys)
     int ran = 0;
     const char *k;
     if (!controller_synced(ctl)) return 0;
-    while (ran < max_keys && kube_workqueue_get(ctl->queue, &k) == 1) {
+    while (ran < max_keys && leading(ctl) && kube_workqueue_get(ctl->queue, &k) == 1) {
         char key[KEY_MAX];
         snprintf(key, sizeof key, "%s", k);
         cirrus_error err = {0};
@@ -776,7 +846,7 @@ int controller_process(controller *ctl, int max_keys)
         } else {
             kube_workqueue_forget(ctl->queue, key);
             if (requeue_ms > 0) {
-                res = OP_RESULT_REQUEUE;
+                res = OP_RESULT_REQUEUE_AFTER;
                 kube_workqueue_add_after(ctl->queue, key, requeue_ms * 1000000);
             }
         }

@@ -34,6 +34,10 @@ typedef struct controller_options {
     const char *watch_namespace; /* NULL or "": every namespace */
     const char *identity;        /* this replica's name, for Events */
     op_metrics *metrics;         /* may be NULL */
+    /* Whether this replica may act now (the Lease); NULL: always. Checked before each key
+     * and each write. */
+    int (*leading)(void *ctx);
+    void *leading_ctx;
 } controller_options;
 
 typedef struct controller controller;

@@ -164,7 +164,9 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
     const char *old_phase = json_string_value(json_object_get(old_status, "phase"));
     const char *start = json_string_value(json_object_get(old_status, "startTime"));
     const char *done = json_string_value(json_object_get(old_status, "completionTime"));
-    enum job_phase ph = jobstatus_phase(obs, old_phase, start != NULL);
+    /* Degraded, not Created, once it has run: losing every peer later is a degradation. */
+    int ran = old_phase && (!strcmp(old_phase, "Running") || !strcmp(old_phase, "Degraded"));
+    enum job_phase ph = jobstatus_phase(obs, old_phase, ran);
     int ready_regions = 0, ready = 0, desired = 0;
     for (int i = 0; i < obs->n_regions; i++) {
         const region_observed *r = &obs->regions[i];
@@ -179,42 +181,53 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
                            "observedGeneration", (json_int_t)obs->generation, "conditions",
                            conditions(obs, ph, old_status, now), "regions", regions(obs),
                            "readyRegions", rr, "readyPeers", rp);
-    if (start)
-        json_object_set_new(st, "startTime", json_string(start));
-    else if (ph == PHASE_RUNNING || ph == PHASE_DEGRADED)
-        json_object_set_new(st, "startTime", json_string(now));
+    /* startTime: when pods were first made, as a Job's; cleared while suspended so that
+     * runPolicy.activeDeadlineSeconds counts running time only (null removes it in a merge
+     * patch). */
+    if (obs->suspended && !jobstatus_phase_final(ph))
+        json_object_set_new(st, "startTime", json_null());
+    else
+        json_object_set_new(st, "startTime", json_string(start ? start : now));
     if (done)
         json_object_set_new(st, "completionTime", json_string(done));
     else if (jobstatus_phase_final(ph))
         json_object_set_new(st, "completionTime", json_string(now));
-    /* Training figures come from the region gateways, not from pods: keep what is there. */
-    static const char *const kept[] = {"step", "loss", "tokensPerSecond"};
-    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
-        json_t *v = json_object_get(old_status, kept[i]);
-        if (v) json_object_set(st, kept[i], v);
-    }
+    /* Training figures (step, loss, tokens/s) are not the operator's: they are left out, so
+     * a patch never overwrites them with stale cached values. */
     return st;
 }
 
-/* Copy of a status with every lastTransitionTime removed. */
-static json_t *without_times(const json_t *s)
+/* Copy of a conditions array with every lastTransitionTime removed. */
+static json_t *without_times(const json_t *conds)
 {
-    json_t *c = json_deep_copy(s);
+    json_t *c = json_deep_copy(conds);
     size_t i;
     json_t *cond;
-    json_array_foreach(json_object_get(c, "conditions"), i, cond)
-        json_object_del(cond, "lastTransitionTime");
+    json_array_foreach(c, i, cond) json_object_del(cond, "lastTransitionTime");
     return c;
 }
 
-int jobstatus_changed(const json_t *a, const json_t *b)
+int jobstatus_changed(const json_t *old, const json_t *new_status)
 {
-    if (!a || !b) return a != b;
-    json_t *x = without_times(a), *y = without_times(b);
-    int changed = !json_equal(x, y);
-    json_decref(x);
-    json_decref(y);
-    return changed;
+    if (!new_status) return 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)new_status, key, v)
+    {
+        json_t *o = json_object_get(old, key);
+        if (json_is_null(v) && (!o || json_is_null(o))) continue; /* removing what is absent */
+        if (!o) return 1;
+        if (!strcmp(key, "conditions")) {
+            json_t *x = without_times(o), *y = without_times(v);
+            int differ = !json_equal(x, y);
+            json_decref(x);
+            json_decref(y);
+            if (differ) return 1;
+        } else if (!json_equal(o, v)) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 void jobstatus_now(char *buf, size_t n)

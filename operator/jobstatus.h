@@ -56,9 +56,10 @@ int jobstatus_phase_final(enum job_phase p);
  * RFC 3339 UTC time ("2026-11-22T01:02:03Z") used for transitions. A new reference. */
 json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now);
 
-/* True when a and b differ in anything but lastTransitionTime (avoids writes that change
- * nothing but would wake every watcher). */
-int jobstatus_changed(const json_t *a, const json_t *b);
+/* True when writing new_status over old would change anything but lastTransitionTime (a
+ * write that changes nothing would still wake every watcher). Only new_status's fields are
+ * compared: fields others write (step, loss) are not the operator's. */
+int jobstatus_changed(const json_t *old, const json_t *new_status);
 
 /* "2026-11-22T01:02:03Z" for the current time. */
 void jobstatus_now(char *buf, size_t n);

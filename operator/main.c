@@ -59,6 +59,13 @@ static void stopped_leading(void *ctx)
     log_warn("not leading any more: reconciling stops until the lease is won again");
 }
 
+/* May this replica act now? (controller_options.leading) */
+static int lease_held(void *ctx)
+{
+    kube_lease *lease = ctx;
+    return !lease || kube_lease_is_leader(lease);
+}
+
 static const char *env_or(const char *name, const char *dflt)
 {
     const char *v = getenv(name);
@@ -120,9 +127,6 @@ int main(int argc, char **argv)
         if (op_metrics_serve(rs.metrics, metrics_port, &bound, &err)) goto out;
         log_info("metrics on :%d (/metrics, /healthz, /readyz)", bound);
     }
-    controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics};
-    if (controller_new(client, &co, &ctl, &err)) goto out;
-    rs.ctl = ctl;
     if (leader_elect) {
         kube_lease_config lc = {.ns = lease_ns, .name = lease_name, .identity = identity,
                                 .on_started_leading = started_leading,
@@ -131,6 +135,10 @@ int main(int argc, char **argv)
     } else {
         op_metrics_leader(rs.metrics, 1);
     }
+    controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics,
+                             .leading = lease_held, .leading_ctx = lease};
+    if (controller_new(client, &co, &ctl, &err)) goto out;
+    rs.ctl = ctl;
     log_info("%s as %s: watching %s (API server %s)", leader_elect ? "electing" : "running",
              identity, ns ? ns : "all namespaces", kube_config_server(cfg));
     signal(SIGTERM, on_stop);
@@ -139,7 +147,10 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     int was_synced = 0;
     while (!stop_requested) {
-        int64_t next = controller_next_ms(ctl);
+        /* Only a replica that works its queue may wake for it: a standby (or one whose caches
+         * are still listing) would otherwise spin on keys it will not take. */
+        int active = lease_held(lease) && controller_synced(ctl);
+        int64_t next = active ? controller_next_ms(ctl) : -1;
         int wait = next >= 0 && next < LOOP_WAIT_MS ? (int)next : LOOP_WAIT_MS;
         kube_client_poll(client, wait);
         if (rewatch_requested) {
@@ -151,7 +162,7 @@ int main(int argc, char **argv)
         if (synced && !was_synced) log_info("caches synced");
         was_synced = synced;
         op_metrics_ready(rs.metrics, synced);
-        if (!lease || kube_lease_is_leader(lease)) controller_process(ctl, 32);
+        if (lease_held(lease)) controller_process(ctl, 32);
     }
     rc = 0;
     if (lease && kube_lease_is_leader(lease)) {

@@ -132,7 +132,7 @@ __attribute__((format(printf, 2, 3))) static void emit(text *t, const char *fmt,
 
 char *op_metrics_render(op_metrics *m)
 {
-    static const char *const result_names[] = {"success", "error", "requeue"};
+    static const char *const result_names[] = {"success", "error", "requeue_after"};
     text t = {0};
     pthread_mutex_lock(&m->mu);
     emit(&t, "# HELP controller_runtime_reconcile_total Total number of reconciliations per "

@@ -18,7 +18,7 @@
 
 typedef struct op_metrics op_metrics;
 
-enum op_result { OP_RESULT_SUCCESS, OP_RESULT_ERROR, OP_RESULT_REQUEUE, OP_RESULT_N };
+enum op_result { OP_RESULT_SUCCESS, OP_RESULT_ERROR, OP_RESULT_REQUEUE_AFTER, OP_RESULT_N };
 
 op_metrics *op_metrics_new(void);
 void op_metrics_free(op_metrics *m); /* stops the server too */

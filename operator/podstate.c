@@ -51,10 +51,11 @@ static const json_t *false_condition(const json_t *status, const char *type)
 }
 
 /* The first non-zero exit code among terminated containers; 0 if all exited 0; -1 if none
- * is known to have terminated. */
-static long exit_code(const json_t *status)
+ * is known to have terminated. *oom: one was killed by the OOM killer. */
+static long exit_code(const json_t *status, int *oom)
 {
     long code = -1;
+    *oom = 0;
     size_t i;
     const json_t *cs;
     json_array_foreach(json_object_get(status, "containerStatuses"), i, cs)
@@ -62,6 +63,8 @@ static long exit_code(const json_t *status)
         const json_t *term = json_object_get(json_object_get(cs, "state"), "terminated");
         if (!term) term = json_object_get(json_object_get(cs, "lastState"), "terminated");
         const json_t *ec = json_object_get(term, "exitCode");
+        const char *r = json_string_value(json_object_get(term, "reason"));
+        if (r && !strcmp(r, "OOMKilled")) *oom = 1;
         if (!json_is_integer(ec)) continue;
         long v = (long)json_integer_value(ec);
         if (v != 0) return v;
@@ -86,7 +89,14 @@ static enum pod_state classify_failed(const json_t *status, char *why, size_t n)
         set_why(why, n, "DisruptionTarget: %s", r ? r : "unknown", 0);
         return POD_PREEMPTED;
     }
-    long code = exit_code(status);
+    int oom;
+    long code = exit_code(status, &oom);
+    if (oom) {
+        /* Out of memory is the job's own doing (its model or batch does not fit the limits
+         * it asked for): replacing the pod forever would never help. */
+        set_why(why, n, "%s", "OOMKilled", 0);
+        return POD_FAILED;
+    }
     if (code >= 128 || code < 0) {
         /* Killed by a signal (SIGKILL from the OOM killer or a node shutting down, SIGTERM
          * from an eviction), or no container record at all: the node failed the pod. */
@@ -97,7 +107,8 @@ static enum pod_state classify_failed(const json_t *status, char *why, size_t n)
         return POD_PREEMPTED;
     }
     set_why(why, n, "exit %ld", NULL, code);
-    return code == 0 ? POD_SUCCEEDED : POD_FAILED;
+    /* Phase Failed with every container at 0: something outside the program stopped it. */
+    return code == 0 ? POD_PREEMPTED : POD_FAILED;
 }
 
 enum pod_state pod_state_of(const json_t *pod, char *why, size_t why_size)

@@ -3,7 +3,8 @@
  * The operator replaces its pods itself (restartPolicy Never), so it must tell a pod lost to
  * the cloud from one whose program failed: preemption (evicted, deleted, node gone, a
  * DisruptionTarget condition, killed by a signal: exit >= 128) is routine on spot capacity
- * and never counts toward runPolicy.backoffLimit; a failure (exit 1..127) does. Volcano
+ * and never counts toward runPolicy.backoffLimit; a failure (exit 1..127, or OOMKilled: the
+ * job asked for too little memory) does. Volcano
  * counts evictions as retries and ends jobs Failed after enough spot reclaims (#2560);
  * Cirrus does not.
  *

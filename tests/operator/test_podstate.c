@@ -68,6 +68,14 @@ TEST(podstate_preemption_is_not_failure)
                        why, sizeof why),
               POD_PREEMPTED);
     ASSERT(!strcmp(why, "DisruptionTarget: PreemptionByScheduler"));
+    /* Out of memory is the job's doing: a failure, whatever the signal. */
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"state\":{"
+                       "\"terminated\":{\"exitCode\":137,\"reason\":\"OOMKilled\"}}}]}}",
+                       why, sizeof why),
+              POD_FAILED);
+    ASSERT(!strcmp(why, "OOMKilled"));
+    /* Phase Failed although the program exited 0: stopped from outside. */
+    ASSERT_EQ(state_of(failed_with(0), why, sizeof why), POD_PREEMPTED);
     /* Failed without any container record: the node lost it. */
     ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\"}}", why, sizeof why), POD_PREEMPTED);
     ASSERT(pod_state_ended(POD_PREEMPTED) && pod_state_ended(POD_FAILED) &&
@@ -159,6 +167,18 @@ TEST(jobstatus_build_and_transitions)
     ASSERT(!strcmp(json_string_value(json_object_get(st, "readyRegions")), "1/2"));
     ASSERT_EQ(json_integer_value(json_object_get(st, "observedGeneration")), 7);
     ASSERT(!strcmp(json_string_value(json_object_get(st, "startTime")), "2026-11-22T01:00:00Z"));
+    /* Pods made, none ready yet, never ran: Created (not Degraded), though startTime is set. */
+    job_observed fresh = o;
+    for (int i = 0; i < fresh.n_regions; i++) {
+        fresh.regions[i].gateway_ready = 0;
+        fresh.regions[i].ready[0] = fresh.regions[i].ready[1] = 0;
+    }
+    json_t *created = jobstatus_build(&fresh, st, "2026-11-22T01:00:00Z");
+    json_object_set_new(created, "phase", json_string("Created"));
+    json_t *created2 = jobstatus_build(&fresh, created, "2026-11-22T01:00:01Z");
+    ASSERT(!strcmp(json_string_value(json_object_get(created2, "phase")), "Created"));
+    json_decref(created);
+    json_decref(created2);
     json_t *r2 = json_array_get(json_object_get(st, "regions"), 1);
     ASSERT_EQ(json_integer_value(json_object_get(r2, "pendingPods")), 2);
     ASSERT_EQ(json_integer_value(json_array_get(json_object_get(r2, "readyPeersPerStage"), 1)), 0);
@@ -171,11 +191,11 @@ TEST(jobstatus_build_and_transitions)
     ASSERT(!strcmp(cond(st, "Running", "status"), "True"));
     /* Same observations later: nothing changed but the clock, so no write is needed and the
      * transition times stay. */
-    json_object_set_new(st, "step", json_integer(120)); /* written by someone else: kept */
+    json_object_set_new(st, "step", json_integer(120)); /* written by someone else */
     json_t *again = jobstatus_build(&o, st, "2026-11-22T02:00:00Z");
     ASSERT(!jobstatus_changed(st, again));
     ASSERT(!strcmp(cond(again, "Degraded", "lastTransitionTime"), "2026-11-22T01:00:00Z"));
-    ASSERT_EQ(json_integer_value(json_object_get(again, "step")), 120);
+    ASSERT(!json_object_get(again, "step")); /* not the operator's: never in its patch */
     /* r2 recovers: Degraded flips, with the new time; startTime stays. */
     o.regions[1].ready[1] = 1;
     json_t *later = jobstatus_build(&o, again, "2026-11-22T03:00:00Z");
@@ -186,6 +206,17 @@ TEST(jobstatus_build_and_transitions)
     ASSERT(!strcmp(cond(later, "Running", "lastTransitionTime"), "2026-11-22T01:00:00Z"));
     ASSERT(!strcmp(json_string_value(json_object_get(later, "startTime")), "2026-11-22T01:00:00Z"));
     ASSERT(!json_object_get(later, "completionTime"));
+    /* Suspended: startTime is removed (null in the merge patch), so the deadline counts
+     * running time only; a second identical build changes nothing. */
+    o.suspended = 1;
+    json_t *susp = jobstatus_build(&o, later, "2026-11-22T04:00:00Z");
+    ASSERT(json_is_null(json_object_get(susp, "startTime")));
+    ASSERT(jobstatus_changed(later, susp));
+    json_object_del(susp, "startTime"); /* as the server stores it */
+    json_t *susp2 = jobstatus_build(&o, susp, "2026-11-22T04:00:01Z");
+    ASSERT(!jobstatus_changed(susp, susp2));
+    json_decref(susp);
+    json_decref(susp2);
     json_decref(st);
     json_decref(again);
     json_decref(later);
