@@ -168,6 +168,26 @@ static double now_s(void)
  * then they get the caller's full timeout, not the stage's learned deadline. */
 #define PIPE_WARM_REQUESTS 8
 
+/* Requests to a peer get at least this many times the latency its measured throughput
+ * predicts (the stage's deadline has the same margin over the stage's median). */
+#define PIPE_PEER_DEADLINE_RATIO 3.0
+
+/* The learned deadline, in seconds, for a forward or backward of B samples on peer k of
+ * stage s. The stage's estimator follows the latencies of all its peers, so a peer several
+ * times slower than the others (other hardware) would miss it on every request and be
+ * dropped as hung; its own measured throughput stretches its deadline. */
+static double learned_deadline(const pipeline *p, int s, int k, uint16_t type, int B)
+{
+    double d = deadline_get(p->deadline[s][type == STAGE_BACKWARD]);
+    double rate = wiring_throughput(p->wiring, s, p->link[s].peer[k].wid);
+    if (rate > 0) {
+        double units = type == STAGE_BACKWARD ? WIRING_BACKWARD_COST * B : B;
+        double own = PIPE_PEER_DEADLINE_RATIO * units / rate;
+        if (own > d) d = own;
+    }
+    return d;
+}
+
 /* A forward or backward of B samples under its learned deadline; the latency teaches the
  * deadline estimator and the wiring. The only live peer of a stage, or a peer still
  * warming up, gets the full timeout: there is nothing better to fail over to, or its
@@ -181,7 +201,7 @@ static int call_timed(pipeline *p, int s, int k, uint16_t type, int B, const wir
     const int learned = alive_count(p, s) > 1 && pl->served >= PIPE_WARM_REQUESTS;
     const enum wiring_kind kind = type == STAGE_BACKWARD ? WIRING_BACKWARD : WIRING_FORWARD;
     double t0 = now_s();
-    if (learned) p->timeout_ms = (int)(deadline_get(d) * 1000.0) + 1;
+    if (learned) p->timeout_ms = (int)(learned_deadline(p, s, k, type, B) * 1000.0) + 1;
     int rc = call_peer(p, s, k, type, w, r, err);
     p->timeout_ms = saved;
     const double took = now_s() - t0;
@@ -452,8 +472,8 @@ static int task_send(pipeline *p, task *t, cirrus_error *err)
     t->sent = 1;
     t->learned = alive_count(p, t->s) > 1 && pl->served >= PIPE_WARM_REQUESTS;
     t->t_sent = now_s();
-    t->deadline = t->t_sent + (t->learned ? deadline_get(p->deadline[t->s][t->type ==
-                                                                          STAGE_BACKWARD])
+    t->deadline = t->t_sent + (t->learned ? learned_deadline(p, t->s, t->k, t->type,
+                                                             p->mb[t->m].B)
                                           : p->timeout_ms / 1000.0);
     return 0;
 }
@@ -996,7 +1016,7 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     /* Dropping a healthy peer costs a state copy when it rejoins: with several peers
      * sharing a few cores, scheduling alone can triple a latency, so a request is given
      * up only past 3x the median and never before 1 s (a hung peer still goes in ~1 s). */
-    dc.min_ratio = 3.0;
+    dc.min_ratio = PIPE_PEER_DEADLINE_RATIO;
     dc.floor_s = 1.0;
     for (int s = 0; s < n; s++)
         for (int kind = 0; kind < 2; kind++)
