@@ -23,7 +23,8 @@ here=$root/tests/operator
 bin=${CIRRUS_OPERATOR:-$root/build/bin/cirrus-operator}
 sample=$root/manifests/samples/swarmjob.yaml
 cluster=$root/tests/cluster/cluster.sh
-NS=cirrus-op-test
+# Its own namespace each run: an earlier run's may still be terminating.
+NS=cirrus-op-test-$$
 JOB=tiny-bible
 work=$(mktemp -d)
 pass=0
