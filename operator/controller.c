@@ -42,6 +42,7 @@ struct controller {
     kube_workqueue *queue;
     job_mem *mems;
     controller_stats stats;
+    int job_confirmed; /* this reconcile: -1 not asked yet, 0 the job is gone, 1 it exists */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -271,6 +272,30 @@ static void event(controller *ctl, const json_t *job, int warning, const char *r
     log_info("%s/%s: %s: %s", meta_str(job, "namespace"), meta_str(job, "name"), reason, msg);
 }
 
+/* Before creating anything for a job: does it still exist? The cache can lag a deletion by
+ * seconds (a re-list in progress), and children made for a deleted job are deleted again by
+ * the garbage collector, then made again, over and over. One GET per reconcile that creates
+ * something. 1: it exists; 0: it is gone or going; negative: the GET failed. */
+static int job_exists(controller *ctl, const json_t *job, cirrus_error *err)
+{
+    if (ctl->job_confirmed >= 0) return ctl->job_confirmed;
+    char path[PATH_MAX_LEN];
+    int rc = kube_path(path, sizeof path, SWARMJOB_API, meta_str(job, "namespace"), "swarmjobs",
+                       meta_str(job, "name"));
+    if (rc) return cirrus_fail(err, rc, "job path too long");
+    json_t *cur = NULL;
+    rc = kube_get(ctl->client, path, &cur, err);
+    if (rc && rc != CIRRUS_ENOENT) {
+        json_decref(cur);
+        return rc;
+    }
+    const char *uid = rc ? NULL : meta_str(cur, "uid");
+    ctl->job_confirmed = uid && meta_str(job, "uid") && !strcmp(uid, meta_str(job, "uid")) &&
+                         !meta_str(cur, "deletionTimestamp");
+    json_decref(cur);
+    return ctl->job_confirmed;
+}
+
 /* ---- the job Secret: a CA and every region's gateway certificate -------------------------- */
 
 static int fill_secret(const json_t *job, json_t *secret, cirrus_error *err)
@@ -331,6 +356,8 @@ static int ensure_secret(controller *ctl, const json_t *job, const json_t *skele
      * regenerated under running gateways, so ask the API server before making new ones. */
     int rc = kube_get(ctl->client, path, NULL, err);
     if (rc != CIRRUS_ENOENT) return rc;
+    rc = job_exists(ctl, job, err);
+    if (rc <= 0) return rc;
     json_t *secret = json_deep_copy(skeleton);
     rc = secret ? fill_secret(job, secret, err) : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc) rc = kube_create(ctl->client, coll, secret, NULL, err);
@@ -356,6 +383,8 @@ static int ensure_services(controller *ctl, const json_t *job, const json_t *ser
          * changed port, type or annotation must reach the Service that the new pods'
          * --coordinator points at. An unchanged apply writes nothing. */
         if (kube_informer_get(ctl->services, key) && applied_gen == generation) continue;
+        int ex = job_exists(ctl, job, err);
+        if (ex <= 0) return ex;
         if (child_path(path, job, "services", name))
             return cirrus_fail(err, CIRRUS_EINVAL, "service path too long");
         int rc = kube_apply(ctl->client, path, svc, CONTROLLER_FIELD_MANAGER, NULL, err);
@@ -632,6 +661,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     json_incref((json_t *)job); /* requests below run the event loop's transfers, not its
                                    handlers, but hold it anyway */
     job_mem *m = mem_get(ctl, key, job);
+    ctl->job_confirmed = -1;
     desired_job d = {0};
     int rc = m ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc && desired_build(job, &d, err)) {
@@ -704,6 +734,12 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     {
         if (rc || stop || !leading(ctl)) break;
         if (json_object_get(have, pname)) continue;
+        int ex = job_exists(ctl, job, err);
+        if (ex < 0 && !first) {
+            first = ex;
+            first_err = *err;
+        }
+        if (ex <= 0) break;
         int prc = create_pod(ctl, job, m, pname, want, err);
         if (prc && !first) {
             first = prc;

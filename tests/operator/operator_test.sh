@@ -277,6 +277,8 @@ if wait_until 30 replaced; then ok "after an API server restart the operator rec
 kn delete sj $JOB --wait=false >/dev/null
 gone() { [[ -z "$(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name 2>/dev/null)" ]]; }
 if wait_until 60 gone; then ok "job deleted: pods, Services and Secret garbage-collected"; else not_ok "children left after deleting the job: $(kn get pods,svc,secret -l cirrus.dev/job=$JOB -o name | tr '\n' ' ')"; fi
+sleep 3
+check "and nothing made again for the deleted job" gone
 
 # ---- backoffLimit --------------------------------------------------------------------------------
 cat >"$work/fragile.yaml" <<EOF
