@@ -47,7 +47,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-operator bench-train bench-collective clean
+.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-operator bench-train bench-collective bench-swarm clean
 all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -152,6 +152,10 @@ bench-collective: deps
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev; }
 	$(MAKE) all
 	bash tests/bench/collective.sh $(BIN)/cirrus-trainer $(BUILD)/bench
+
+# Pipeline throughput: wiring vs fixed round robin, with and without a slow peer (~5 min).
+bench-swarm: $(BIN)/cirrus-trainer $(CORPUS)
+	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/swarm.sh $(BIN)/cirrus-trainer
 
 # Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
 # A second operator build without -march=native (valgrind cannot run AVX-512 code) is run
