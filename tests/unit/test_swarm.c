@@ -9,6 +9,7 @@
 #include "../../trainer/model/stage.h"
 #include "../../trainer/net/conn.h"
 #include "../../trainer/optim/adamw.h"
+#include "../../trainer/swarm/coordinator.h"
 #include "../../trainer/swarm/pipeline.h"
 #include "../../trainer/swarm/stage_peer.h"
 #include "../../trainer/swarm/stage_proto.h"
@@ -192,6 +193,126 @@ TEST(swarm_microbatches_in_flight_match_accumulation)
         close(peers[i].o.ring_listen_fd);
         ASSERT_OK(peers[i].rc);
     }
+    adamw_destroy(&opt);
+    gpt_stage_destroy(st);
+    gpt_model_destroy(&m);
+}
+
+/* The member of the coordinator's table serving at `port`: its id and stage; 0 if none. */
+static uint32_t member_at(coordinator *co, int port, uint32_t *stage)
+{
+    coord_snapshot snap;
+    ASSERT_OK(coordinator_snapshot(co, &snap));
+    uint32_t id = 0;
+    for (size_t i = 0; i < snap.n_members; i++)
+        if (snap.members[i].info.port == port) {
+            id = snap.members[i].info.id;
+            *stage = snap.members[i].info.stage;
+        }
+    coord_snapshot_free(&snap);
+    return id;
+}
+
+/* Rebalancing, the peer's side: between steps the coordinator tells a peer of stage 0 (of
+ * two) to move to stage 1. It leaves, takes stage 1's layers and state from the peer there
+ * and registers again; the client retires it from stage 0 and admits it at stage 1. Every
+ * microbatch is accumulated exactly once and the moved peer's stage-1 gradients are right:
+ * the losses follow in-process accumulation to float rounding, before and after. */
+TEST(swarm_peer_moves_to_another_stage)
+{
+    enum { M = 4, MSTEPS = 5, MOVE_AT = 2 };
+    const adamw_config ac = adamw_defaults(1e-3f, MSTEPS);
+    gpt_model m;
+    ASSERT_OK(gpt_model_create(&m, &cfg, NULL));
+    gpt_model_init(&m, 5);
+    gpt_stage *st;
+    ASSERT_OK(gpt_stage_create(&st, &m, 0, cfg.n_layer, B, T, NULL));
+    adamw opt;
+    gpt_span all = {0, m.n_params};
+    ASSERT_OK(adamw_create(&opt, &cfg, &all, 1, &ac, NULL));
+    float ref[MSTEPS][M];
+    int32_t x[M * B * T], y[M * B * T];
+    for (int s = 0; s < MSTEPS; s++) {
+        for (int i = 0; i < M; i++) {
+            batch(10 * s + i, x + i * B * T, y + i * B * T);
+            gpt_stage_input in = {.id = (uint64_t)i + 1, .B = B, .T = T, .tokens = x + i * B * T,
+                                  .targets = y + i * B * T};
+            ASSERT_OK(gpt_stage_forward(st, &in, NULL, &ref[s][i], 1));
+            ASSERT_OK(gpt_stage_backward(st, &in, NULL, NULL));
+        }
+        gpt_fold_tied_grads(&m);
+        adamw_step(&opt, m.params, m.grads, 1.0f / M,
+                   adamw_total_sumsq(&opt, m.grads, 1.0f / M), adamw_lr(&ac, (uint64_t)s),
+                   (uint64_t)s + 1);
+    }
+    coordinator_options co_opt = {.job_id = "swarm-test", .host = "127.0.0.1", .http_port = -1,
+                                  .n_stages = 2, .n_layer = (uint32_t)cfg.n_layer,
+                                  .heartbeat_ms = 100};
+    coordinator *co;
+    cirrus_error err = {0};
+    if (coordinator_start(&co_opt, &co, &err)) TEST_FAIL("coordinator: %s", err.msg);
+    char coord_host[] = "127.0.0.1";
+    /* Stage 0: layers [0, 2), peers 0 and 1; stage 1: layers [2, 3), peer 2. */
+    enum { NP = 3 };
+    peer_thread peers[NP];
+    pthread_t th[NP];
+    char addr[NP][32], ring[NP][32];
+    int ports[NP];
+    const char *addrs[NP] = {addr[0], addr[1], addr[2]};
+    const int l0[NP] = {0, 0, 2}, l1[NP] = {2, 2, 3}, stage[NP] = {0, 0, 1};
+    for (int i = 0; i < NP; i++) {
+        int rport;
+        memset(&peers[i], 0, sizeof peers[i]);
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &ports[i], NULL));
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.ring_listen_fd, &rport, NULL));
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", ports[i]);
+        snprintf(ring[i], sizeof ring[i], "127.0.0.1:%d", rport);
+        peers[i].o = (stage_peer_options){
+            .job_id = "swarm-test", .model = cfg, .l0 = l0[i], .l1 = l1[i], .max_B = B,
+            .max_T = T, .seed = 5, .adam = ac, .listen_fd = peers[i].o.listen_fd,
+            .ring_listen_fd = peers[i].o.ring_listen_fd, .ring_addr = ring[i],
+            .coord_host = coord_host, .coord_port = coordinator_port(co),
+            .stage_index = stage[i], .advertise_host = coord_host, .advertise_port = ports[i]};
+        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
+    }
+    pipeline *p;
+    const int per_stage[2] = {2, 1};
+    if (pipeline_connect(&p, "swarm-test", 2, per_stage, addrs, &cfg, B, T, STAGE_CODEC_NONE,
+                         5000, &err) ||
+        pipeline_set_routing(p, WIRING_LEAST_LOADED, M, 1, &err))
+        TEST_FAIL("connect: %s", err.msg);
+    for (int s = 0; s < MSTEPS; s++) {
+        if (s == MOVE_AT) {
+            /* Peer 1 registered, is told to move, and shows up at stage 1. */
+            uint32_t id = 0, at = 0;
+            for (int i = 0; i < 100 && !id; i++, usleep(20000)) id = member_at(co, ports[1], &at);
+            ASSERT(id != 0);
+            ASSERT_OK(coordinator_set_instruction(co, id, 1));
+            for (int i = 0; i < 250 && at != 1; i++, usleep(20000)) member_at(co, ports[1], &at);
+            ASSERT_EQ(at, 1);
+            if (pipeline_join(p, 1, addr[1], &err)) TEST_FAIL("join: %s", err.msg);
+        }
+        float loss[M];
+        for (int i = 0; i < M; i++) batch(10 * s + i, x + i * B * T, y + i * B * T);
+        if (pipeline_microbatches(p, (uint64_t)s * M + 1, M, B, T, x, y, loss, &err) ||
+            pipeline_step(p, adamw_lr(&ac, (uint64_t)s), 1.0f / M, (uint64_t)s + 1, &err))
+            TEST_FAIL("step %d: %s", s, err.msg);
+        for (int i = 0; i < M; i++) ASSERT_NEAR(loss[i], ref[s][i], 1e-5 * ref[s][i]);
+    }
+    const pipeline_counters *pc = pipeline_get_counters(p);
+    ASSERT_EQ(pc->microbatches, (uint64_t)(M * MSTEPS));
+    ASSERT_EQ(pc->peers_lost, 1); /* retired from stage 0 */
+    ASSERT_EQ(pc->peers_joined, 1);
+    ASSERT_EQ(pc->redone, 0);
+    pipeline_close(p);
+    for (int i = 0; i < NP; i++) {
+        peers[i].stop = 1;
+        pthread_join(th[i], NULL);
+        close(peers[i].o.listen_fd);
+        close(peers[i].o.ring_listen_fd);
+        ASSERT_OK(peers[i].rc);
+    }
+    coordinator_stop(co);
     adamw_destroy(&opt);
     gpt_stage_destroy(st);
     gpt_model_destroy(&m);

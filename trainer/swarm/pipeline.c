@@ -103,11 +103,12 @@ static int alive_count(const pipeline *p, int s)
     return n;
 }
 
-/* A transport failure: the peer is gone as far as this client is concerned. */
+/* A transport failure, or a peer that left the stage (rebalancing): the peer is gone as
+ * far as this client is concerned. */
 static int is_peer_fault(int rc)
 {
     return rc == CIRRUS_ECLOSED || rc == CIRRUS_ETIMEDOUT || rc == CIRRUS_EIO ||
-           rc == CIRRUS_ETRUNC || rc == CIRRUS_ECORRUPT;
+           rc == CIRRUS_ETRUNC || rc == CIRRUS_ECORRUPT || rc == STAGE_MOVED;
 }
 
 static int send_to(pipeline *p, int s, int k, uint16_t type, uint64_t id, const wire_writer *w,
@@ -138,7 +139,8 @@ static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wi
         int code = (int)wire_get_u32(&e);
         char msg[200] = "?";
         wire_get_str(&e, msg, sizeof msg);
-        if (code >= 0 || is_peer_fault(code)) code = CIRRUS_EINVAL; /* a refusal, not a fault */
+        /* A refusal, not a fault; except "moved": the peer serves another stage now. */
+        if (code >= 0 || (is_peer_fault(code) && code != STAGE_MOVED)) code = CIRRUS_EINVAL;
         return cirrus_fail(err, code, "stage %d peer %s refused: %s", s,
                            p->link[s].peer[k].addr, msg);
     }
@@ -260,7 +262,9 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     pl->c = NULL;
     wiring_peer_remove(p->wiring, s, pl->wid);
     p->counters.peers_lost++;
-    if (why->code != CIRRUS_ETIMEDOUT && p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
+    /* Banned, unless it only timed out or moved to another stage (it rejoins there). */
+    if (why->code != CIRRUS_ETIMEDOUT && why->code != STAGE_MOVED &&
+        p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
         memcpy(p->dead[p->n_dead++], pl->addr, STAGE_ADDR_MAX); /* both STAGE_ADDR_MAX */
     if (alive_count(p, s) == 0)
         return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer left (last: %s)", s,
@@ -1076,6 +1080,26 @@ fail:
     return rc;
 }
 
+/* A peer listed at stage s that this client still has live at another stage moved there
+ * (rebalancing). Between steps it holds none of this client's gradients: it leaves its
+ * old stage without a ban, its connection (refused since the move) closed. */
+static int retire_moved(pipeline *p, int s, const char *addr, cirrus_error *err)
+{
+    for (int o = 0; o < p->n; o++)
+        for (int k = 0; o != s && k < p->link[o].n; k++) {
+            peer_link *pl = &p->link[o].peer[k];
+            if (!pl->c || strcmp(pl->addr, addr) != 0) continue;
+            if (alive_count(p, o) == 1)
+                return cirrus_fail(err, CIRRUS_EINVAL, "peer %s is stage %d's last", addr, o);
+            log_info("stage %d: peer %s moved to stage %d", o, addr, s);
+            net_close(pl->c);
+            pl->c = NULL;
+            wiring_peer_remove(p->wiring, o, pl->wid);
+            p->counters.peers_lost++;
+        }
+    return 0;
+}
+
 int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
 {
     if (s < 0 || s >= p->n) return cirrus_fail(err, CIRRUS_EINVAL, "no stage %d", s);
@@ -1086,6 +1110,8 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
         if (strcmp(p->dead[i], addr) == 0) return 0; /* lost once: never again */
     if (p->n_mb)
         return cirrus_fail(err, CIRRUS_EINVAL, "peers join between steps, not during one");
+    int rc = retire_moved(p, s, addr, err);
+    if (rc) return rc;
     int k = 0;
     while (k < L->n && peer_alive(p, s, k)) k++;
     if (k == PIPE_MAX_PEERS)
@@ -1095,7 +1121,7 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     if (k == L->n) L->n++;
     int l1 = L->l1;
     uint64_t steps;
-    int rc = connect_peer(p, s, k, addr, &l1, &steps, err);
+    rc = connect_peer(p, s, k, addr, &l1, &steps, err);
     /* The same process under another name would be averaged twice: its ring address (or
      * a missing one, with which it cannot average at all) gives it away. */
     for (int j = 0; !rc && j < L->n; j++)

@@ -49,7 +49,9 @@ int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, u
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err);
 /* A peer that appeared (e.g. listed by the coordinator) joins stage s between steps: it
  * copies the state of a live peer of the stage (SYNC) and takes work from the next step.
- * An address already serving, or one that failed before, is ignored. */
+ * An address already serving, or one that failed before, is ignored; one still live at
+ * another stage moved to s (rebalancing) and leaves that stage first, unbanned (a peer that
+ * answered STAGE_MOVED during a step has already been dropped there, unbanned too). */
 int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err);
 
 typedef struct pipeline_counters {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <time.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,10 +29,24 @@ typedef struct act_slot {
     uint64_t used; /* when last used (the peer's request count): the oldest is reused */
 } act_slot;
 
+/* What serving layers [l0, l1) needs beyond the shared model: activation slots, the
+ * optimizer state of the stage's parameters and the buffers gradients are packed into for
+ * averaging. Built apart from the peer, so that a move to another stage is prepared
+ * without touching the stage being served, and swapped in whole. */
+typedef struct stage_kit {
+    int l0, l1;
+    gpt_stage *slot[STAGE_PEER_MAX_SLOTS];
+    adamw adam;
+    float *pack, *backup;
+    size_t pack_count;
+} stage_kit;
+
 typedef struct peer {
     const stage_peer_options *opt;
     pthread_mutex_t mu; /* one request at a time: the model, stage and buffers below */
     gpt_model model;
+    /* The stage served now: options give the first one; a move (rebalancing) changes it. */
+    int l0, l1, stage;
     act_slot slot[STAGE_PEER_MAX_SLOTS];
     int n_slots;
     uint64_t uses;
@@ -53,7 +68,20 @@ typedef struct peer {
     int active;                /* connection threads alive (under mu) */
     /* counters for the coordinator's heartbeats (under mu) */
     uint64_t samples, steps;
-    double busy_s;             /* seconds spent computing forwards */
+    /* Capacity: samples and seconds of the peer's own compute (the --slowdown sleep
+     * included), forwards and backwards apart; never reset (the heartbeat differences). */
+    uint64_t fwd_n, bwd_n;
+    double fwd_busy_s, bwd_busy_s;
+    /* Rebalancing (under mu). A connection opened before the peer last left a stage
+     * (conn generation < gen) speaks for that stage and is refused; `moving` is set while
+     * the mover thread builds the new stage, when only it touches the model. */
+    uint32_t gen;
+    atomic_int moving;
+    int move_to;               /* the stage the coordinator wants it at; -1: none */
+    double move_asked_s;       /* when that instruction arrived (mono_s) */
+    double retry_after_s;      /* a failed move is not tried again before this */
+    int rates_reset;           /* moved: the heartbeat's capacity estimates start again */
+    char name[COORD_NAME_MAX + 1]; /* its name at the coordinator, kept across moves */
 } peer;
 
 typedef struct conn_job {
@@ -92,7 +120,7 @@ static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *k
     int has_targets = flags[2];
     if (r->failed || flags[3] != 0 || B < 1 || B > (uint32_t)o->max_B || T < 1 || T > (uint32_t)o->max_T ||
         (*codec != STAGE_CODEC_NONE && *codec != STAGE_CODEC_Q8) || has_targets > 1 ||
-        (has_targets && o->l1 != o->model.n_layer))
+        (has_targets && p->l1 != o->model.n_layer))
         return CIRRUS_ECORRUPT;
     in->B = (int)B;
     in->T = (int)T;
@@ -100,7 +128,7 @@ static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *k
     in->tokens = NULL;
     in->hidden = NULL;
     in->targets = NULL;
-    if (o->l0 == 0) {
+    if (p->l0 == 0) {
         const uint8_t *b = wire_get_bytes(r, n);
         if (!b) return CIRRUS_ECORRUPT;
         read_bytes_as_tokens(b, p->tokens, n);
@@ -132,7 +160,7 @@ static void pack_gradients(peer *p, float *buf, int unpack)
             memcpy(g, t, n);
         g += p->adam.seg[s].count;
     }
-    if (p->opt->l1 == p->opt->model.n_layer) {
+    if (p->l1 == p->opt->model.n_layer) {
         if (unpack)
             memcpy(p->model.grad_head, g, sizeof(float) * p->V * p->C);
         else
@@ -241,6 +269,93 @@ static void put_state(peer *p, wire_writer *w)
     wire_put_bytes(w, p->adam.v, sizeof(float) * p->adam.state_count);
 }
 
+/* A connection to the donor at host:port, checked (INFO) to serve layers [l0, l1) of this
+ * peer's model: a donor that moved to another stage since it was named must not hand over
+ * that stage's state, even one of the same size. */
+static int donor_open(peer *p, const char *host, int port, int l0, int l1, net_conn **out,
+                      const char **why, cirrus_error *err)
+{
+    const gpt_config *cfg = &p->opt->model;
+    net_conn *c = NULL;
+    wire_header h;
+    const uint8_t *payload;
+    *out = NULL;
+    *why = "cannot reach the donor peer";
+    int rc = net_connect(host, port, 10000, &c, err);
+    if (!rc) rc = net_hello_client(c, p->opt->job_id, STAGE_ROLE_SYNC, 0, 10000, err);
+    if (!rc) {
+        net_set_max_payload(c, PEER_REPLY_LIMIT);
+        rc = net_send_frame(c, STAGE_INFO, 1, NULL, 0, 10000);
+    }
+    if (!rc) rc = net_recv_frame(c, &h, &payload, 10000, err);
+    if (rc) {
+        net_close(c);
+        return rc;
+    }
+    *why = "the donor does not serve the expected layers of this model";
+    wire_reader r;
+    wire_reader_init(&r, payload, h.payload_len);
+    uint32_t v[6];
+    for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
+    wire_get_u64(&r); /* parameters */
+    wire_get_u64(&r); /* steps */
+    char ring[STAGE_ADDR_MAX];
+    if (h.type != STAGE_INFO_OK || wire_get_str(&r, ring, sizeof ring) ||
+        wire_reader_done(&r) || (int)v[0] != l0 || (int)v[1] != l1 ||
+        (int)v[2] != cfg->n_layer || (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head ||
+        (int)v[5] != cfg->seq_len) {
+        net_close(c);
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "donor %s:%d serves layers [%u, %u) of %u, "
+                           "not [%d, %d) of %d", host, port, v[0], v[1], v[2], l0, l1,
+                           cfg->n_layer);
+    }
+    *out = c;
+    return 0;
+}
+
+/* STATE_GET from the donor on c: its step, and the parameters and AdamW moments of the
+ * segments of `adam`, copied into this peer's model and into `adam`. Nothing is copied
+ * unless all of it arrived with the size of those segments. */
+static int take_state(peer *p, net_conn *c, adamw *adam, uint64_t *steps, const char **why,
+                      cirrus_error *err)
+{
+    wire_header h;
+    const uint8_t *payload;
+    *why = "cannot fetch the donor's state";
+    int rc = net_send_frame(c, STAGE_STATE_GET, 2, NULL, 0, 60000);
+    if (rc || (rc = net_recv_frame(c, &h, &payload, 60000, err))) return rc;
+    *why = "the donor's state does not fit this peer";
+    wire_reader r;
+    wire_reader_init(&r, payload, h.payload_len);
+    *steps = wire_get_u64(&r);
+    uint64_t n = wire_get_u64(&r);
+    if (h.type != STAGE_STATE_GET_OK || r.failed || n != adam->state_count)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "the donor sent %llu optimizer floats, not %zu",
+                           (unsigned long long)n, adam->state_count);
+    const size_t bytes = sizeof(float) * n;
+    const uint8_t *params = wire_get_bytes(&r, bytes), *m = wire_get_bytes(&r, bytes),
+                  *v = wire_get_bytes(&r, bytes);
+    if (!params || !m || !v || wire_reader_done(&r))
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "malformed STATE_GET reply (%u bytes)",
+                           h.payload_len);
+    for (int s = 0; s < adam->n_seg; s++) {
+        memcpy(p->model.params + adam->seg[s].offset, params, sizeof(float) * adam->seg[s].count);
+        params += sizeof(float) * adam->seg[s].count;
+    }
+    memcpy(adam->m, m, bytes);
+    memcpy(adam->v, v, bytes);
+    return 0;
+}
+
+/* The gradients of an unfinished step are dropped (a new state, a new stage). */
+static void drop_gradients(peer *p)
+{
+    memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
+    memset(p->model.grad_head, 0, sizeof(float) * p->V * p->C);
+    p->mb_since_step = 0;
+    p->summed = 0;
+}
+
 /* SYNC: fetch a live peer's state and make it ours. Nothing changes unless all of it
  * arrived and has the size of this peer's segments. */
 static int sync_from(peer *p, const char *donor, const char **why)
@@ -249,43 +364,16 @@ static int sync_from(peer *p, const char *donor, const char **why)
     int port, rc;
     net_conn *c = NULL;
     cirrus_error err = {0};
+    uint64_t steps = 0;
     *why = "cannot reach the donor peer";
     if ((rc = net_split_hostport(donor, host, sizeof host, &port, 0, &err)) ||
-        (rc = net_connect(host, port, 10000, &c, &err)) ||
-        (rc = net_hello_client(c, p->opt->job_id, STAGE_ROLE_SYNC, 0, 10000, &err)))
+        (rc = donor_open(p, host, port, p->l0, p->l1, &c, why, &err)) ||
+        (rc = take_state(p, c, &p->adam, &steps, why, &err)))
         goto out;
-    net_set_max_payload(c, PEER_REPLY_LIMIT);
-    wire_header h;
-    const uint8_t *payload;
-    if ((rc = net_send_frame(c, STAGE_STATE_GET, 1, NULL, 0, 60000)) ||
-        (rc = net_recv_frame(c, &h, &payload, 60000, &err)))
-        goto out;
-    *why = "the donor's state does not fit this peer";
-    rc = CIRRUS_EMISMATCH;
-    if (h.type != STAGE_STATE_GET_OK) goto out;
-    wire_reader r;
-    wire_reader_init(&r, payload, h.payload_len);
-    uint64_t steps = wire_get_u64(&r), n = wire_get_u64(&r);
-    if (r.failed || n != p->adam.state_count) goto out;
-    const size_t bytes = sizeof(float) * n;
-    const uint8_t *params = wire_get_bytes(&r, bytes), *m = wire_get_bytes(&r, bytes),
-                  *v = wire_get_bytes(&r, bytes);
-    if (!params || !m || !v || wire_reader_done(&r)) goto out;
-    for (int s = 0; s < p->adam.n_seg; s++) {
-        memcpy(p->model.params + p->adam.seg[s].offset, params,
-               sizeof(float) * p->adam.seg[s].count);
-        params += sizeof(float) * p->adam.seg[s].count;
-    }
-    memcpy(p->adam.m, m, bytes);
-    memcpy(p->adam.v, v, bytes);
     p->steps = steps;
-    p->summed = 0;
-    memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
-    memset(p->model.grad_head, 0, sizeof(float) * p->V * p->C);
-    p->mb_since_step = 0;
+    drop_gradients(p);
     log_info("joined the stage with the state of %s at step %llu", donor,
              (unsigned long long)steps);
-    rc = 0;
 out:
     if (rc && err.msg[0]) log_warn("sync from %s: %s", donor, err.msg);
     net_close(c);
@@ -329,13 +417,24 @@ static void slow_down(const peer *p, double seconds)
     }
 }
 
+static void start_move_locked(peer *p);
+
 /* Serve one request under the lock; fills the reply. Returns 0, or a status code after
- * which the connection is dropped (with *why set). */
-static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_writer *reply,
-                 const char **why)
+ * which the connection is dropped (with *why set). `gen` is the connection's generation:
+ * one opened before this peer last left a stage speaks for that stage. */
+static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *payload,
+                 wire_writer *reply, const char **why)
 {
     const stage_peer_options *o = p->opt;
-    const int first = o->l0 == 0, last = o->l1 == o->model.n_layer;
+    const int first = p->l0 == 0, last = p->l1 == o->model.n_layer;
+    if (atomic_load(&p->moving) || gen != p->gen) {
+        /* Refused, the connection kept: the client takes the peer out of the old stage
+         * (without banning it) and sends the work elsewhere. */
+        *why = atomic_load(&p->moving)
+                   ? "this peer is moving to another stage (rebalancing)"
+                   : "this peer moved to another stage (rebalancing); connect again";
+        return STAGE_MOVED;
+    }
     const size_t VC = p->V * p->C;
     wire_reader r;
     wire_reader_init(&r, payload, h->payload_len);
@@ -354,7 +453,8 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         gpt_stage *st = slot_for(p, keep ? in.id : 0, &hit);
         if ((rc = gpt_stage_forward(st, &in, p->out, &loss, keep))) return rc;
         slow_down(p, elapsed_s(&t0));
-        p->busy_s += elapsed_s(&t0);
+        p->fwd_busy_s += elapsed_s(&t0);
+        p->fwd_n += (uint64_t)in.B;
         p->samples += (uint64_t)in.B;
         if (last && in.targets)
             wire_put_f32(reply, loss);
@@ -378,6 +478,8 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         p->recomputed += !hit;
         if ((rc = gpt_stage_backward(st, &in, p->grad, p->out))) return rc;
         slow_down(p, elapsed_s(&t0));
+        p->bwd_busy_s += elapsed_s(&t0);
+        p->bwd_n += (uint64_t)in.B;
         p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);
         return 0;
@@ -386,10 +488,8 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         return average_gradients(p, &r, h->request_id, reply, why);
     case STAGE_RESET:
         if (h->payload_len) return CIRRUS_ECORRUPT;
-        memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
-        memset(p->model.grad_head, 0, sizeof(float) * VC);
-        p->mb_since_step = 0;
-        p->summed = 0;
+        drop_gradients(p);
+        if (p->move_to >= 0) start_move_locked(p); /* it holds no gradients now */
         return 0;
     case STAGE_STATE_GET:
         if (h->payload_len) return CIRRUS_ECORRUPT;
@@ -454,12 +554,14 @@ static int serve(peer *p, const wire_header *h, const uint8_t *payload, wire_wri
         p->steps = step;
         p->mb_since_step = 0;
         p->summed = 0;
+        /* Told to move: now, between steps, it leaves no gradients behind. */
+        if (p->move_to >= 0) start_move_locked(p);
         return 0;
     }
     case STAGE_INFO: {
         if (h->payload_len) return CIRRUS_ECORRUPT;
         const gpt_config *c = &o->model;
-        const uint32_t v[] = {(uint32_t)o->l0, (uint32_t)o->l1, (uint32_t)c->n_layer,
+        const uint32_t v[] = {(uint32_t)p->l0, (uint32_t)p->l1, (uint32_t)c->n_layer,
                               (uint32_t)c->n_embd, (uint32_t)c->n_head, (uint32_t)c->seq_len};
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) wire_put_u32(reply, v[i]);
         wire_put_u64(reply, p->model.n_params);
@@ -487,6 +589,9 @@ static void *conn_main(void *arg)
         goto out;
     }
     net_set_max_payload(c, PEER_REPLY_LIMIT);
+    pthread_mutex_lock(&p->mu);
+    const uint32_t gen = p->gen; /* the stage this connection was opened for */
+    pthread_mutex_unlock(&p->mu);
     while (!*p->stop) {
         wire_header h;
         const uint8_t *payload;
@@ -501,7 +606,7 @@ static void *conn_main(void *arg)
         wire_writer_init(&reply, PEER_REPLY_LIMIT);
         const char *why = NULL;
         pthread_mutex_lock(&p->mu);
-        rc = serve(p, &h, payload, &reply, &why);
+        rc = serve(p, gen, &h, payload, &reply, &why);
         pthread_mutex_unlock(&p->mu);
         if (!rc && reply.failed) {
             rc = CIRRUS_ENOMEM;
@@ -534,9 +639,290 @@ out:
     return NULL;
 }
 
+/* ---- the stage kit ---- */
+
+static void kit_free(stage_kit *k)
+{
+    for (int i = 0; i < STAGE_PEER_MAX_SLOTS; i++) gpt_stage_destroy(k->slot[i]);
+    adamw_destroy(&k->adam);
+    free(k->pack);
+    free(k->backup);
+    memset(k, 0, sizeof *k);
+}
+
+/* Everything serving layers [l0, l1) needs; on failure nothing is left allocated. */
+static int kit_build(peer *p, int l0, int l1, stage_kit *k, cirrus_error *err)
+{
+    const stage_peer_options *o = p->opt;
+    int rc = 0;
+    memset(k, 0, sizeof *k);
+    k->l0 = l0;
+    k->l1 = l1;
+    for (int i = 0; i < p->n_slots && !rc; i++)
+        rc = gpt_stage_create(&k->slot[i], &p->model, l0, l1, o->max_B, o->max_T, err);
+    const int first = l0 == 0, last = l1 == o->model.n_layer;
+    /* The last stage also owns an optimizer copy of wte: the tied head is updated there
+     * with the same folded gradient as in the first stage, so both copies stay equal. */
+    gpt_span spans[2];
+    int n = 0;
+    if (last && !first) spans[n++] = (gpt_span){0, p->V * p->C};
+    spans[n++] = gpt_stage_param_span(&o->model, l0, l1);
+    if (!rc) rc = adamw_create(&k->adam, &o->model, spans, n, &o->adam, err);
+    if (!rc) {
+        k->pack_count = k->adam.state_count + (last ? p->V * p->C : 0);
+        k->pack = malloc(sizeof(float) * (k->pack_count ? k->pack_count : 1));
+        k->backup = malloc(sizeof(float) * (k->pack_count ? k->pack_count : 1));
+        if (!k->pack || !k->backup)
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate stage buffers");
+    }
+    if (rc) kit_free(k);
+    return rc;
+}
+
+/* Serve k's layers from now on (under the lock, or before serving); k receives what the
+ * peer had, for kit_free. The activation slots start empty. */
+static void kit_swap(peer *p, stage_kit *k)
+{
+    stage_kit old = {.l0 = p->l0, .l1 = p->l1, .adam = p->adam, .pack = p->pack,
+                     .backup = p->backup, .pack_count = p->pack_count};
+    for (int i = 0; i < p->n_slots; i++) {
+        old.slot[i] = p->slot[i].stage;
+        p->slot[i] = (act_slot){.stage = k->slot[i]};
+    }
+    p->l0 = k->l0;
+    p->l1 = k->l1;
+    p->adam = k->adam;
+    p->pack = k->pack;
+    p->backup = k->backup;
+    p->pack_count = k->pack_count;
+    *k = old;
+}
+
+/* ---- moving to another stage (rebalancing) ---- */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Leave the current stage (under the lock): from now on every request is refused until
+ * the mover has built the new one, and connections opened before are refused for good. */
+static void start_move_locked(peer *p)
+{
+    if (atomic_load(&p->moving) || p->move_to < 0) return;
+    const int clean = p->mb_since_step == 0 && !p->summed;
+    log_info("leaving stage %d for stage %d%s", p->stage, p->move_to,
+             clean ? "" : " with gradients of an unfinished step (its client runs them again)");
+    p->gen++;
+    atomic_store(&p->moving, 1);
+}
+
+/* A heartbeat's instruction: the stage the coordinator wants this peer at, or none. The
+ * peer leaves when it holds no gradients of an unfinished step (now, or after the next
+ * STEP), or after STAGE_PEER_MOVE_WAIT_S in any case (a client that died mid-step). */
+static void take_instruction(peer *p, uint32_t ins)
+{
+    const double now = mono_s();
+    pthread_mutex_lock(&p->mu);
+    if (atomic_load(&p->moving)) {
+        /* busy moving: the instruction is the one being carried out, or is stale */
+    } else if (ins == COORD_NO_INSTRUCTION || ins >= COORD_MAX_STAGES) {
+        if (p->move_to >= 0) log_info("move to stage %d withdrawn by the coordinator", p->move_to);
+        p->move_to = -1;
+    } else if ((int)ins != p->stage && now >= p->retry_after_s) {
+        if (p->move_to != (int)ins) {
+            p->move_to = (int)ins;
+            p->move_asked_s = now;
+            log_info("told to move from stage %d to stage %d: leaving between steps", p->stage,
+                     p->move_to);
+        }
+        if ((p->mb_since_step == 0 && !p->summed) || now - p->move_asked_s > STAGE_PEER_MOVE_WAIT_S)
+            start_move_locked(p);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Take the stage of the live peer `donor` serves: its layers (checked with INFO), a new
+ * kit for them, and its parameters and optimizer state (STATE_GET), all while `moving`
+ * keeps every request away from the model; then swap the kit in. */
+static int adopt_stage(peer *p, const coord_peer_info *donor, int to, cirrus_error *err)
+{
+    net_conn *c = NULL;
+    stage_kit kit;
+    const char *why;
+    uint64_t steps = 0;
+    if (donor->l1 > (uint32_t)p->opt->model.n_layer)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d serves layers up to %u of %d", to,
+                           donor->l1, p->opt->model.n_layer);
+    int rc = donor_open(p, donor->host, donor->port, (int)donor->l0, (int)donor->l1, &c, &why,
+                        err);
+    if (rc) return rc;
+    if ((rc = kit_build(p, (int)donor->l0, (int)donor->l1, &kit, err))) {
+        net_close(c);
+        return rc;
+    }
+    rc = take_state(p, c, &kit.adam, &steps, &why, err);
+    net_close(c);
+    if (rc) {
+        kit_free(&kit);
+        return rc;
+    }
+    pthread_mutex_lock(&p->mu);
+    kit_swap(p, &kit);
+    p->stage = to;
+    p->steps = steps;
+    drop_gradients(p);
+    collective_destroy(p->ring); /* the new stage's members are named by the next AVERAGE */
+    p->ring = NULL;
+    p->ring_members[0] = '\0';
+    p->last_round = 0;
+    p->rates_reset = 1;
+    p->move_to = -1;
+    atomic_store(&p->moving, 0);
+    pthread_mutex_unlock(&p->mu);
+    kit_free(&kit); /* the old stage's */
+    log_info("moved to stage %d: layers [%u, %u), state of %s:%u at step %llu", to, donor->l0,
+             donor->l1, donor->host, donor->port, (unsigned long long)steps);
+    return 0;
+}
+
+/* Move to stage `to`: ask the coordinator for its live peers and adopt the state of the
+ * first that answers. */
+static int move_stage(peer *p, coord_client *cc, int to, cirrus_error *err)
+{
+    coord_peer_info *list = NULL;
+    size_t n = 0;
+    uint32_t n_stages = 0;
+    int rc = coord_client_peers(cc, (uint32_t)to, 5000, &list, &n, &n_stages, err);
+    if (rc) return rc;
+    rc = cirrus_fail(err, CIRRUS_ENOENT, "no live peer of stage %d to copy its state from", to);
+    if ((uint32_t)to >= n_stages)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "told to move to stage %d of a %u-stage job", to,
+                         n_stages);
+    for (size_t i = 0; i < n && (uint32_t)to < n_stages; i++) {
+        const stage_peer_options *o = p->opt;
+        if (list[i].port == o->advertise_port && strcmp(list[i].host, o->advertise_host) == 0)
+            continue; /* itself, listed there already */
+        cirrus_error e = {0};
+        if (!(rc = adopt_stage(p, &list[i], to, &e))) break;
+        log_warn("moving to stage %d: %s", to, e.msg);
+        *err = e;
+    }
+    free(list);
+    return rc;
+}
+
+/* The mover runs apart from the heartbeat thread, which keeps the peer's registration
+ * alive however long a large stage's state takes to download. */
+typedef struct mover {
+    peer *p;
+    coord_client *cc;
+    int to;
+    pthread_t th;
+    int running;
+    atomic_int done;
+} mover;
+
+static void *mover_main(void *arg)
+{
+    mover *mv = arg;
+    peer *p = mv->p;
+    cirrus_error err = {0};
+    if (move_stage(p, mv->cc, mv->to, &err)) {
+        pthread_mutex_lock(&p->mu);
+        log_warn("move to stage %d failed: %s; serving stage %d again, retrying in %d s",
+                 mv->to, err.msg, p->stage, STAGE_PEER_MOVE_RETRY_S);
+        p->retry_after_s = mono_s() + STAGE_PEER_MOVE_RETRY_S;
+        p->move_to = -1;
+        atomic_store(&p->moving, 0);
+        pthread_mutex_unlock(&p->mu);
+    }
+    atomic_store(&mv->done, 1);
+    return NULL;
+}
+
+/* Start the mover when the peer has left its stage, and reap it when it is done. */
+static void mover_poll(peer *p, mover *mv)
+{
+    if (mv->running && atomic_load(&mv->done)) {
+        pthread_join(mv->th, NULL);
+        mv->running = 0;
+    }
+    if (mv->running || !atomic_load(&p->moving)) return;
+    pthread_mutex_lock(&p->mu);
+    mv->to = p->move_to;
+    pthread_mutex_unlock(&p->mu);
+    atomic_store(&mv->done, 0);
+    mv->p = p;
+    if (pthread_create(&mv->th, NULL, mover_main, mv) == 0) {
+        mv->running = 1;
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    log_warn("cannot start a thread to move to stage %d; staying at stage %d", mv->to, p->stage);
+    p->move_to = -1;
+    p->retry_after_s = mono_s() + STAGE_PEER_MOVE_RETRY_S;
+    atomic_store(&p->moving, 0);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- heartbeats ---- */
+
+/* A rate over recent work. The samples and busy seconds since the last heartbeat are added
+ * to sums that decay by RATE_DECAY per heartbeat with new work, so the estimate follows a
+ * peer whose speed changes within ~10 heartbeats, and an idle peer (an over-provisioned
+ * stage) keeps its capacity instead of looking slow. */
+#define RATE_DECAY 0.9
+typedef struct rate_est {
+    double n, t;
+    uint64_t last_n;
+    double last_t;
+} rate_est;
+
+static double rate_update(rate_est *e, uint64_t n, double t)
+{
+    const double dn = (double)(n - e->last_n), dt = t - e->last_t;
+    e->last_n = n;
+    e->last_t = t;
+    if (dn > 0 || dt > 0) {
+        e->n = e->n * RATE_DECAY + dn;
+        e->t = e->t * RATE_DECAY + dt;
+    }
+    return e->t > 0 ? e->n / e->t : 0.0;
+}
+
+/* This peer's registration as it stands (under the lock). */
+static void current_registration(const peer *p, coord_registration *reg)
+{
+    const stage_peer_options *o = p->opt;
+    *reg = (coord_registration){.role = COORD_ROLE_STAGE, .stage = (uint32_t)p->stage,
+                                .l0 = (uint32_t)p->l0, .l1 = (uint32_t)p->l1,
+                                .port = (uint16_t)o->advertise_port};
+    snprintf(reg->host, sizeof reg->host, "%s", o->advertise_host);
+    memcpy(reg->name, p->name, sizeof reg->name);
+}
+
+/* The heartbeat's statistics (under the lock). Capacity: forward and backward samples per
+ * second of this peer's own compute, over recent work. */
+static void current_stats(peer *p, rate_est *fwd, rate_est *bwd, coord_stats *st)
+{
+    if (p->rates_reset) { /* a new stage: its own speed there, from scratch */
+        *fwd = (rate_est){.last_n = p->fwd_n, .last_t = p->fwd_busy_s};
+        *bwd = (rate_est){.last_n = p->bwd_n, .last_t = p->bwd_busy_s};
+        p->rates_reset = 0;
+    }
+    *st = (coord_stats){.loss = NAN, .samples = p->samples, .step = p->steps};
+    st->fwd_throughput = rate_update(fwd, p->fwd_n, p->fwd_busy_s);
+    st->bwd_throughput = rate_update(bwd, p->bwd_n, p->bwd_busy_s);
+}
+
 /* Register with the coordinator and heartbeat until stopped. The coordinator client
  * re-registers by itself after a coordinator restart; errors are logged, never fatal: a
- * peer keeps serving its clients while the coordinator is away. */
+ * peer keeps serving its clients while the coordinator is away. A heartbeat may carry an
+ * instruction to move to another stage: the mover carries it out, then the peer registers
+ * again at its new stage. */
 static void *heartbeat_main(void *arg)
 {
     peer *p = arg;
@@ -547,33 +933,38 @@ static void *heartbeat_main(void *arg)
         log_warn("coordinator: %s", err.msg);
         return NULL;
     }
-    coord_registration reg = {.role = COORD_ROLE_STAGE, .stage = (uint32_t)o->stage_index,
-                              .l0 = (uint32_t)o->l0, .l1 = (uint32_t)o->l1,
-                              .port = (uint16_t)o->advertise_port};
-    snprintf(reg.host, sizeof reg.host, "%s", o->advertise_host);
-    snprintf(reg.name, sizeof reg.name, "stage%d-%s-%d", o->stage_index, o->advertise_host,
-             o->advertise_port);
     coord_registered ack = {.heartbeat_ms = 1000}; /* until the coordinator says */
-    int registered = 0;
+    int registered = 0, registered_stage = -1;
+    rate_est fwd = {0}, bwd = {0};
+    mover mv = {.cc = cc};
     while (!*p->stop) {
+        mover_poll(p, &mv);
+        coord_registration reg;
+        coord_stats st;
+        pthread_mutex_lock(&p->mu);
+        current_registration(p, &reg);
+        current_stats(p, &fwd, &bwd, &st);
+        pthread_mutex_unlock(&p->mu);
+        if (registered && (int)reg.stage != registered_stage) registered = 0; /* it moved */
         if (!registered) {
             registered = coord_client_register(cc, &reg, 2000, &ack, &err) == 0;
-            if (!registered) log_warn("coordinator: %s", err.msg);
+            if (registered) registered_stage = (int)reg.stage;
+            else log_warn("coordinator: %s", err.msg);
         } else {
-            coord_stats st = {.loss = NAN};
-            pthread_mutex_lock(&p->mu);
-            st.samples = p->samples;
-            st.step = p->steps;
-            st.fwd_throughput = p->busy_s > 0 ? (double)p->samples / p->busy_s : 0.0;
-            pthread_mutex_unlock(&p->mu);
             uint32_t instruction;
             if (coord_client_heartbeat(cc, &st, 2000, &instruction, NULL, &err))
                 log_warn("coordinator: %s", err.msg);
+            else
+                take_instruction(p, instruction);
         }
-        /* Sleep one interval in short naps so a stop is noticed quickly. */
-        for (uint32_t slept = 0; slept < ack.heartbeat_ms && !*p->stop; slept += 50)
+        /* Sleep one interval in short naps so a stop, or a move starting or ending, is
+         * noticed quickly. */
+        for (uint32_t slept = 0; slept < ack.heartbeat_ms && !*p->stop; slept += 50) {
+            if (mv.running ? atomic_load(&mv.done) : atomic_load(&p->moving)) break;
             usleep(50000);
+        }
     }
+    if (mv.running) pthread_join(mv.th, NULL);
     if (registered) coord_client_leave(cc, 1000, NULL);
     coord_client_close(cc);
     return NULL;
@@ -588,31 +979,25 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
     if (p->n_slots > STAGE_PEER_MAX_SLOTS)
         return cirrus_fail(err, CIRRUS_EINVAL, "%d activation slots: at most %d", p->n_slots,
                            STAGE_PEER_MAX_SLOTS);
-    for (int i = 0; i < p->n_slots; i++)
-        if ((rc = gpt_stage_create(&p->slot[i].stage, &p->model, o->l0, o->l1, o->max_B,
-                                   o->max_T, err)))
-            return rc;
-    const int first = o->l0 == 0, last = o->l1 == o->model.n_layer;
     p->C = (size_t)o->model.n_embd;
     p->V = (size_t)o->model.vocab;
     p->N = (size_t)o->max_B * o->max_T;
-    /* The last stage also owns an optimizer copy of wte: the tied head is updated there
-     * with the same folded gradient as in the first stage, so both copies stay equal. */
-    gpt_span spans[2];
-    int n = 0;
-    if (last && !first) spans[n++] = (gpt_span){0, p->V * p->C};
-    spans[n++] = gpt_stage_param_span(&o->model, o->l0, o->l1);
-    if ((rc = adamw_create(&p->adam, &o->model, spans, n, &o->adam, err))) return rc;
+    p->stage = o->stage_index;
+    p->move_to = -1;
+    /* Its name at the coordinator stays the one it started with, also after a move:
+     * registering again under it keeps the peer's id (and clears the instruction). */
+    snprintf(p->name, sizeof p->name, "stage%d-%s-%d", o->stage_index,
+             o->advertise_host ? o->advertise_host : "", o->advertise_port);
+    stage_kit kit;
+    if ((rc = kit_build(p, o->l0, o->l1, &kit, err))) return rc;
+    kit_swap(p, &kit); /* kit now holds the empty start: nothing to free */
     size_t width = p->C > p->V ? p->C : p->V;
     p->tokens = malloc(sizeof(int32_t) * p->N);
     p->targets = malloc(sizeof(int32_t) * p->N);
     p->in = malloc(sizeof(float) * p->N * width);
     p->out = malloc(sizeof(float) * p->N * width);
     p->grad = malloc(sizeof(float) * p->N * width);
-    p->pack_count = p->adam.state_count + (last ? p->V * p->C : 0);
-    p->pack = malloc(sizeof(float) * (p->pack_count ? p->pack_count : 1));
-    p->backup = malloc(sizeof(float) * (p->pack_count ? p->pack_count : 1));
-    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad || !p->pack || !p->backup)
+    if (!p->tokens || !p->targets || !p->in || !p->out || !p->grad)
         return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate stage buffers");
     return 0;
 }
@@ -620,15 +1005,14 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
 static void peer_teardown(peer *p)
 {
     collective_destroy(p->ring);
-    free(p->pack);
-    free(p->backup);
     free(p->tokens);
     free(p->targets);
     free(p->in);
     free(p->out);
     free(p->grad);
-    adamw_destroy(&p->adam);
-    for (int i = 0; i < p->n_slots; i++) gpt_stage_destroy(p->slot[i].stage);
+    stage_kit kit = {0};
+    kit_swap(p, &kit); /* the peer's kit, to free */
+    kit_free(&kit);
     gpt_model_destroy(&p->model);
 }
 
@@ -638,7 +1022,7 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
     pthread_mutex_init(&p.mu, NULL);
     int rc = peer_setup(&p, o, err);
     if (rc) goto out;
-    log_info("serving layers [%d, %d) of %d", o->l0, o->l1, o->model.n_layer);
+    log_info("serving layers [%d, %d) of %d", p.l0, p.l1, o->model.n_layer);
     pthread_t heartbeat;
     int heartbeating = o->coord_host && pthread_create(&heartbeat, NULL, heartbeat_main, &p) == 0;
     while (!*stop) {

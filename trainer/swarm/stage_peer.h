@@ -6,6 +6,14 @@
  * all-reduce), the tied-embedding gradient exchange, gradient sums and optimizer steps
  * (stage_proto.h). One thread per connection; requests are served one at a time
  * under a lock (the model is one). A malformed request drops that connection only.
+ *
+ * Rebalancing: a heartbeat may tell the peer to move to another stage. It leaves between
+ * steps (after a STEP or RESET, when it holds no gradients; after STAGE_PEER_MOVE_WAIT_S
+ * regardless), refuses every request from then on with STAGE_MOVED, takes the layers,
+ * parameters and optimizer state of a live peer of the new stage (INFO, STATE_GET; the
+ * coordinator names them), and registers again at the new stage. Connections opened
+ * before the move stay refused: clients drop the peer there and admit it at its new
+ * stage. A failed move (no donor reachable) leaves it at its old stage.
  */
 #ifndef CIRRUS_STAGE_PEER_H
 #define CIRRUS_STAGE_PEER_H
@@ -48,6 +56,8 @@ typedef struct stage_peer_options {
 } stage_peer_options;
 
 #define STAGE_PEER_DEFAULT_SLOTS 4
+#define STAGE_PEER_MOVE_WAIT_S 30.0 /* longest wait for a step's end before moving anyway */
+#define STAGE_PEER_MOVE_RETRY_S 5   /* after a failed move, the instruction waits this long */
 #define STAGE_PEER_MAX_SLOTS 64
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */

@@ -31,6 +31,9 @@
  *   RESET     -> OK: empty. A client taking over (the previous one died mid-step) drops the
  *             gradients of the unfinished step; parameters and optimizer state are kept
  *
+ * A peer that moved to another stage (rebalancing) answers ERROR(STAGE_MOVED) to every
+ * request on a connection opened before the move, and to every request while it moves.
+ *
  * Activations travel as `codec`: 0 = raw f32 (B*T*C*4 bytes), 1 = codec_q8 blocks.
  */
 #ifndef CIRRUS_STAGE_PROTO_H
@@ -38,6 +41,7 @@
 
 #include <stddef.h>
 
+#include "../../common/cerr.h"
 #include "../net/wire.h"
 
 enum stage_msg {
@@ -72,6 +76,12 @@ enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
 #define STAGE_ROLE_CLIENT 2 /* handshake role of a pipeline client */
 #define STAGE_ROLE_SYNC 3   /* handshake role of a joining peer fetching state */
 #define STAGE_ADDR_MAX 280  /* bytes of a "host:port" string */
+
+/* The code of the ERROR a peer answers once it has left its stage (rebalancing), to every
+ * request on a connection opened before, and to all requests while it moves. The client
+ * takes the peer out of that stage without banning its address: it rejoins at its new
+ * stage through the coordinator. */
+#define STAGE_MOVED CIRRUS_EGONE
 
 /* Append n floats encoded with codec. */
 void stage_put_floats(wire_writer *w, const float *x, size_t n, int codec);
