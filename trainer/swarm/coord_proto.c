@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "../net/conn.h"
+#include "wiring.h"
 
 /* ---- validation helpers ---- */
 
@@ -219,6 +220,14 @@ int coord_get_report(const void *p, size_t n, uint64_t *epoch, uint32_t *peer_id
         return cirrus_fail(err, CIRRUS_ECORRUPT, "CLIENT_REPORT tokens/s %g is not a rate",
                            rep->tokens_per_s);
     return 0;
+}
+
+double coord_stats_capacity(const coord_stats *s)
+{
+    const double f = s->fwd_throughput, b = s->bwd_throughput;
+    if (!(f > 0)) return 0.0;
+    if (!(b > 0)) return f;
+    return (1.0 + WIRING_BACKWARD_COST) / (1.0 / f + 1.0 / b);
 }
 
 /* ---- PEERS_OK entries ---- */

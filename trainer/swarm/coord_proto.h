@@ -81,8 +81,18 @@ typedef struct coord_stats {
     uint64_t samples, step;
     float loss;                      /* NaN: none */
     double tokens_per_s;
-    double fwd_throughput, bwd_throughput; /* samples/s; 0: not measured yet */
+    /* A stage peer's forward and backward samples per second of its own compute (busy
+     * time, not wall time: an idle peer keeps its rate), over recent work; 0: not
+     * measured yet. */
+    double fwd_throughput, bwd_throughput;
 } coord_stats;
+
+/* A stage peer's capacity in forward units per busy second (a backward counts as
+ * WIRING_BACKWARD_COST forwards, as the wiring charges it) for the training mix of one
+ * forward and one backward per sample: (1 + cost) / (1/fwd + 1/bwd). The forward rate
+ * alone when no backward was measured (a peer before the rebalancing heartbeats filled
+ * bwd_throughput in); 0 when nothing was. */
+double coord_stats_capacity(const coord_stats *s);
 
 typedef struct coord_report {
     uint64_t step;

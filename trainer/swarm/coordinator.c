@@ -17,6 +17,7 @@
 #include "../../common/rng.h"
 #include "../net/conn.h"
 #include "http_status.h"
+#include "rebalance.h"
 
 #define COORD_IO_TIMEOUT_MS 5000 /* a frame that started arriving, or a reply, must finish */
 #define COORD_POLL_MS 100        /* how often idle threads look at the stop flag */
@@ -32,6 +33,7 @@ typedef struct member {
     int has_report;
     int64_t last_seen_ms;
     uint32_t instruction;
+    int64_t instructed_ms; /* when the instruction was given */
 } member;
 
 struct coordinator {
@@ -57,6 +59,13 @@ struct coordinator {
     uint64_t retired_retried, retired_lost; /* totals of clients no longer in the table */
     double loss;
     int loss_from_client;
+    /* rebalancing (NULL rb: off) */
+    rebalance_state *rb;
+    int64_t next_rebalance_ms;
+    uint32_t *rb_ids;      /* [max_peers] the peers the policy was fed last period */
+    size_t n_rb_ids;
+    uint64_t moves, withdrawn;
+    coord_move recent[COORD_RECENT_MOVES]; /* a ring: the latest at (n_moves - 1) % size */
 };
 
 static int64_t now_ms(void)
@@ -410,6 +419,98 @@ static void send_error(net_conn *c, uint64_t request_id, int code, const char *m
     wire_writer_free(&w);
 }
 
+/* ---- rebalancing (callers hold co->mu) ---- */
+
+static int is_stage_peer(const member *m)
+{
+    return m->reg.role == COORD_ROLE_STAGE;
+}
+
+/* The policy forgets the peers that are no longer members. */
+static void rebalance_forget_gone(coordinator *co)
+{
+    for (size_t i = 0; i < co->n_rb_ids; i++) {
+        const member *m = find_member(co, co->rb_ids[i]);
+        if (!m || !is_stage_peer(m)) rebalance_peer_remove(co->rb, co->rb_ids[i]);
+    }
+    co->n_rb_ids = 0;
+}
+
+/* An instruction not carried out in time is withdrawn (the peer cannot move: no donor, an
+ * old binary); the policy then sees the peer where it registered. */
+static void withdraw_stale(coordinator *co, member *m, int64_t now)
+{
+    const int64_t limit = (int64_t)co->o.rebalance_period_ms * COORD_MOVE_WITHDRAW;
+    const int64_t after = limit > COORD_MOVE_WITHDRAW_MIN_MS ? limit : COORD_MOVE_WITHDRAW_MIN_MS;
+    if (m->instruction == COORD_NO_INSTRUCTION || now - m->instructed_ms <= after) return;
+    log_warn("rebalance: peer %u '%s' did not move to stage %u within %lld s; instruction "
+             "withdrawn", m->id, m->reg.name, m->instruction, (long long)(after / 1000));
+    m->instruction = COORD_NO_INSTRUCTION;
+    co->withdrawn++;
+}
+
+/* Every live stage peer, at its stage (or the one it is moving to: its capacity there is
+ * not known yet) with its capacity, and each stage's work from its layer count. */
+static int rebalance_feed(coordinator *co, int64_t now)
+{
+    for (size_t i = 0; i < co->n_members; i++) /* first: forgotten next period whatever fails */
+        if (is_stage_peer(&co->members[i])) co->rb_ids[co->n_rb_ids++] = co->members[i].id;
+    for (size_t i = 0; i < co->n_members; i++) {
+        member *m = &co->members[i];
+        if (!is_stage_peer(m)) continue;
+        withdraw_stale(co, m, now);
+        const int moving = m->instruction != COORD_NO_INSTRUCTION;
+        const uint32_t stage = moving ? m->instruction : m->reg.stage;
+        const double cap = moving || !m->has_stats ? 0.0 : coord_stats_capacity(&m->stats);
+        rebalance_stage_work(co->rb, (int)m->reg.stage, (double)(m->reg.l1 - m->reg.l0));
+        int rc = rebalance_peer_set(co->rb, m->id, (int)stage, cap);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static void record_move(coordinator *co, const rebalance_move *mv, int64_t now)
+{
+    coord_move *r = &co->recent[co->moves % COORD_RECENT_MOVES];
+    *r = (coord_move){.peer_id = mv->peer_id, .from_stage = (uint32_t)mv->from_stage,
+                      .to_stage = (uint32_t)mv->to_stage, .min_before = mv->min_before,
+                      .min_after = mv->min_after, .period = rebalance_period(co->rb),
+                      .at_s = (now - co->start_ms) / 1000.0};
+    co->moves++;
+}
+
+/* The moves the policy accepts this period (each lowers its estimate of what is left to
+ * gain, so a few at most), each told to its peer. */
+static void rebalance_moves(coordinator *co, int64_t now)
+{
+    for (uint32_t i = 0; i < co->o.n_stages; i++) {
+        rebalance_move mv;
+        int rc = rebalance_decide(co->rb, &mv);
+        if (rc < 0) log_warn("rebalance: no decision this period: %s", cirrus_strerror(rc));
+        if (rc != 1) return;
+        member *m = find_member(co, mv.peer_id);
+        if (!m || rebalance_apply(co->rb, &mv)) return; /* not reached: fed just now */
+        m->instruction = (uint32_t)mv.to_stage;
+        m->instructed_ms = now;
+        record_move(co, &mv, now);
+        log_info("rebalance: peer %u '%s' moves from stage %d to stage %d: minimum stage "
+                 "capacity %.1f -> %.1f (estimated, forward units/s)", mv.peer_id,
+                 m->reg.name, mv.from_stage, mv.to_stage, mv.min_before, mv.min_after);
+    }
+}
+
+/* One period of the rebalancer, when it is due. */
+static void maybe_rebalance(coordinator *co, int64_t now)
+{
+    if (!co->rb || now < co->next_rebalance_ms) return;
+    co->next_rebalance_ms = now + co->o.rebalance_period_ms;
+    rebalance_forget_gone(co);
+    int rc = rebalance_feed(co, now);
+    if (rc) log_warn("rebalance: no decision this period: %s", cirrus_strerror(rc));
+    else rebalance_moves(co, now);
+    rebalance_next_period(co->rb);
+}
+
 /* ---- connections ---- */
 
 typedef struct conn_job {
@@ -524,9 +625,11 @@ static void *accept_main(void *arg)
             log_warn("accept: %s", err.msg);
             usleep(50 * 1000); /* e.g. out of descriptors: do not spin */
         }
-        /* Expire on time even when nobody is asking. */
+        /* Expire on time even when nobody is asking; rebalance when a period is over. */
         pthread_mutex_lock(&co->mu);
-        reap_expired(co, now_ms());
+        int64_t now = now_ms();
+        reap_expired(co, now);
+        maybe_rebalance(co, now);
         pthread_mutex_unlock(&co->mu);
     }
     return NULL;
@@ -565,6 +668,9 @@ static int check_options(const coordinator_options *o, coordinator_options *f, c
                            COORD_MAX_PEERS);
     if (!f->idle_ms) f->idle_ms = f->expire_ms > 15000 ? 4 * f->expire_ms : 60000;
     if (!f->epoch) f->epoch = fresh_epoch();
+    if (f->rebalance_period_ms > 24u * 3600 * 1000)
+        return cirrus_fail(err, CIRRUS_EINVAL, "rebalancing period %u ms is above a day",
+                           f->rebalance_period_ms);
     return 0;
 }
 
@@ -595,6 +701,16 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     if (!co->members) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %u members", f.max_peers);
         goto fail;
+    }
+    if (f.rebalance_period_ms) {
+        co->rb = rebalance_create((int)f.n_stages, NULL);
+        co->rb_ids = calloc(f.max_peers, sizeof *co->rb_ids);
+        /* The first period starts now: peers measure their capacity meanwhile. */
+        co->next_rebalance_ms = co->start_ms + f.rebalance_period_ms;
+        if (!co->rb || !co->rb_ids) {
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the rebalancer");
+            goto fail;
+        }
     }
     if ((rc = net_listen(co->host, f.port, &co->lfd, &co->port, err))) goto fail;
     if (f.http_port >= 0 &&
@@ -627,6 +743,8 @@ void coordinator_stop(coordinator *co)
     pthread_cond_destroy(&co->conn_ended);
     pthread_mutex_destroy(&co->mu);
     free(co->members);
+    rebalance_destroy(co->rb);
+    free(co->rb_ids);
     free(co);
 }
 
@@ -640,7 +758,10 @@ int coordinator_set_instruction(coordinator *co, uint32_t peer_id, uint32_t stag
     pthread_mutex_lock(&co->mu);
     member *m = find_member(co, peer_id);
     int rc = m && m->reg.role == COORD_ROLE_STAGE ? 0 : CIRRUS_ENOENT;
-    if (!rc) m->instruction = stage;
+    if (!rc) {
+        m->instruction = stage;
+        m->instructed_ms = now_ms();
+    }
     pthread_mutex_unlock(&co->mu);
     return rc;
 }
@@ -653,8 +774,9 @@ int coordinator_snapshot(coordinator *co, coord_snapshot *s)
     reap_expired(co, now);
     s->stage_peers = calloc(co->o.n_stages, sizeof *s->stage_peers);
     s->stage_throughput = calloc(co->o.n_stages, sizeof *s->stage_throughput);
+    s->stage_capacity = calloc(co->o.n_stages, sizeof *s->stage_capacity);
     s->members = calloc(co->n_members ? co->n_members : 1, sizeof *s->members);
-    if (!s->stage_peers || !s->stage_throughput || !s->members) {
+    if (!s->stage_peers || !s->stage_throughput || !s->stage_capacity || !s->members) {
         pthread_mutex_unlock(&co->mu);
         coord_snapshot_free(s);
         return CIRRUS_ENOMEM;
@@ -670,6 +792,12 @@ int coordinator_snapshot(coordinator *co, coord_snapshot *s)
     s->mb_retried = co->retired_retried;
     s->mb_lost = co->retired_lost;
     s->n_members = co->n_members;
+    s->rebalance_period_s = co->o.rebalance_period_ms / 1000.0;
+    s->moves = co->moves;
+    s->withdrawn = co->withdrawn;
+    s->n_recent = co->moves < COORD_RECENT_MOVES ? (size_t)co->moves : COORD_RECENT_MOVES;
+    for (size_t i = 0; i < s->n_recent; i++) /* oldest first */
+        s->recent[i] = co->recent[(co->moves - s->n_recent + i) % COORD_RECENT_MOVES];
     for (size_t i = 0; i < co->n_members; i++) {
         const member *m = &co->members[i];
         coord_member_view *v = &s->members[i];
@@ -677,9 +805,12 @@ int coordinator_snapshot(coordinator *co, coord_snapshot *s)
         v->role = m->reg.role;
         v->stats = m->stats;
         v->last_seen_s = (now - m->last_seen_ms) / 1000.0;
+        v->moving_to = m->instruction;
         if (m->reg.role == COORD_ROLE_STAGE) {
+            v->capacity = m->has_stats ? coord_stats_capacity(&m->stats) : 0.0;
             s->stage_peers[m->reg.stage]++;
             s->stage_throughput[m->reg.stage] += v->info.throughput;
+            s->stage_capacity[m->reg.stage] += v->capacity;
             continue;
         }
         s->n_clients++;
@@ -697,6 +828,7 @@ void coord_snapshot_free(coord_snapshot *s)
 {
     free(s->stage_peers);
     free(s->stage_throughput);
+    free(s->stage_capacity);
     free(s->members);
     memset(s, 0, sizeof *s);
 }
@@ -708,9 +840,9 @@ int coordinator_run(const coordinator_options *o, volatile sig_atomic_t *stop,
     int rc = coordinator_start(o, &co, err);
     if (rc) return rc;
     log_info("coordinator of job %s: %u stages, epoch %llu, peers on port %d, HTTP on port %d, "
-             "heartbeat %u ms, expiry %u ms", co->job_id, co->o.n_stages,
+             "heartbeat %u ms, expiry %u ms, rebalancing %s", co->job_id, co->o.n_stages,
              (unsigned long long)co->epoch, co->port, coordinator_http_port(co),
-             co->o.heartbeat_ms, co->o.expire_ms);
+             co->o.heartbeat_ms, co->o.expire_ms, co->rb ? "on" : "off");
     /* An atomic read: the flag is set by a signal handler, or by another thread. */
     while (!__atomic_load_n(stop, __ATOMIC_RELAXED)) {
         struct timespec ts = {0, COORD_POLL_MS * 1000000L};

@@ -11,6 +11,13 @@
  * behind one mutex. A malformed request drops that connection only. HTTP (GET /status as
  * JSON, GET /metrics as Prometheus text 0.0.4) is served by libmicrohttpd on its own port
  * (http_status.h).
+ *
+ * Rebalancing (rebalance_period_ms > 0): every period the coordinator feeds swarm/
+ * rebalance.c every live stage peer (its stage and capacity, coord_stats_capacity) and
+ * forgets the gone; for each move the policy accepts it tells the peer to move
+ * (coordinator_set_instruction) and logs one line. An instruction the peer has not carried
+ * out (re-registered at the new stage) within COORD_MOVE_WITHDRAW periods, and at least
+ * COORD_MOVE_WITHDRAW_MIN_MS, is withdrawn. Moves are counted in /status and /metrics.
  */
 #ifndef CIRRUS_COORDINATOR_H
 #define CIRRUS_COORDINATOR_H
@@ -25,6 +32,9 @@
 #define COORD_DEFAULT_HEARTBEAT_MS 1000
 #define COORD_DEFAULT_MAX_PEERS 4096
 #define COORD_MAX_PEERS 16384
+#define COORD_RECENT_MOVES 32          /* moves kept for /status */
+#define COORD_MOVE_WITHDRAW 3          /* periods an instruction may take... */
+#define COORD_MOVE_WITHDRAW_MIN_MS 120000 /* ...and at least this long (a large state) */
 
 typedef struct coordinator_options {
     const char *job_id;     /* 1..63 bytes; members must present it in their HELLO */
@@ -38,6 +48,7 @@ typedef struct coordinator_options {
     uint32_t max_peers;     /* membership table size; 0: COORD_DEFAULT_MAX_PEERS */
     uint32_t idle_ms;       /* drop connections silent this long; 0: max(60 s, 4 x expire) */
     uint64_t epoch;         /* 0: a fresh one from the clock (53 bits, exact in JSON) */
+    uint32_t rebalance_period_ms; /* 0: no rebalancing */
 } coordinator_options;
 
 typedef struct coordinator coordinator;
@@ -62,7 +73,17 @@ typedef struct coord_member_view {
     uint16_t role;
     coord_stats stats;      /* the last heartbeat (zeros and NaN loss before one) */
     double last_seen_s;     /* seconds since the last heartbeat or registration */
+    double capacity;        /* coord_stats_capacity of the last heartbeat; 0: unknown */
+    uint32_t moving_to;     /* the stage it was told to move to; COORD_NO_INSTRUCTION */
 } coord_member_view;
+
+/* One move the rebalancer decided. */
+typedef struct coord_move {
+    uint32_t peer_id, from_stage, to_stage;
+    double min_before, min_after; /* estimated minimum stage capacity, forward units/s */
+    int64_t period;               /* the rebalancing period it was decided in (from 0) */
+    double at_s;                  /* coordinator uptime then */
+} coord_move;
 
 typedef struct coord_snapshot {
     char job_id[WIRE_JOB_ID_MAX + 1];
@@ -76,6 +97,11 @@ typedef struct coord_snapshot {
     uint64_t expirations, registrations;
     uint32_t *stage_peers;  /* [n_stages] live stage peers */
     double *stage_throughput; /* [n_stages] sum of their throughput, samples/s */
+    double *stage_capacity; /* [n_stages] sum of their capacity, forward units/s */
+    double rebalance_period_s;    /* 0: off */
+    uint64_t moves, withdrawn;    /* rebalancing moves decided, instructions withdrawn */
+    size_t n_recent;
+    coord_move recent[COORD_RECENT_MOVES]; /* the latest moves, oldest first */
     size_t n_clients;
     size_t n_members;
     coord_member_view *members; /* [n_members], by id */

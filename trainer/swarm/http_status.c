@@ -70,6 +70,9 @@ static json_t *member_json(const coord_member_view *m, int *bad)
         put(o, "layers", json_pack("[II]", (json_int_t)pi->l0, (json_int_t)pi->l1), bad);
         put(o, "addr", json_string(addr), bad);
         put(o, "throughput", real_or_null(pi->throughput), bad);
+        put(o, "capacity", real_or_null(m->capacity), bad);
+        put(o, "moving_to", m->moving_to == COORD_NO_INSTRUCTION ? json_null()
+                                                                 : count(m->moving_to), bad);
     }
     put(o, "samples", count(m->stats.samples), bad);
     put(o, "step", count(m->stats.step), bad);
@@ -78,6 +81,34 @@ static json_t *member_json(const coord_member_view *m, int *bad)
     put(o, "fwd_throughput", real_or_null(m->stats.fwd_throughput), bad);
     put(o, "bwd_throughput", real_or_null(m->stats.bwd_throughput), bad);
     put(o, "last_seen_s", real_or_null(m->last_seen_s), bad);
+    return o;
+}
+
+/* {"period_s", "moves", "withdrawn", "recent": [{peer, from, to, min_before, min_after,
+ * period, at_s}, ...]}: the rebalancer's work, the latest moves oldest first. */
+static json_t *rebalance_json(const coord_snapshot *s, int *bad)
+{
+    json_t *o = json_object(), *recent = json_array();
+    if (!o || !recent) {
+        json_decref(o);
+        json_decref(recent);
+        *bad = 1;
+        return NULL;
+    }
+    put(o, "period_s", real_or_null(s->rebalance_period_s), bad);
+    put(o, "moves", count(s->moves), bad);
+    put(o, "withdrawn", count(s->withdrawn), bad);
+    for (size_t i = 0; i < s->n_recent; i++) {
+        const coord_move *m = &s->recent[i];
+        append(recent, json_pack("{s:I,s:I,s:I,s:o,s:o,s:I,s:o}", "peer", (json_int_t)m->peer_id,
+                                 "from", (json_int_t)m->from_stage, "to",
+                                 (json_int_t)m->to_stage, "min_before",
+                                 real_or_null(m->min_before), "min_after",
+                                 real_or_null(m->min_after), "period", (json_int_t)m->period,
+                                 "at_s", real_or_null(m->at_s)),
+               bad);
+    }
+    put(o, "recent", recent, bad);
     return o;
 }
 
@@ -100,6 +131,7 @@ char *http_status_json(const coord_snapshot *s)
             put(st, "stage", count(i), &bad);
             put(st, "peers", count(s->stage_peers[i]), &bad);
             put(st, "throughput", real_or_null(s->stage_throughput[i]), &bad);
+            put(st, "capacity", real_or_null(s->stage_capacity[i]), &bad);
         }
         append(stages, st, &bad);
     }
@@ -109,6 +141,7 @@ char *http_status_json(const coord_snapshot *s)
     put(o, "microbatches_lost", count(s->mb_lost), &bad);
     put(o, "peer_expirations", count(s->expirations), &bad);
     put(o, "registrations", count(s->registrations), &bad);
+    put(o, "rebalance", rebalance_json(s, &bad), &bad);
     for (size_t i = 0; i < s->n_members; i++)
         append(members, member_json(&s->members[i], &bad), &bad);
     put(o, "members", json_incref(members), &bad);
@@ -188,6 +221,11 @@ char *http_status_metrics(const coord_snapshot *s)
     for (uint32_t i = 0; i < s->n_stages; i++)
         tprintf(&t, "cirrus_stage_throughput_samples_per_second{stage=\"%u\"} %s\n", i,
                 value(b, s->stage_throughput[i]));
+    family(&t, "cirrus_stage_capacity", "gauge",
+           "Sum of the live peers' capacity per stage, in forward units per busy second.");
+    for (uint32_t i = 0; i < s->n_stages; i++)
+        tprintf(&t, "cirrus_stage_capacity{stage=\"%u\"} %s\n", i,
+                value(b, s->stage_capacity[i]));
     family(&t, "cirrus_clients", "gauge", "Live pipeline clients.");
     tprintf(&t, "cirrus_clients %zu\n", s->n_clients);
     family(&t, "cirrus_step", "gauge", "Highest training step reported.");
@@ -208,6 +246,12 @@ char *http_status_metrics(const coord_snapshot *s)
     family(&t, "cirrus_registrations_total", "counter",
            "Registrations, re-registrations included.");
     tprintf(&t, "cirrus_registrations_total %llu\n", (unsigned long long)s->registrations);
+    family(&t, "cirrus_rebalance_moves_total", "counter",
+           "Stage peers the rebalancer told to move to another stage.");
+    tprintf(&t, "cirrus_rebalance_moves_total %llu\n", (unsigned long long)s->moves);
+    family(&t, "cirrus_rebalance_withdrawn_total", "counter",
+           "Move instructions withdrawn because the peer did not move in time.");
+    tprintf(&t, "cirrus_rebalance_withdrawn_total %llu\n", (unsigned long long)s->withdrawn);
     if (t.failed) {
         free(t.p);
         return NULL;
