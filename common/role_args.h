@@ -28,6 +28,8 @@
 #define ROLE_FLAG_RING_FD "ring-fd"         /* stage: inherited socket listening at ring-addr */
 #define ROLE_FLAG_HTTP_PORT "http-port"     /* gateway: /status and /metrics port */
 #define ROLE_FLAG_HEARTBEAT_MS "heartbeat-ms" /* gateway: members' heartbeat interval */
+#define ROLE_FLAG_REBALANCE_PERIOD_S "rebalance-period-s" /* gateway: seconds between
+                                                     rebalancing decisions; 0: never */
 #define ROLE_FLAG_STAGES "stages"           /* gateway: stage count; client: peer addresses */
 #define ROLE_FLAG_MODEL "model"             /* stage, client: preset (tiny, small, medium) */
 #define ROLE_FLAG_LAYERS "layers"           /* stage, client: override; gateway: layer count */

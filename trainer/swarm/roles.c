@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
+#include "../../common/role_args.h"
 #include "../cli.h"
 #include "../net/conn.h"
 #include "../optim/adamw.h"
@@ -205,9 +206,10 @@ static void report_step(pipe_exec *e, uint64_t step, float loss, int tokens)
 }
 
 /* Between steps: peers the coordinator knows and this client does not (replacements of
- * lost peers, new capacity) join their stage. */
-static void admit_new_peers(pipe_exec *e)
+ * lost peers, new capacity, peers that moved to another stage) join their stage. */
+static void admit_new_peers(pipe_exec *e, uint64_t step)
 {
+    const uint64_t joined = pipeline_get_counters(e->p)->peers_joined;
     if (!e->coord) return;
     coord_peer_info *peers = NULL;
     size_t n = 0;
@@ -224,6 +226,10 @@ static void admit_new_peers(pipe_exec *e)
             log_warn("peer %s could not join stage %u: %s", addr, peers[i].stage, err.msg);
     }
     free(peers);
+    const uint64_t now_joined = pipeline_get_counters(e->p)->peers_joined;
+    if (now_joined > joined)
+        log_info("%llu peer(s) joined before step %llu", (unsigned long long)(now_joined - joined),
+                 (unsigned long long)step);
 }
 
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
@@ -232,7 +238,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     pipe_exec *e = ctx;
     const int M = B / e->micro;
     float losses[PIPE_MAX_MICRO];
-    admit_new_peers(e);
+    admit_new_peers(e, step);
     if (M > PIPE_MAX_MICRO)
         return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step: at most %d", M,
                            PIPE_MAX_MICRO);
@@ -623,6 +629,26 @@ typedef struct slow_peer {
     double factor;
 } slow_peer;
 
+/* --stage-peers N0,N1,...: one count per stage, each 1..PIPE_MAX_PEERS. */
+static int parse_stage_peers(const char *text, int n_stages, int *peers, cirrus_error *err)
+{
+    const char *q = text;
+    int n = 0;
+    for (;;) {
+        char *end;
+        long v = strtol(q, &end, 10);
+        if (end == q || v < 1 || v > PIPE_MAX_PEERS || n == n_stages) break;
+        peers[n++] = (int)v;
+        if (*end == '\0' && n == n_stages) return 0;
+        if (*end != ',') break;
+        q = end + 1;
+    }
+    return cirrus_fail(err, CIRRUS_EINVAL,
+                       "--stage-peers must list %d peer counts (one per stage, 1 to %d each, "
+                       "separated by ','), got '%s'",
+                       n_stages, PIPE_MAX_PEERS, text);
+}
+
 static int parse_slow_peer(const char *text, int n_stages, int n_peers, slow_peer *sp,
                            cirrus_error *err)
 {
@@ -643,15 +669,18 @@ int roles_cmd_local(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *act = "none", *slow_text = NULL;
+    const char *act = "none", *slow_text = NULL, *stage_peers = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
-    int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0;
+    int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
+    float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
         {"stages", FLAG_INT, &n_stages, 1, PIPE_MAX_STAGES, "pipeline stages (default 2)", 0},
         {"peers", FLAG_INT, &n_peers, 1, PIPE_MAX_PEERS, "peers per stage (default 1)", 0},
+        {"stage-peers", FLAG_STR, &stage_peers, 0, 0,
+         "peers of each stage, N0,N1,... (overrides --peers; e.g. 3,1 starts unbalanced)", 0},
         {"microbatch", FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
         {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
@@ -665,6 +694,12 @@ int roles_cmd_local(int argc, char **argv)
          "tests and benchmarks only: STAGE:PEER:F starts that peer with --slowdown F "
          "(F times slower)",
          0},
+        {"peer-slowdown", FLAG_FLOAT, &peer_slowdown, 1, 1000,
+         "tests and benchmarks only: start every peer with --slowdown F, so that the sleep, "
+         "not a shared CPU, bounds each peer's capacity (default 1)",
+         0},
+        {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
+         "seconds between the coordinator's rebalancing decisions (0, the default: never)", 0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
@@ -685,6 +720,14 @@ int roles_cmd_local(int argc, char **argv)
                     o.model.n_layer);
         return cli_fail_input("local", &err);
     }
+    int peers[PIPE_MAX_STAGES];
+    for (int s = 0; s < n_stages; s++) peers[s] = n_peers;
+    if (stage_peers && parse_stage_peers(stage_peers, n_stages, peers, &err))
+        return cli_fail_input("local", &err);
+    if (stage_peers) { /* the widest stage, for the defaults below and --slow-peer */
+        n_peers = 1;
+        for (int s = 0; s < n_stages; s++) n_peers = peers[s] > n_peers ? peers[s] : n_peers;
+    }
     if (slow_text && parse_slow_peer(slow_text, n_stages, n_peers, &slow, &err))
         return cli_fail_input("local", &err);
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
@@ -693,7 +736,8 @@ int roles_cmd_local(int argc, char **argv)
     coordinator *co = NULL;
     coordinator_options co_opt = {.job_id = job, .host = "127.0.0.1", .port = 0,
                                   .http_port = status_port, .n_stages = (uint32_t)n_stages,
-                                  .n_layer = (uint32_t)o.model.n_layer};
+                                  .n_layer = (uint32_t)o.model.n_layer,
+                                  .rebalance_period_ms = (uint32_t)rebalance_s * 1000u};
     if (coordinator_start(&co_opt, &co, &err)) {
         fprintf(stderr, "cirrus-trainer local: coordinator: %s\n", err.msg);
         return 1;
@@ -711,13 +755,12 @@ int roles_cmd_local(int argc, char **argv)
     static pid_t pids[MAXP];
     static char addr_buf[MAXP][32], ring_buf[MAXP][32];
     static const char *addrs[MAXP];
-    int peers[PIPE_MAX_STAGES], started = 0, rc = 0;
+    int started = 0, rc = 0;
     for (int s = 0; s < n_stages && !rc; s++) {
         const int l0 = s * o.model.n_layer / n_stages, l1 = (s + 1) * o.model.n_layer / n_stages;
         int fds[PIPE_MAX_PEERS], rfds[PIPE_MAX_PEERS], port, rport;
-        for (int k = 0; k < n_peers; k++) fds[k] = rfds[k] = -1;
-        peers[s] = n_peers;
-        for (int k = 0; k < n_peers && !rc; k++) {
+        for (int k = 0; k < peers[s]; k++) fds[k] = rfds[k] = -1;
+        for (int k = 0; k < peers[s] && !rc; k++) {
             if (net_listen("127.0.0.1", 0, &fds[k], &port, &err) ||
                 net_listen("127.0.0.1", 0, &rfds[k], &rport, &err)) {
                 rc = cli_fail_input("local", &err);
@@ -727,9 +770,10 @@ int roles_cmd_local(int argc, char **argv)
             addrs[started + k] = addr_buf[started + k];
             snprintf(ring_buf[started + k], sizeof ring_buf[0], "127.0.0.1:%d", rport);
         }
-        for (int k = 0; k < n_peers && !rc; k++) {
+        for (int k = 0; k < peers[s] && !rc; k++) {
+            double f = peer_slowdown * (s == slow.stage && k == slow.peer ? slow.factor : 1.0);
             peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr,
-                            s == slow.stage && k == slow.peer ? slow.factor : 1.0};
+                            f < 1000.0 ? f : 1000.0};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {
@@ -741,7 +785,7 @@ int roles_cmd_local(int argc, char **argv)
                        k, l0, l1, addrs[started], (int)pids[started]);
             started++;
         }
-        for (int k = 0; k < n_peers; k++) {
+        for (int k = 0; k < peers[s]; k++) {
             if (fds[k] >= 0) close(fds[k]);
             if (rfds[k] >= 0) close(rfds[k]);
         }
@@ -757,7 +801,7 @@ int roles_cmd_local(int argc, char **argv)
 int roles_cmd_gateway(int argc, char **argv)
 {
     const char *job = "cirrus", *listen_addr = "0.0.0.0:7400";
-    int stages = 1, layers = 0, http_port = 7480, heartbeat_ms = 0, help = 0;
+    int stages = 1, layers = 0, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
     flag_spec flags[] = {
         {"job", FLAG_STR, &job, 0, 0, "job id; members of other jobs are refused", 0},
         {"listen", FLAG_STR, &listen_addr, 0, 0, "HOST:PORT for peers and clients", 0},
@@ -766,6 +810,11 @@ int roles_cmd_gateway(int argc, char **argv)
         {"stages", FLAG_INT, &stages, 1, PIPE_MAX_STAGES, "pipeline stages of the job", 0},
         {"layers", FLAG_INT, &layers, 0, 1024, "the model's layers (checks registrations)", 0},
         {"heartbeat-ms", FLAG_INT, &heartbeat_ms, 0, 600000, "members' heartbeat interval", 0},
+        {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
+         "seconds between rebalancing decisions: a peer of an over-provisioned stage moves to "
+         "the bottleneck when that clearly raises the slowest stage's capacity (0: never; "
+         "default 30)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -783,7 +832,8 @@ int roles_cmd_gateway(int argc, char **argv)
     log_set_role("gateway");
     coordinator_options o = {.job_id = job, .host = host, .port = port, .http_port = http_port,
                              .n_stages = (uint32_t)stages, .n_layer = (uint32_t)layers,
-                             .heartbeat_ms = (uint32_t)heartbeat_ms};
+                             .heartbeat_ms = (uint32_t)heartbeat_ms,
+                             .rebalance_period_ms = (uint32_t)rebalance_s * 1000u};
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
