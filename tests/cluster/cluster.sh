@@ -75,8 +75,16 @@ start() {
     local name=$1; shift
     local exe="$K8S_BIN/$1"; shift
     setsid "$exe" "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
-    echo "$! $exe" >"$PIDS/$name"
-    disown "$!" # not a job of this shell: no "Killed" notices when `down` stops it
+    local pid=$! i
+    echo "$pid $exe" >"$PIDS/$name"
+    disown "$pid" # not a job of this shell: no "Killed" notices when `down` stops it
+    # Until it has exec'd the binary the child is still a shell, and alive() would take a
+    # component that is starting for one that exited (seen on a loaded machine as "etcd
+    # exited while waiting for etcd" with an empty log): wait for the exec.
+    for ((i = 0; i < 400; i++)); do
+        [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$exe" || ! -d /proc/$pid ]] && return 0
+        sleep 0.025
+    done
 }
 
 # PID of a component started by `up`, if it is still that process.
