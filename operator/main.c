@@ -7,8 +7,9 @@
  * it remembered and re-reads every job, as a fresh process would. (client-go exits instead
  * and leaves the restart to the kubelet; staying up keeps the caches warm.)
  * SIGTERM releases the lease so a successor takes over without waiting for it to expire.
- * SIGUSR1 drops every watch and resumes from an expired resourceVersion, which makes the
- * caches re-list: a way to prove or force "nothing missed" without restarting.
+ * SIGUSR1 drops every watch and resumes from resourceVersion 1: where the server no longer
+ * keeps that history the answer is 410 and the caches re-list; where it does, the history
+ * is replayed. Either way the caches end current: a way to refresh them without a restart.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -155,7 +156,7 @@ int main(int argc, char **argv)
         kube_client_poll(client, wait);
         if (rewatch_requested) {
             rewatch_requested = 0;
-            log_info("SIGUSR1: dropping every watch; resuming from an expired version");
+            log_info("SIGUSR1: dropping every watch; resuming from resourceVersion 1");
             controller_rewatch(ctl, "1");
         }
         int synced = controller_synced(ctl);
