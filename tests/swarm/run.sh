@@ -248,5 +248,8 @@ for attempt in 1 2 3; do
 done
 if [ "$het_pass" -eq 0 ]; then ok wiring_beats_round_robin_with_a_slow_peer; else bad wiring_beats_round_robin_with_a_slow_peer; fi
 
+# 8. Live rebalancing: 3,1 converges to 2,2 and throughput rises (tests/swarm/rebalance.sh).
+if bash "$(dirname "$0")/rebalance.sh" "$bin"; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+
 echo "swarm: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

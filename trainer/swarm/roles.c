@@ -71,7 +71,7 @@ int roles_cmd_stage(int argc, char **argv)
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
     float slowdown = 1.0f;
-    int act_slots = STAGE_PEER_DEFAULT_SLOTS;
+    int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         {"job", FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
@@ -93,6 +93,10 @@ int roles_cmd_stage(int argc, char **argv)
          "tests and benchmarks only: be F times slower (sleep (F-1) x the compute time "
          "after each forward and backward; default 1)",
          0},
+        {"slowdown-cpu", FLAG_BOOL, &slowdown_cpu, 0, 0,
+         "tests and benchmarks only: --slowdown sleeps (F-1) x the compute's CPU time, not "
+         "its wall time, so other processes on the cores do not stretch the sleep",
+         0},
         {"act-slots", FLAG_INT, &act_slots, 1, STAGE_PEER_MAX_SLOTS,
          "forwards whose activations are kept for their backward (default 4; more "
          "microbatches in flight need more, each costs a microbatch's activations)",
@@ -112,7 +116,7 @@ int roles_cmd_stage(int argc, char **argv)
         return 0;
     }
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
-                            .act_slots = act_slots};
+                            .slowdown_cpu = slowdown_cpu, .act_slots = act_slots};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",
@@ -576,6 +580,7 @@ typedef struct peer_spec {
     const char *ring_addr;   /* HOST:PORT of ring_fd */
     const char *coordinator; /* HOST:PORT */
     double slowdown;         /* > 1: --slowdown for this peer (tests, benchmarks) */
+    int slowdown_cpu;        /* --slowdown-cpu */
 } peer_spec;
 
 /* Start a stage peer process on inherited listening sockets. */
@@ -602,7 +607,7 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    char *args[32] = {"cirrus-trainer", "stage", "--listen-fd", a_fd, "--serve", a_layers,
+    char *args[40] = {"cirrus-trainer", "stage", "--listen-fd", a_fd, "--serve", a_layers,
                       "--layers", a_nl, "--width", a_w, "--heads", a_h, "--context", a_ctx,
                       "--batch", a_b, "--seq", a_seq, "--seed", a_seed, "--job", (char *)job};
     int n = 22;
@@ -617,6 +622,7 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
         snprintf(a_slow, sizeof a_slow, "%g", ps->slowdown);
         args[n++] = "--slowdown";
         args[n++] = a_slow;
+        if (ps->slowdown_cpu) args[n++] = "--slowdown-cpu";
     }
     args[n] = NULL;
     execv("/proc/self/exe", args);
@@ -695,8 +701,8 @@ int roles_cmd_local(int argc, char **argv)
          "(F times slower)",
          0},
         {"peer-slowdown", FLAG_FLOAT, &peer_slowdown, 1, 1000,
-         "tests and benchmarks only: start every peer with --slowdown F, so that the sleep, "
-         "not a shared CPU, bounds each peer's capacity (default 1)",
+         "tests and benchmarks only: start every peer with --slowdown F --slowdown-cpu, so "
+         "that the sleep, not a shared CPU, bounds each peer's capacity (default 1)",
          0},
         {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
          "seconds between the coordinator's rebalancing decisions (0, the default: never)", 0},
@@ -773,7 +779,7 @@ int roles_cmd_local(int argc, char **argv)
         for (int k = 0; k < peers[s] && !rc; k++) {
             double f = peer_slowdown * (s == slow.stage && k == slow.peer ? slow.factor : 1.0);
             peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr,
-                            f < 1000.0 ? f : 1000.0};
+                            f < 1000.0 ? f : 1000.0, peer_slowdown > 1.0f};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {

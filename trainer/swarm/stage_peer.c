@@ -399,17 +399,38 @@ static gpt_stage *slot_for(peer *p, uint64_t id, int *hit)
     return s->stage;
 }
 
-static double elapsed_s(const struct timespec *t0)
+/* When a forward or backward started: wall time, and this thread's CPU time. */
+typedef struct work_clock {
+    struct timespec wall, cpu;
+} work_clock;
+
+static void work_start(work_clock *w)
+{
+    clock_gettime(CLOCK_MONOTONIC, &w->wall);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &w->cpu);
+}
+
+static double seconds_since(clockid_t clock, const struct timespec *t0)
 {
     struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(clock, &t1);
     return (t1.tv_sec - t0->tv_sec) + (t1.tv_nsec - t0->tv_nsec) * 1e-9;
 }
 
-/* A peer started with --slowdown F stands for slower hardware: having computed for
- * `seconds`, it stays busy (the lock held, as a busy device) for (F - 1) x as long. */
-static void slow_down(const peer *p, double seconds)
+static double wall_since(const work_clock *w)
 {
+    return seconds_since(CLOCK_MONOTONIC, &w->wall);
+}
+
+/* A peer started with --slowdown F stands for slower hardware: having computed for a
+ * while, it stays busy (the lock held, as a busy device) for (F - 1) x as long. "A while"
+ * is the compute's wall time, or with slowdown_cpu its CPU time (this thread's: compute
+ * runs on the calling thread, one OpenMP thread in local regions), which other processes
+ * competing for the cores do not stretch. */
+static void slow_down(const peer *p, const work_clock *t0)
+{
+    const double seconds = p->opt->slowdown_cpu ? seconds_since(CLOCK_THREAD_CPUTIME_ID, &t0->cpu)
+                                                : wall_since(t0);
     const double extra = (p->opt->slowdown - 1.0) * seconds;
     if (!(extra > 0)) return;
     struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
@@ -447,13 +468,13 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
             return CIRRUS_ECORRUPT;
         float loss = 0.0f;
         *why = "forward failed";
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        work_clock t0;
+        work_start(&t0);
         int hit;
         gpt_stage *st = slot_for(p, keep ? in.id : 0, &hit);
         if ((rc = gpt_stage_forward(st, &in, p->out, &loss, keep))) return rc;
-        slow_down(p, elapsed_s(&t0));
-        p->fwd_busy_s += elapsed_s(&t0);
+        slow_down(p, &t0);
+        p->fwd_busy_s += wall_since(&t0);
         p->fwd_n += (uint64_t)in.B;
         p->samples += (uint64_t)in.B;
         if (last && in.targets)
@@ -470,15 +491,15 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
         if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
         *why = "backward failed";
         unsum_gradients(p); /* a backward re-run for a lost peer after a round */
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        work_clock t0;
+        work_start(&t0);
         int hit;
         gpt_stage *st = slot_for(p, in.id, &hit);
         p->backwards++;
         p->recomputed += !hit;
         if ((rc = gpt_stage_backward(st, &in, p->grad, p->out))) return rc;
-        slow_down(p, elapsed_s(&t0));
-        p->bwd_busy_s += elapsed_s(&t0);
+        slow_down(p, &t0);
+        p->bwd_busy_s += wall_since(&t0);
         p->bwd_n += (uint64_t)in.B;
         p->mb_since_step++;
         if (!first) stage_put_floats(reply, p->out, n, codec);

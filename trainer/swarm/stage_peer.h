@@ -48,6 +48,9 @@ typedef struct stage_peer_options {
     /* Tests and benchmarks: after each forward and backward the peer sleeps (slowdown - 1)
      * times its compute time, so it is `slowdown` times slower as a whole (<= 1: none). */
     double slowdown;
+    /* The sleep follows the compute's CPU time, not its wall time: a peer F times slower
+     * however loaded the machine (rebalancing tests on a shared 2-core machine). */
+    int slowdown_cpu;
     /* Activation slots: the forwards whose activations are kept for their backward. With
      * several microbatches in flight, forwards of other microbatches come between a
      * forward and its backward; with too few slots the backward recomputes the forward.
