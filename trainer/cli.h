@@ -5,6 +5,7 @@
 
 #include "../common/cerr.h"
 #include "../common/flags.h"
+#include "../common/role_args.h"
 #include "model/gpt.h"
 #include "train.h"
 
@@ -23,25 +24,25 @@ typedef struct model_flags {
 } model_flags;
 
 #define MODEL_FLAGS(mf)                                                                       \
-    {"model", FLAG_STR, &(mf).preset, 0, 0, "model preset: tiny, small, medium", 0},          \
-        {"layers", FLAG_INT, &(mf).layers, 1, 1024, "override the preset's layer count", 0},  \
-        {"width", FLAG_INT, &(mf).width, 1, 16384, "override the preset's width", 0},         \
-        {"heads", FLAG_INT, &(mf).heads, 1, 16384, "override the preset's head count", 0},    \
-        {"context", FLAG_INT, &(mf).context, 1, 65536, "override the preset's context", 0}
+    {ROLE_FLAG_MODEL, FLAG_STR, &(mf).preset, 0, 0, "model preset: tiny, small, medium", 0},  \
+        {ROLE_FLAG_LAYERS, FLAG_INT, &(mf).layers, 1, 1024, "override the preset's layer count", 0}, \
+        {ROLE_FLAG_WIDTH, FLAG_INT, &(mf).width, 1, 16384, "override the preset's width", 0}, \
+        {ROLE_FLAG_HEADS, FLAG_INT, &(mf).heads, 1, 16384, "override the preset's head count", 0}, \
+        {ROLE_FLAG_CONTEXT, FLAG_INT, &(mf).context, 1, 65536, "override the preset's context", 0}
 
 int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *err);
 
 /* Training-loop flags shared by train, client and local. */
 #define TRAIN_FLAGS(o)                                                                        \
-    {"steps", FLAG_INT, &(o).steps, 1, 1e9, "optimizer steps (default 1000)", 0},             \
-        {"batch", FLAG_INT, &(o).batch, 1, 65536, "sequences per step (default 8)", 0},       \
-        {"seq", FLAG_INT, &(o).seq, 1, 65536, "tokens per sequence (default: the context)",  \
+    {ROLE_FLAG_STEPS, FLAG_INT, &(o).steps, 1, 1e9, "optimizer steps (default 1000)", 0},     \
+        {ROLE_FLAG_BATCH, FLAG_INT, &(o).batch, 1, 65536, "sequences per step (default 8)", 0}, \
+        {ROLE_FLAG_SEQ, FLAG_INT, &(o).seq, 1, 65536, "tokens per sequence (default: the context)", \
          0},                                                                                  \
         {"lr", FLAG_FLOAT, &(o).lr, 1e-9, 10, "peak learning rate (default 3e-3)", 0},        \
         {"warmup", FLAG_INT, &(o).warmup, 0, 1e9, "warmup steps (default 5% of steps)", 0},   \
-        {"data", FLAG_STR, &(o).data, 0, 0, "training text file (default: the KJV corpus)", \
+        {ROLE_FLAG_DATA, FLAG_STR, &(o).data, 0, 0, "training text file (default: the KJV corpus)", \
          0},                                                                                  \
-        {"seed", FLAG_U64, &(o).seed, 0, 0, "random seed (default 1337)", 0},                 \
+        {ROLE_FLAG_SEED, FLAG_U64, &(o).seed, 0, 0, "random seed (default 1337)", 0},         \
         {"log-every", FLAG_INT, &(o).log_every, 1, 1e9, "steps between progress lines", 0},   \
         {"eval-every", FLAG_INT, &(o).eval_every, 1, 1e9, "steps between validation runs",   \
          0},                                                                                  \

@@ -74,21 +74,21 @@ int roles_cmd_stage(int argc, char **argv)
     int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
-        {"job", FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
-        {"serve", FLAG_STR, &layers, 0, 0, "layers served, L0:L1 (required)", 0},
-        {"listen", FLAG_STR, &listen_addr, 0, 0, "HOST:PORT to serve on", 0},
-        {"listen-fd", FLAG_INT, &listen_fd, 0, 65535, "serve on an inherited socket", 0},
-        {"batch", FLAG_INT, &batch, 1, 65536, "largest microbatch (sequences)", 0},
-        {"seq", FLAG_INT, &seq, 1, 65536, "largest sequence (default: the context)", 0},
-        {"seed", FLAG_U64, &seed, 0, 0, "the job's seed (initial weights)", 0},
-        {"ring-addr", FLAG_STR, &ring_addr, 0, 0,
+        {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
+        {ROLE_FLAG_SERVE, FLAG_STR, &layers, 0, 0, "layers served, L0:L1 (required)", 0},
+        {ROLE_FLAG_LISTEN, FLAG_STR, &listen_addr, 0, 0, "HOST:PORT to serve on", 0},
+        {ROLE_FLAG_LISTEN_FD, FLAG_INT, &listen_fd, 0, 65535, "serve on an inherited socket", 0},
+        {ROLE_FLAG_BATCH, FLAG_INT, &batch, 1, 65536, "largest microbatch (sequences)", 0},
+        {ROLE_FLAG_SEQ, FLAG_INT, &seq, 1, 65536, "largest sequence (default: the context)", 0},
+        {ROLE_FLAG_SEED, FLAG_U64, &seed, 0, 0, "the job's seed (initial weights)", 0},
+        {ROLE_FLAG_RING_ADDR, FLAG_STR, &ring_addr, 0, 0,
          "HOST:PORT where the stage's other peers reach this one for gradient averaging", 0},
-        {"ring-fd", FLAG_INT, &ring_fd, 0, 65535, "inherited socket listening at --ring-addr",
+        {ROLE_FLAG_RING_FD, FLAG_INT, &ring_fd, 0, 65535, "inherited socket listening at --ring-addr",
          0},
-        {"coordinator", FLAG_STR, &coordinator, 0, 0, "the region's coordinator, HOST:PORT", 0},
-        {"stage-index", FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
+        {ROLE_FLAG_COORDINATOR, FLAG_STR, &coordinator, 0, 0, "the region's coordinator, HOST:PORT", 0},
+        {ROLE_FLAG_STAGE_INDEX, FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
          0},
-        {"advertise", FLAG_STR, &advertise, 0, 0, "host clients reach this peer at", 0},
+        {ROLE_FLAG_ADVERTISE, FLAG_STR, &advertise, 0, 0, "host clients reach this peer at", 0},
         {"slowdown", FLAG_FLOAT, &slowdown, 1, 1000,
          "tests and benchmarks only: be F times slower (sleep (F-1) x the compute time "
          "after each forward and backward; default 1)",
@@ -504,20 +504,20 @@ int roles_cmd_client(int argc, char **argv)
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
-        {"job", FLAG_STR, &job, 0, 0, "job id", 0},
-        {"stages", FLAG_STR, &stages, 0, 0,
+        {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id", 0},
+        {ROLE_FLAG_STAGES, FLAG_STR, &stages, 0, 0,
          "stage peers, stages in order separated by '/', a stage's peers by ',' "
          "(default: ask --coordinator)",
          0},
-        {"microbatch", FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
+        {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
          0},
-        {"coordinator", FLAG_STR, &coordinator, 0, 0,
+        {ROLE_FLAG_COORDINATOR, FLAG_STR, &coordinator, 0, 0,
          "the region's coordinator, HOST:PORT: finds the stage peers when --stages is not "
          "given, admits new peers between steps, receives progress",
          0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
-        {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
+        {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"routing", FLAG_STR, &routing.name, 0, 0,
          "which peer of a stage gets a microbatch: wiring (least loaded by measured "
          "throughput, default) or rr (round robin, speed ignored)",
@@ -607,15 +607,15 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    char *args[40] = {"cirrus-trainer", "stage", "--listen-fd", a_fd, "--serve", a_layers,
-                      "--layers", a_nl, "--width", a_w, "--heads", a_h, "--context", a_ctx,
-                      "--batch", a_b, "--seq", a_seq, "--seed", a_seed, "--job", (char *)job};
+    char *args[40] = {ROLE_TRAINER_BIN, ROLE_STAGE, ROLE_ARG(ROLE_FLAG_LISTEN_FD), a_fd, ROLE_ARG(ROLE_FLAG_SERVE), a_layers,
+                      ROLE_ARG(ROLE_FLAG_LAYERS), a_nl, ROLE_ARG(ROLE_FLAG_WIDTH), a_w, ROLE_ARG(ROLE_FLAG_HEADS), a_h, ROLE_ARG(ROLE_FLAG_CONTEXT), a_ctx,
+                      ROLE_ARG(ROLE_FLAG_BATCH), a_b, ROLE_ARG(ROLE_FLAG_SEQ), a_seq, ROLE_ARG(ROLE_FLAG_SEED), a_seed, ROLE_ARG(ROLE_FLAG_JOB), (char *)job};
     int n = 22;
     if (ps->coordinator) {
-        char *coord[] = {"--coordinator", (char *)ps->coordinator, "--stage-index", a_stage};
+        char *coord[] = {ROLE_ARG(ROLE_FLAG_COORDINATOR), (char *)ps->coordinator, ROLE_ARG(ROLE_FLAG_STAGE_INDEX), a_stage};
         for (size_t i = 0; i < sizeof coord / sizeof coord[0]; i++) args[n++] = coord[i];
     }
-    char *ring[] = {"--ring-addr", (char *)ps->ring_addr, "--ring-fd", a_rfd};
+    char *ring[] = {ROLE_ARG(ROLE_FLAG_RING_ADDR), (char *)ps->ring_addr, ROLE_ARG(ROLE_FLAG_RING_FD), a_rfd};
     for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) args[n++] = ring[i];
     char a_slow[32];
     if (ps->slowdown > 1.0) {
@@ -683,13 +683,13 @@ int roles_cmd_local(int argc, char **argv)
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
-        {"stages", FLAG_INT, &n_stages, 1, PIPE_MAX_STAGES, "pipeline stages (default 2)", 0},
+        {ROLE_FLAG_STAGES, FLAG_INT, &n_stages, 1, PIPE_MAX_STAGES, "pipeline stages (default 2)", 0},
         {"peers", FLAG_INT, &n_peers, 1, PIPE_MAX_PEERS, "peers per stage (default 1)", 0},
         {"stage-peers", FLAG_STR, &stage_peers, 0, 0,
          "peers of each stage, N0,N1,... (overrides --peers; e.g. 3,1 starts unbalanced)", 0},
-        {"microbatch", FLAG_INT, &micro, 1, 65536,
+        {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
-        {"act-compress", FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
+        {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         {"routing", FLAG_STR, &routing.name, 0, 0,
          "which peer of a stage gets a microbatch: wiring (least loaded by measured "
          "throughput, default) or rr (round robin, speed ignored)",
@@ -809,13 +809,13 @@ int roles_cmd_gateway(int argc, char **argv)
     const char *job = "cirrus", *listen_addr = "0.0.0.0:7400";
     int stages = 1, layers = 0, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
     flag_spec flags[] = {
-        {"job", FLAG_STR, &job, 0, 0, "job id; members of other jobs are refused", 0},
-        {"listen", FLAG_STR, &listen_addr, 0, 0, "HOST:PORT for peers and clients", 0},
-        {"http-port", FLAG_INT, &http_port, -1, 65535, "/status and /metrics port (-1: none)",
+        {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id; members of other jobs are refused", 0},
+        {ROLE_FLAG_LISTEN, FLAG_STR, &listen_addr, 0, 0, "HOST:PORT for peers and clients", 0},
+        {ROLE_FLAG_HTTP_PORT, FLAG_INT, &http_port, -1, 65535, "/status and /metrics port (-1: none)",
          0},
-        {"stages", FLAG_INT, &stages, 1, PIPE_MAX_STAGES, "pipeline stages of the job", 0},
-        {"layers", FLAG_INT, &layers, 0, 1024, "the model's layers (checks registrations)", 0},
-        {"heartbeat-ms", FLAG_INT, &heartbeat_ms, 0, 600000, "members' heartbeat interval", 0},
+        {ROLE_FLAG_STAGES, FLAG_INT, &stages, 1, PIPE_MAX_STAGES, "pipeline stages of the job", 0},
+        {ROLE_FLAG_LAYERS, FLAG_INT, &layers, 0, 1024, "the model's layers (checks registrations)", 0},
+        {ROLE_FLAG_HEARTBEAT_MS, FLAG_INT, &heartbeat_ms, 0, 600000, "members' heartbeat interval", 0},
         {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
          "seconds between rebalancing decisions: a peer of an over-provisioned stage moves to "
          "the bottleneck when that clearly raises the slowest stage's capacity (0: never; "
