@@ -247,7 +247,10 @@ TEST(swarm_peer_moves_to_another_stage)
     }
     coordinator_options co_opt = {.job_id = "swarm-test", .host = "127.0.0.1", .http_port = -1,
                                   .n_stages = 2, .n_layer = (uint32_t)cfg.n_layer,
-                                  .heartbeat_ms = 100};
+                                  /* Quick heartbeats carry the move instruction; a long
+                                   * expiry keeps a loaded machine's late heartbeat from
+                                   * expiring a live peer (seen: 351 ms against 300). */
+                                  .heartbeat_ms = 100, .expire_ms = 10000};
     coordinator *co;
     cirrus_error err = {0};
     if (coordinator_start(&co_opt, &co, &err)) TEST_FAIL("coordinator: %s", err.msg);
