@@ -23,7 +23,7 @@ trap cleanup EXIT
 
 steps=80 period=6
 job=(local --stages 2 --stage-peers 3,1 --peer-slowdown 8 --rebalance-period-s "$period"
-     --layers 4 --width 128 --heads 4 --context 64 --batch 32 --microbatch 2 --inflight 8
+     --layers 4 --width 128 --heads 4 --context 64 --batch 32 --microbatch 2 --inflight 8 --act-slots 8
      --steps "$steps" --log-every 1 --eval-batches 1 --json)
 
 attempt() { # N: 0 pass, 1 fail, 2 fail on the throughput ratio alone

@@ -581,6 +581,7 @@ typedef struct peer_spec {
     const char *coordinator; /* HOST:PORT */
     double slowdown;         /* > 1: --slowdown for this peer (tests, benchmarks) */
     int slowdown_cpu;        /* --slowdown-cpu */
+    int act_slots;           /* --act-slots; 0: the peer's default */
 } peer_spec;
 
 /* Start a stage peer process on inherited listening sockets. */
@@ -623,6 +624,12 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
         args[n++] = "--slowdown";
         args[n++] = a_slow;
         if (ps->slowdown_cpu) args[n++] = "--slowdown-cpu";
+    }
+    char a_slots[16];
+    if (ps->act_slots > 0) {
+        snprintf(a_slots, sizeof a_slots, "%d", ps->act_slots);
+        args[n++] = "--act-slots";
+        args[n++] = a_slots;
     }
     args[n] = NULL;
     execv("/proc/self/exe", args);
@@ -679,6 +686,7 @@ int roles_cmd_local(int argc, char **argv)
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
+    int act_slots = 0;
     float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -696,6 +704,10 @@ int roles_cmd_local(int argc, char **argv)
          0},
         {"inflight", FLAG_INT, &routing.inflight, 0, PIPE_MAX_MICRO,
          "microbatches in flight at once (default 0: one per stage peer)", 0},
+        {"act-slots", FLAG_INT, &act_slots, 1, STAGE_PEER_MAX_SLOTS,
+         "every peer's --act-slots: forwards whose activations it keeps for their backward "
+         "(default 4; a window of more microbatches in flight than peers needs more)",
+         0},
         {"slow-peer", FLAG_STR, &slow_text, 0, 0,
          "tests and benchmarks only: STAGE:PEER:F starts that peer with --slowdown F "
          "(F times slower)",
@@ -779,7 +791,7 @@ int roles_cmd_local(int argc, char **argv)
         for (int k = 0; k < peers[s] && !rc; k++) {
             double f = peer_slowdown * (s == slow.stage && k == slow.peer ? slow.factor : 1.0);
             peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr,
-                            f < 1000.0 ? f : 1000.0, peer_slowdown > 1.0f};
+                            f < 1000.0 ? f : 1000.0, peer_slowdown > 1.0f, act_slots};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {

@@ -749,10 +749,11 @@ static void take_instruction(peer *p, uint32_t ins)
     pthread_mutex_lock(&p->mu);
     if (atomic_load(&p->moving)) {
         /* busy moving: the instruction is the one being carried out, or is stale */
-    } else if (ins == COORD_NO_INSTRUCTION || ins >= COORD_MAX_STAGES) {
+    } else if (ins == COORD_NO_INSTRUCTION || ins >= COORD_MAX_STAGES || (int)ins == p->stage) {
+        /* none, or where it is already (moved, not registered there yet) */
         if (p->move_to >= 0) log_info("move to stage %d withdrawn by the coordinator", p->move_to);
         p->move_to = -1;
-    } else if ((int)ins != p->stage && now >= p->retry_after_s) {
+    } else if (now >= p->retry_after_s) {
         if (p->move_to != (int)ins) {
             p->move_to = (int)ins;
             p->move_asked_s = now;
