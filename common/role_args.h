@@ -42,6 +42,8 @@
 #define ROLE_FLAG_STEPS "steps"             /* client: optimizer steps */
 #define ROLE_FLAG_DATA "data"               /* client: training text file */
 #define ROLE_FLAG_MICROBATCH "microbatch"   /* client: sequences per microbatch */
+#define ROLE_FLAG_CLIENTS "clients"         /* client: the region's clients, sharing each step */
+#define ROLE_FLAG_CLIENT_INDEX "client-index" /* client: which of them, 0-based (0 steps) */
 #define ROLE_FLAG_ACT_COMPRESS "act-compress" /* client: activation codec */
 
 /* Ports the roles listen on in a Pod. */

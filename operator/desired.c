@@ -571,6 +571,10 @@ static int build_client(const job_view *v, const region_view *r, const char *coo
     arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
     arg(args, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
     argf(args, ROLE_ARG(ROLE_FLAG_STEPS), "%lld", v->steps);
+    if (r->clients > 1) { /* they share each step's batch; client 0 steps */
+        argf(args, ROLE_ARG(ROLE_FLAG_CLIENTS), "%d", r->clients);
+        argf(args, ROLE_ARG(ROLE_FLAG_CLIENT_INDEX), "%d", i);
+    }
     model_args(args, v);
     if (v->data_path && v->data_claim) {
         const char *rel = v->data_path;

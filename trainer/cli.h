@@ -51,6 +51,12 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
         {"eval-batches", FLAG_INT, &(o).eval_batches, 1, 1e6, "validation batches", 0},       \
         {"json", FLAG_BOOL, &(o).json, 0, 0, "one JSON object per line on stdout", 0}
 
+/* Checkpoint flags shared by train, client and local (--resume is train's alone). */
+#define CKPT_FLAGS(o)                                                                         \
+    {"ckpt", FLAG_STR, &(o).ckpt_dir, 0, 0, "checkpoint directory", 0},                      \
+        {"ckpt-every", FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
+         "steps between checkpoints (default: only at the end)", 0}
+
 /* Print the banner, run train_run() and map its result to an exit code. */
 int cli_run_training(const char *cmd, const train_options *o);
 

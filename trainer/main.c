@@ -34,8 +34,7 @@ static int cmd_train(int argc, char **argv)
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
-        {"ckpt", FLAG_STR, &o.ckpt_dir, 0, 0, "checkpoint directory", 0},
-        {"ckpt-every", FLAG_INT, &o.ckpt_every, 1, 1e9, "steps between checkpoints", 0},
+        CKPT_FLAGS(o),
         {"resume", FLAG_BOOL, &o.resume, 0, 0, "continue from the checkpoint in --ckpt", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };

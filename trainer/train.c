@@ -107,6 +107,26 @@ static int ckpt_exists(const char *dir)
     return stat(path, &sb) == 0;
 }
 
+/* Write the checkpoint of meta->step: from this process's model, or gathered from where
+ * the executor keeps it (the stage peers), checked to be at the same step. */
+static int save_checkpoint(const train_options *o, const train_executor *ex,
+                           const gpt_model *model, const adamw *opt, const ckpt_meta *meta,
+                           cirrus_error *err)
+{
+    if (!o->executor) return ckpt_save(o->ckpt_dir, meta, model->params, opt->m, opt->v, err);
+    const size_t n = meta->span.count;
+    float *buf = malloc(sizeof(float) * n * 3);
+    if (!buf) return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a checkpoint's buffers");
+    uint64_t steps = 0;
+    int rc = ex->gather(ex->ctx, buf, buf + n, buf + 2 * n, &steps, err);
+    if (!rc && steps != meta->step)
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the peers have taken %llu steps, not %llu",
+                         (unsigned long long)steps, (unsigned long long)meta->step);
+    if (!rc) rc = ckpt_save(o->ckpt_dir, meta, buf, buf + n, buf + 2 * n, err);
+    free(buf);
+    return rc;
+}
+
 int train_run(const train_options *o, train_result *res, cirrus_error *err)
 {
     const int B = o->batch, T = o->seq > 0 ? o->seq : o->model.seq_len;
@@ -130,9 +150,13 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
                          B, T, o->model.seq_len);
         goto out;
     }
-    if (o->executor && (o->ckpt_dir || o->resume)) {
-        rc = cirrus_fail(err, CIRRUS_EINVAL,
-                         "checkpoints are written by the process that holds the model");
+    if (o->executor && o->resume) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "--resume needs the model in this process "
+                         "(stage peers cannot be loaded from a checkpoint yet)");
+        goto out;
+    }
+    if (o->executor && o->ckpt_dir && !o->executor->gather) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "this executor cannot write checkpoints");
         goto out;
     }
     if ((rc = data_corpus_load(&corpus, o->data, o->val_fraction, err))) goto out;
@@ -140,7 +164,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, gpt_num_params(&o->model)};
     local_exec local = {&model, NULL, &opt};
-    train_executor local_ex = {&local, local_step, local_eval};
+    train_executor local_ex = {&local, local_step, local_eval, NULL};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
         if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
@@ -223,7 +247,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             ckpt_meta meta = {.cfg = o->model, .step = step + 1,
                               .data_pos = data_loader_tell(train), .rng_state = o->seed,
                               .seed = o->seed, .span = all};
-            if ((rc = ckpt_save(o->ckpt_dir, &meta, model.params, opt.m, opt.v, err))) goto out;
+            if ((rc = save_checkpoint(o, ex, &model, &opt, &meta, err))) goto out;
         }
         if (o->stop_after > 0 && ran >= o->stop_after) {
             step++;

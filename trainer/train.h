@@ -22,6 +22,10 @@ typedef struct train_executor {
     /* Mean loss of one batch, nothing kept. */
     int (*eval)(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
                 cirrus_error *err);
+    /* The whole model's parameters and AdamW moments (gpt_num_params() floats each), for a
+     * checkpoint; *steps: optimizer steps taken. NULL: this executor cannot checkpoint. */
+    int (*gather)(void *ctx, float *params, float *adam_m, float *adam_v, uint64_t *steps,
+                  cirrus_error *err);
 } train_executor;
 
 typedef struct train_options {

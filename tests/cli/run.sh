@@ -82,5 +82,20 @@ expect sample_truncated_ckpt 2 'truncated|short|size' -- "$bin" sample --ckpt "$
 "$bin" bench --layers 1 --width 32 --heads 2 --context 16 --batch 2 --steps 1 --json >"$tmp/bench" 2>"$tmp/err"
 check bench_json python3 -c "import json,sys; d=json.load(open('$tmp/bench')); assert d['tokens_per_s'] > 0 and d['sgemm_gflops'] > 0 and 'ratio' in d"
 
+# A region's client cannot resume yet: refused up front, not after training.
+expect local_resume_refused 2 'resume' -- "$bin" local --stages 2 "${tiny[@]}" --steps 2 --ckpt "$tmp/ck" --resume
+
+# The demo script end to end, briefly: a local region trains, the loss plot is drawn and
+# text is sampled from the checkpoint the region wrote.
+if CIRRUS_DEMO_STEPS=30 bash "$(dirname "$0")/../../trainer/scripts/demo.sh" "$bin" "$CIRRUS_CORPUS" \
+    "$tmp/demo" >"$tmp/demo.out" 2>"$tmp/demo.err"; then
+    check demo_ran true
+else
+    check demo_ran false; tail -5 "$tmp/demo.err"
+fi
+check demo_loss_plot test -s "$tmp/demo/loss.png"
+check demo_checkpoint_from_the_region test -s "$tmp/demo/ckpt/cirrus.ckpt"
+check demo_sampled grep -q '^And God said' "$tmp/demo.out"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -232,6 +232,7 @@ TEST(desired_sample_pods)
     assert_str(arg_of(p, "--seed"), "1337", "client --seed");
     ASSERT(!arg_of(p, "--data"));
     ASSERT(!arg_of(p, "--serve"));
+    ASSERT(!arg_of(p, "--clients")); /* a lone client needs no share */
     l = json_object_get(json_object_get(p, "metadata"), "labels");
     ASSERT(!json_object_get(l, CIRRUS_LABEL_STAGE));
     assert_str(str_at(l, CIRRUS_LABEL_INDEX), "0", "client index label");
@@ -416,6 +417,10 @@ TEST(desired_options)
 
     const json_t *c = pod(&d, "tiny-bible-r1-c1");
     assert_str(arg_of(c, "--data"), "/data/corpora/kjv.txt", "--data in the claim");
+    /* Two clients share each step: each is told how many and which it is. */
+    assert_str(arg_of(c, "--clients"), "2", "client --clients");
+    assert_str(arg_of(c, "--client-index"), "1", "client --client-index");
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-c0"), "--client-index"), "0", "c0 --client-index");
     assert_str(arg_of(c, "--seq"), "32", "client --seq");
     assert_str(arg_of(c, "--layers"), "5", "client --layers");
     assert_str(str_at(json_object_get(json_object_get(container(c), "resources"), "limits"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chaos: a region trains while stage peers are killed with SIGKILL every few seconds and
-# replacements join through the coordinator. Every step must complete, the client's
+# replacements join through the coordinator (CHAOS_CLIENTS=N: N clients share each step). Every step must complete, the client's
 # counters must show every microbatch completed (none lost: each step checks that its
 # stages' peers hold exactly its microbatches), and the final validation loss must be
 # within 3% of a fault-free run of the same job.
@@ -24,16 +24,18 @@ pass=0 fail=0
 ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 
-steps=1600 micro=4 seed=1337
+steps=2400 micro=4 seed=1337
+clients=${CHAOS_CLIENTS:-1} # several: each step's 2 microbatches are shared by the clients
 model=(--layers 4 --width 64 --heads 4 --context 32)
-job=(local --stages 2 --peers 2 "${model[@]}" --batch 8 --steps "$steps" --seed "$seed"
-     --log-every 100 --eval-batches 8)
+job=(local --stages 2 --peers 2 --clients "$clients" "${model[@]}" --batch 8 --microbatch "$micro"
+     --steps "$steps" --seed "$seed" --log-every 100 --eval-batches 8)
 
 # The fault-free reference.
 "$bin" "${job[@]}" --json >"$tmp/ref.json" 2>"$tmp/ref.err" || { bad reference_run; cat "$tmp/ref.err"; exit 1; }
 
-# The chaos run, in the background; its stdout names the coordinator and the peers.
-"$bin" "${job[@]}" >"$tmp/run.out" 2>"$tmp/run.err" &
+# The chaos run, in the background; its stdout names the coordinator and the peers. It
+# runs in $tmp with core dumps on, so that a crash leaves a backtrace (below).
+(cd "$tmp" && ulimit -c unlimited 2>/dev/null; exec "$bin" "${job[@]}" >"$tmp/run.out" 2>"$tmp/run.err") &
 run_pid=$!
 for _ in $(seq 100); do grep -q 'training' "$tmp/run.out" && break; sleep 0.1; done
 coord=$(sed -nE 's/^cirrus: coordinator at ([0-9.]+:[0-9]+);.*/\1/p' "$tmp/run.out")
@@ -42,11 +44,21 @@ mapfile -t victims < <(sed -nE 's/^cirrus: stage ([0-9]+) peer [0-9]+ serves lay
 
 free_port() { python3 "$(dirname "$0")/free_port.py"; }
 kills=0 joins=0
+# The last step the run has printed (every 100).
+last_step() { sed -nE 's/^step +([0-9]+)\/.*/\1/p' "$tmp/run.out" | tail -1; }
+# A kill counts only while steps remain: the client notices a dead peer at the latest at the
+# next step's averaging, so no peer is killed once the run is in its last 300 steps.
+still_training() {
+    kill -0 "$run_pid" 2>/dev/null || return 1
+    local at
+    at=$(last_step)
+    [ -z "$at" ] || [ "$at" -lt $((steps - 300)) ]
+}
 # Kill one peer every 1.5 s, alternating stages, and start its replacement at once (a new
 # process on new ports, as a rescheduled pod would be), while training runs.
 for round in 1 2 3 4 5 6; do
     sleep 1.5
-    kill -0 "$run_pid" 2>/dev/null || break
+    still_training || break
     i=$(( (round - 1) % ${#victims[@]} ))
     read -r stage l0 l1 pid <<<"${victims[$i]}"
     kill -9 "$pid" 2>/dev/null && kills=$((kills + 1))
@@ -64,24 +76,39 @@ done
 # out after the learned deadline, go to the other peer, and the client carries on.
 read -r _ _ _ hung <<<"${victims[2]}" # replaced a few seconds ago: warm by now
 hangs=0
-if kill -0 "$run_pid" 2>/dev/null && kill -STOP "$hung" 2>/dev/null; then
+if still_training && kill -STOP "$hung" 2>/dev/null; then
     sleep 3
     kill -CONT "$hung"
     hangs=1
 fi
-if wait "$run_pid"; then ok chaos_run_completed_all_steps; else bad chaos_run_completed_all_steps; tail -5 "$tmp/run.err"; fi
+if wait "$run_pid"; then ok chaos_run_completed_all_steps; else
+    rc=$?
+    bad chaos_run_completed_all_steps; tail -5 "$tmp/run.err"
+    core=$(ls "$tmp"/core* 2>/dev/null | head -1)
+    if [ "$rc" -gt 128 ] && [ -n "$core" ] && command -v gdb >/dev/null; then
+        echo "chaos: the run died of signal $((rc - 128)); its threads' backtraces:"
+        gdb -batch -ex 'thread apply all bt 12' "$bin" "$core" 2>/dev/null | grep -E '^(#|Thread)' | head -80
+    fi
+fi
 run_pid=
 grep -q "done: $steps steps" "$tmp/run.out" && ok "all_${steps}_steps_done" || bad "all_${steps}_steps_done"
 
 counters=$(sed -nE 's/.*pipeline counters: (\{.*\})/\1/p' "$tmp/run.err" | tail -1)
+# With several clients, the followers' redo notices the leader posted for lost peers.
+notices=$(grep -c 'the other clients redo' "$tmp/run.err")
 ref_val=$(tail -1 "$tmp/ref.json")
 final_val=$(sed -nE 's/^done: .* val loss ([0-9.]+),.*/\1/p' "$tmp/run.out")
-if python3 - "$counters" "$ref_val" "$final_val" "$kills" "$steps" "$micro" "$hangs" <<'PY'; then ok chaos_counters_and_loss; else bad chaos_counters_and_loss; fi
+if python3 - "$counters" "$ref_val" "$final_val" "$kills" "$steps" "$micro" "$hangs" "$clients" "$notices" <<'PY'; then ok chaos_counters_and_loss; else bad chaos_counters_and_loss; fi
 import json, sys
 c = json.loads(sys.argv[1]); ref = json.loads(sys.argv[2])["val_loss"]; val = float(sys.argv[3])
 kills, steps, micro, hangs = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-print(f"    killed {kills} peers, hung {hangs}; counters {c}; val loss {val:.4f} vs fault-free {ref:.4f}")
-assert c["microbatches"] == steps * 8 // micro, "every microbatch of every step completed once"
+clients, notices = int(sys.argv[8]), int(sys.argv[9])
+print(f"    {clients} client(s); killed {kills} peers, hung {hangs}; counters {c}; "
+      f"redo notices {notices}; val loss {val:.4f} vs fault-free {ref:.4f}")
+# The counters are client 0's: its share of every step (the others' shares are proven by
+# client 0's check, at every step, that the stages' peers hold all the step's microbatches).
+share = (8 // micro) // clients
+assert c["microbatches"] == steps * share, "every microbatch of every step completed once"
 # The hung peer is usually dropped at its stage's deadline (peers_lost = kills + 1), but
 # not if the client was busy with it elsewhere (e.g. copying its state to a joining peer),
 # so only completion and the accounting are asserted for the hang.

@@ -29,17 +29,37 @@ for s in 1 2 3; do
     fi
 done
 
+# 1b. Checkpoints: a local region's checkpoint, gathered from its stage peers (the last
+#     stage holds a copy of the tied wte), is the file single-process training writes, byte
+#     for byte; `sample` reads it.
+"$bin" train "${model[@]}" --steps 25 --ckpt "$tmp/ck-train" >/dev/null 2>&1 || bad "train wrote a checkpoint"
+if "$bin" local --stages 3 "${model[@]}" --steps 25 --ckpt "$tmp/ck-local" --ckpt-every 10 \
+    >/dev/null 2>"$tmp/ck.err" && cmp "$tmp/ck-train/cirrus.ckpt" "$tmp/ck-local/cirrus.ckpt"; then
+    ok local_checkpoint_byte_identical_to_train
+else
+    bad local_checkpoint_byte_identical_to_train; tail -3 "$tmp/ck.err"
+fi
+if "$bin" sample --ckpt "$tmp/ck-local" --prompt "And" --tokens 20 >"$tmp/sample.out" 2>&1 &&
+    [ "$(head -c 3 "$tmp/sample.out")" = "And" ] && [ "$(wc -c <"$tmp/sample.out")" -ge 23 ]; then
+    ok sample_from_local_checkpoint
+else
+    bad sample_from_local_checkpoint; cat "$tmp/sample.out"
+fi
+
 # 2. Several peers per stage: each step's batch is split into microbatches served by
 #    different peers, whose gradients are summed by a ring all-reduce inside each stage. The
 #    same global batches as single-process training, so the losses agree to float rounding:
 #    within 1e-5 relative at every step and for the final validation loss. (At the default
 #    learning rate, 3x higher, AdamW's normalisation amplifies rounding differences
 #    chaotically after ~10 steps, as it would between any two summation orders.)
-for cfg in "2 2 0" "3 4 2"; do
-    read -r s p mb <<<"$cfg"
+#    Several clients share each step's batch (each runs a contiguous run of its
+#    microbatches; client 0 steps once all are done): the same global batches again.
+for cfg in "2 2 0 1" "3 4 2 1" "2 2 2 2" "2 2 2 3"; do
+    read -r s p mb c <<<"$cfg"
     extra=(); [ "$mb" != 0 ] && extra=(--microbatch "$mb")
     name="local_${s}_stages_${p}_peers_matches_train"
-    if "$bin" local --stages "$s" --peers "$p" "${extra[@]}" "${model[@]}" --batch 8 --lr 1e-3 "${run[@]}" \
+    [ "$c" != 1 ] && name="local_${s}_stages_${p}_peers_${c}_clients_matches_train"
+    if "$bin" local --stages "$s" --peers "$p" --clients "$c" "${extra[@]}" "${model[@]}" --batch 8 --lr 1e-3 "${run[@]}" \
         >"$tmp/peers.json" 2>"$tmp/peers.err" &&
         "$bin" train "${model[@]}" --batch 8 --lr 1e-3 "${run[@]}" >"$tmp/train8.json" 2>/dev/null &&
         python3 - "$tmp/train8.json" "$tmp/peers.json" <<'PY'; then ok "$name"; else bad "$name"; tail -3 "$tmp/peers.err"; fi

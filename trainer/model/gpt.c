@@ -167,6 +167,14 @@ gpt_span gpt_stage_param_span(const gpt_config *cfg, int l0, int l1)
     return s;
 }
 
+int gpt_stage_state_spans(const gpt_config *cfg, int l0, int l1, gpt_span out[2])
+{
+    int n = 0;
+    if (l1 == cfg->n_layer && l0 != 0) out[n++] = (gpt_span){0, (size_t)cfg->vocab * cfg->n_embd};
+    out[n++] = gpt_stage_param_span(cfg, l0, l1);
+    return n;
+}
+
 int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
 {
     memset(m, 0, sizeof *m);

@@ -100,6 +100,11 @@ void gpt_tensor_table(const gpt_config *cfg, gpt_tensor_info *table);
 void gpt_weights_bind(const gpt_config *cfg, float *base, gpt_weights *w);
 /* Span of layers [l0, l1), plus embeddings if l0 == 0 and final tensors if l1 == n_layer. */
 gpt_span gpt_stage_param_span(const gpt_config *cfg, int l0, int l1);
+/* The spans a stage serving layers [l0, l1) keeps optimizer state for, in buffer order:
+ * its parameter span, preceded by wte when it is the last stage but not the first (the
+ * tied LM head: that stage updates its own copy of wte in step with the first stage's).
+ * Returns how many (1 or 2) were written to out. */
+int gpt_stage_state_spans(const gpt_config *cfg, int l0, int l1, gpt_span out[2]);
 
 /* ---- the model: parameters and gradients of the whole network ---- */
 

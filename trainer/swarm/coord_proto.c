@@ -230,6 +230,167 @@ double coord_stats_capacity(const coord_stats *s)
     return (1.0 + WIRING_BACKWARD_COST) / (1.0 / f + 1.0 / b);
 }
 
+/* ---- STEP_SYNC and STEP_SYNC_OK ---- */
+
+/* The wire has no u8 helper: one raw byte. */
+static void put_u8(wire_writer *w, uint8_t v) { wire_put_bytes(w, &v, 1); }
+
+static uint8_t get_u8(wire_reader *r)
+{
+    const uint8_t *p = wire_get_bytes(r, 1);
+    return p ? p[0] : 0;
+}
+
+void coord_put_step_sync(wire_writer *w, const coord_step_sync *s)
+{
+    put_u8(w, s->op);
+    wire_put_u64(w, s->step);
+    wire_put_u32(w, s->client_index);
+    wire_put_u32(w, s->n_clients);
+    wire_put_u32(w, s->microbatches);
+    wire_put_f64(w, s->loss_sum);
+    wire_put_u64(w, s->redo_seen);
+    wire_put_u32(w, s->stage);
+    wire_put_str(w, s->addr);
+}
+
+/* A REDO names the peer that lost the work; the other ops name none, so an address there
+ * is a confused sender rather than something to ignore. */
+static int step_addr_ok(const coord_step_sync *s, cirrus_error *err)
+{
+    char b[48];
+    if (!coord_name_ok(s->addr))
+        return cirrus_fail(err, CIRRUS_ECORRUPT,
+                           "STEP_SYNC addr '%s' is not 0..%d bytes of [A-Za-z0-9._:-]",
+                           shown(b, s->addr), COORD_NAME_MAX);
+    if (s->op == COORD_STEP_REDO && !s->addr[0])
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC REDO without an addr");
+    if (s->op != COORD_STEP_REDO && s->addr[0])
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC op %u with addr '%s' (only REDO "
+                           "names one)", s->op, shown(b, s->addr));
+    return 0;
+}
+
+/* What a STEP_SYNC says about itself, whoever receives it. */
+static int step_sync_ok(const coord_step_sync *s, cirrus_error *err)
+{
+    if (s->op < COORD_STEP_ARRIVE || s->op > COORD_STEP_REDO)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC op %u is not %d (arrive), %d "
+                           "(applied) or %d (redo)", s->op, COORD_STEP_ARRIVE,
+                           COORD_STEP_APPLIED, COORD_STEP_REDO);
+    if (s->step == 0)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC step 0 (steps start at 1)");
+    if (s->n_clients < 1 || s->n_clients > COORD_MAX_CLIENTS)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC n_clients %u is outside 1..%d",
+                           s->n_clients, COORD_MAX_CLIENTS);
+    if (s->client_index >= s->n_clients)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC client_index %u is not below "
+                           "n_clients %u", s->client_index, s->n_clients);
+    if (!isfinite(s->loss_sum))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC loss_sum %g is not finite",
+                           s->loss_sum);
+    /* The REDO stage is the coordinator's to check (against its n_stages): a stage it
+     * does not have is a mistake, answered CIRRUS_EINVAL, not a broken stream. */
+    return step_addr_ok(s, err);
+}
+
+int coord_get_step_sync(const void *p, size_t n, coord_step_sync *s, cirrus_error *err)
+{
+    wire_reader r;
+    wire_reader_init(&r, p, n);
+    memset(s, 0, sizeof *s);
+    s->op = get_u8(&r);
+    s->step = wire_get_u64(&r);
+    s->client_index = wire_get_u32(&r);
+    s->n_clients = wire_get_u32(&r);
+    s->microbatches = wire_get_u32(&r);
+    s->loss_sum = wire_get_f64(&r);
+    s->redo_seen = wire_get_u64(&r);
+    s->stage = wire_get_u32(&r);
+    int rc;
+    if ((rc = get_str_field(&r, s->addr, sizeof s->addr, "STEP_SYNC", "addr", err))) return rc;
+    if ((rc = finish(&r, "STEP_SYNC", err))) return rc;
+    return step_sync_ok(s, err);
+}
+
+void coord_put_step_state(wire_writer *w, const coord_step_state *st)
+{
+    wire_put_u64(w, st->applied_step);
+    wire_put_u32(w, st->arrived);
+    wire_put_u32(w, st->microbatches);
+    wire_put_f64(w, st->loss_sum);
+    wire_put_u64(w, st->latest_notice);
+    wire_put_u32(w, st->n_notices);
+    for (uint32_t i = 0; i < st->n_notices && i < COORD_MAX_NOTICES; i++) {
+        wire_put_u64(w, st->notices[i].id);
+        wire_put_u32(w, st->notices[i].stage);
+        wire_put_str(w, st->notices[i].addr);
+    }
+}
+
+/* One notice of a STEP_SYNC_OK: ids grow along the list and none is newer than the
+ * step's latest notice (the coordinator lists them oldest first). */
+static int get_notice(wire_reader *r, uint32_t i, uint64_t prev_id, uint64_t latest,
+                      coord_step_notice *nt, cirrus_error *err)
+{
+    char b[48];
+    nt->id = wire_get_u64(r);
+    nt->stage = wire_get_u32(r);
+    int rc = get_str_field(r, nt->addr, sizeof nt->addr, "STEP_SYNC_OK", "notice addr", err);
+    if (rc || r->failed) return rc;
+    if (nt->id <= prev_id || nt->id > latest)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK notice %u id %llu is not in "
+                           "%llu..%llu", i, (unsigned long long)nt->id,
+                           (unsigned long long)prev_id + 1, (unsigned long long)latest);
+    if (nt->stage >= COORD_MAX_STAGES)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK notice %u stage %u is outside "
+                           "0..%d", i, nt->stage, COORD_MAX_STAGES - 1);
+    if (!nt->addr[0] || !coord_name_ok(nt->addr))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK notice %u addr '%s' is not "
+                           "1..%d bytes of [A-Za-z0-9._:-]", i, shown(b, nt->addr),
+                           COORD_NAME_MAX);
+    return 0;
+}
+
+/* The counters of a STEP_SYNC_OK. A sum of finite losses may overflow to an infinity but
+ * is never NaN; nothing counted means nothing summed. */
+static int step_counts_ok(const coord_step_state *st, cirrus_error *err)
+{
+    if (st->arrived > COORD_MAX_CLIENTS)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK arrived %u is above %d",
+                           st->arrived, COORD_MAX_CLIENTS);
+    if (isnan(st->loss_sum))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK loss_sum is NaN");
+    if (st->arrived == 0 && (st->microbatches || st->loss_sum != 0))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK sums %u microbatches, loss %g "
+                           "of no client", st->microbatches, st->loss_sum);
+    if (st->n_notices > COORD_MAX_NOTICES)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK lists %u notices, more than "
+                           "the %d allowed", st->n_notices, COORD_MAX_NOTICES);
+    return 0;
+}
+
+int coord_get_step_state(const void *p, size_t n, coord_step_state *st, cirrus_error *err)
+{
+    wire_reader r;
+    wire_reader_init(&r, p, n);
+    memset(st, 0, sizeof *st);
+    st->applied_step = wire_get_u64(&r);
+    st->arrived = wire_get_u32(&r);
+    st->microbatches = wire_get_u32(&r);
+    st->loss_sum = wire_get_f64(&r);
+    st->latest_notice = wire_get_u64(&r);
+    st->n_notices = wire_get_u32(&r);
+    int rc;
+    if (r.failed) return finish(&r, "STEP_SYNC_OK", err);
+    if ((rc = step_counts_ok(st, err))) return rc;
+    for (uint32_t i = 0; i < st->n_notices && !r.failed; i++) {
+        uint64_t prev = i ? st->notices[i - 1].id : 0;
+        if ((rc = get_notice(&r, i, prev, st->latest_notice, &st->notices[i], err))) return rc;
+    }
+    return finish(&r, "STEP_SYNC_OK", err);
+}
+
 /* ---- PEERS_OK entries ---- */
 
 void coord_put_peer_info(wire_writer *w, const coord_peer_info *pi)
@@ -581,6 +742,36 @@ int coord_client_peers(coord_client *c, uint32_t stage, int timeout_ms,
     *n_out = count;
     if (n_stages) *n_stages = ns;
 out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int coord_client_step_sync(coord_client *c, const coord_step_sync *req, int timeout_ms,
+                           coord_step_state *out, cirrus_error *err)
+{
+    memset(out, 0, sizeof *out);
+    cirrus_error e = {0};
+    /* Refuse locally what the coordinator would refuse (and drop the connection for). */
+    if (step_sync_ok(req, &e)) return cirrus_fail(err, CIRRUS_EINVAL, "%s", e.msg);
+    int64_t deadline = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+    pthread_mutex_lock(&c->mu);
+    wire_writer w;
+    wire_writer_init(&w, COORD_REQUEST_LIMIT);
+    coord_put_step_sync(&w, req);
+    const uint8_t *p;
+    uint32_t len;
+    int rc = call(c, COORD_STEP_SYNC, &w, deadline, &p, &len, err);
+    wire_writer_free(&w);
+    if (!rc && (rc = coord_get_step_state(p, len, out, err)) == 0 && out->n_notices &&
+        out->notices[0].id <= req->redo_seen)
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK lists notice %llu, already seen "
+                         "(%llu)", (unsigned long long)out->notices[0].id,
+                         (unsigned long long)req->redo_seen);
+    if (rc == CIRRUS_ECORRUPT) {
+        /* A reply we cannot trust: the stream may be off too. */
+        drop_conn(c);
+        memset(out, 0, sizeof *out);
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

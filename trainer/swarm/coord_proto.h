@@ -20,6 +20,16 @@
  *                  u64 microbatches_retried, u64 microbatches_lost   (totals since start)
  *     -> OK        u64 epoch
  *   LEAVE          u64 epoch, u32 peer_id -> OK: empty
+ *   STEP_SYNC      u8 op, u64 step, u32 client_index, u32 n_clients, u32 microbatches,
+ *                  f64 loss_sum, u64 redo_seen, u32 stage, str addr
+ *     -> OK        u64 applied_step, u32 arrived, u32 microbatches, f64 loss_sum,
+ *                  u64 latest_notice, u32 n, n x (u64 id, u32 stage, str addr)
+ *
+ * STEP_SYNC is the step barrier of the pipeline clients of one job (one barrier per
+ * coordinator, independent of registrations): a client ARRIVEs at step t with its share
+ * (microbatches, loss sum), the leader (client 0) reports APPLIED once the optimizer step
+ * is done, and anyone may post a REDO notice (a stage peer at addr lost step t's work).
+ * Every op is answered with the barrier's state for step t; see coord_step_state.
  *
  * A HEARTBEAT, CLIENT_REPORT or LEAVE naming a peer id the coordinator does not know, or
  * an epoch other than its own, is answered ERROR(CIRRUS_ENOENT, "unknown peer ..."): the
@@ -46,6 +56,8 @@ enum coord_msg {
     COORD_CLIENT_REPORT_OK = 23,
     COORD_LEAVE = 24,
     COORD_LEAVE_OK = 25,
+    COORD_STEP_SYNC = 26,
+    COORD_STEP_SYNC_OK = 27,
 };
 
 /* Roles in REGISTER (and in the connection's HELLO). */
@@ -60,6 +72,9 @@ enum coord_role { COORD_ROLE_STAGE = 1, COORD_ROLE_CLIENT = 2 };
 #define COORD_NO_INSTRUCTION 0xffffffffu
 #define COORD_REQUEST_LIMIT 4096u    /* largest request payload a coordinator accepts */
 #define COORD_REPLY_LIMIT (16u << 20) /* largest reply payload a member accepts */
+#define COORD_MAX_CLIENTS 64       /* pipeline clients of one job in the step barrier */
+#define COORD_MAX_NOTICES 16       /* REDO notices in one STEP_SYNC_OK */
+#define COORD_NOTICE_KEEP 64       /* REDO notices the coordinator remembers (newest) */
 
 typedef struct coord_registration {
     uint16_t role;                   /* enum coord_role */
@@ -109,6 +124,46 @@ typedef struct coord_peer_info {
     double throughput;               /* samples/s: the latest measured forward rate */
 } coord_peer_info;
 
+/* ---- the step barrier (STEP_SYNC) ---- */
+
+enum coord_step_op {
+    COORD_STEP_ARRIVE = 1,  /* client_index finished its share of step: counted */
+    COORD_STEP_APPLIED = 2, /* the optimizer step `step` is applied (sent by the leader) */
+    COORD_STEP_REDO = 3,    /* the stage peer at addr lost step `step`'s work: redo it */
+};
+
+typedef struct coord_step_sync {
+    uint8_t op;                      /* enum coord_step_op */
+    uint64_t step;                   /* >= 1 */
+    uint32_t client_index;           /* < n_clients; client 0 is the leader */
+    uint32_t n_clients;              /* 1..COORD_MAX_CLIENTS, the same for every ARRIVE */
+    uint32_t microbatches;           /* ARRIVE: microbatches this client did for step */
+    double loss_sum;                 /* ARRIVE: the sum of their losses; finite */
+    uint64_t redo_seen;              /* the newest REDO notice id this client acted on */
+    uint32_t stage;                  /* REDO: the stage of addr (< n_stages); else ignored */
+    char addr[COORD_NAME_MAX + 1];   /* REDO: "host:port", non-empty; else empty */
+} coord_step_sync;
+
+typedef struct coord_step_notice {
+    uint64_t id;                     /* 1, 2, ... in the order the coordinator got them */
+    uint32_t stage;
+    char addr[COORD_NAME_MAX + 1];
+} coord_step_notice;
+
+/* The barrier's state for the request's step t. A slot is counted when it arrived at t
+ * after acting on every REDO notice of t (its redo_seen >= latest_notice). */
+typedef struct coord_step_state {
+    uint64_t applied_step;           /* the newest step known applied (0: none) */
+    uint32_t arrived;                /* clients counted at t */
+    uint32_t microbatches;           /* their sum (saturates at UINT32_MAX) */
+    double loss_sum;                 /* their sum in client order (never NaN; may be inf) */
+    uint64_t latest_notice;          /* the newest REDO notice id of t; 0: none */
+    uint32_t n_notices;              /* <= COORD_MAX_NOTICES */
+    /* t's notices with id > the request's redo_seen, oldest first; when there are more,
+     * the oldest COORD_MAX_NOTICES (act on them, ask again for the rest). */
+    coord_step_notice notices[COORD_MAX_NOTICES];
+} coord_step_state;
+
 /* ---- payload encoding and decoding (shared by coordinator and members) ----
  * Decoders check the syntax and everything a message says about itself (string lengths
  * and characters, finite non-negative rates, role/stage/layer consistency); the
@@ -123,6 +178,10 @@ int coord_get_heartbeat(const void *p, size_t n, uint64_t *epoch, uint32_t *peer
 void coord_put_report(wire_writer *w, uint64_t epoch, uint32_t peer_id, const coord_report *r);
 int coord_get_report(const void *p, size_t n, uint64_t *epoch, uint32_t *peer_id,
                      coord_report *r, cirrus_error *err);
+void coord_put_step_sync(wire_writer *w, const coord_step_sync *s);
+int coord_get_step_sync(const void *p, size_t n, coord_step_sync *s, cirrus_error *err);
+void coord_put_step_state(wire_writer *w, const coord_step_state *st);
+int coord_get_step_state(const void *p, size_t n, coord_step_state *st, cirrus_error *err);
 void coord_put_peer_info(wire_writer *w, const coord_peer_info *pi);
 int coord_get_peer_info(wire_reader *r, coord_peer_info *pi);
 
@@ -164,6 +223,13 @@ int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms
 int coord_client_peers(coord_client *c, uint32_t stage, int timeout_ms,
                        coord_peer_info **peers, size_t *n, uint32_t *n_stages,
                        cirrus_error *err);
+
+/* One STEP_SYNC: *out receives the barrier's state for req->step. A request the
+ * coordinator would refuse is refused here (CIRRUS_EINVAL) without being sent; the
+ * coordinator answers CIRRUS_EINVAL for an ARRIVE whose n_clients differs from the job's
+ * and for a REDO stage >= its n_stages. Needs no registration. */
+int coord_client_step_sync(coord_client *c, const coord_step_sync *req, int timeout_ms,
+                           coord_step_state *out, cirrus_error *err);
 
 /* Leave the membership now rather than expiring; forgets the registration. */
 int coord_client_leave(coord_client *c, int timeout_ms, cirrus_error *err);

@@ -36,6 +36,30 @@ typedef struct member {
     int64_t instructed_ms; /* when the instruction was given */
 } member;
 
+/* One client's latest ARRIVE at the step barrier. */
+typedef struct step_slot {
+    uint64_t step; /* 0: never arrived */
+    uint32_t microbatches;
+    double loss_sum;
+    uint64_t redo_seen;
+} step_slot;
+
+typedef struct step_notice {
+    uint64_t id, step;
+    uint32_t stage;
+    char addr[COORD_NAME_MAX + 1];
+} step_notice;
+
+/* The step barrier of the job's pipeline clients (STEP_SYNC). Not tied to registrations:
+ * clients that reconnect or re-register keep their slots. */
+typedef struct step_barrier {
+    uint32_t n_clients; /* 0 until the first ARRIVE */
+    uint64_t applied_step;
+    step_slot slots[COORD_MAX_CLIENTS];
+    step_notice notices[COORD_NOTICE_KEEP]; /* a ring: notice id k at (k - 1) % size */
+    uint64_t next_notice;                   /* the id the next REDO gets; from 1 */
+} step_barrier;
+
 struct coordinator {
     coordinator_options o; /* defaults filled in; job_id and host point at the copies below */
     char job_id[WIRE_JOB_ID_MAX + 1];
@@ -66,6 +90,7 @@ struct coordinator {
     size_t n_rb_ids;
     uint64_t moves, withdrawn;
     coord_move recent[COORD_RECENT_MOVES]; /* a ring: the latest at (n_moves - 1) % size */
+    step_barrier barrier;
 };
 
 static int64_t now_ms(void)
@@ -384,6 +409,114 @@ static int on_leave(coordinator *co, const uint8_t *p, uint32_t n, outcome *oc)
     return rc;
 }
 
+/* ---- the step barrier (callers hold co->mu) ---- */
+
+static int step_arrive(coordinator *co, const coord_step_sync *q, outcome *oc)
+{
+    step_barrier *b = &co->barrier;
+    /* A different count is another job's (or a misconfigured) client: refuse it rather
+     * than let it reshape the barrier under the others. */
+    if (b->n_clients && q->n_clients != b->n_clients)
+        return cirrus_fail(&oc->err, CIRRUS_EINVAL, "n_clients %u differs from the job's %u",
+                           q->n_clients, b->n_clients);
+    b->n_clients = q->n_clients;
+    b->slots[q->client_index] = (step_slot){.step = q->step, .microbatches = q->microbatches,
+                                            .loss_sum = q->loss_sum,
+                                            .redo_seen = q->redo_seen};
+    /* The leader arrives at t only once t - 1 was applied: this survives a lost APPLIED. */
+    if (q->client_index == 0 && q->step - 1 > b->applied_step) b->applied_step = q->step - 1;
+    return 0;
+}
+
+static void step_applied(coordinator *co, uint64_t step)
+{
+    if (step > co->barrier.applied_step) co->barrier.applied_step = step;
+}
+
+static void step_redo(coordinator *co, const coord_step_sync *q)
+{
+    step_barrier *b = &co->barrier;
+    step_notice *nt = &b->notices[(b->next_notice - 1) % COORD_NOTICE_KEEP];
+    *nt = (step_notice){.id = b->next_notice++, .step = q->step, .stage = q->stage};
+    memcpy(nt->addr, q->addr, sizeof nt->addr);
+    log_info("step %llu: REDO notice %llu for stage %u peer %s",
+             (unsigned long long)q->step, (unsigned long long)nt->id, q->stage, q->addr);
+}
+
+/* The oldest notice id still in the ring. */
+static uint64_t oldest_notice(const step_barrier *b)
+{
+    return b->next_notice > COORD_NOTICE_KEEP ? b->next_notice - COORD_NOTICE_KEEP : 1;
+}
+
+static const step_notice *notice_at(const step_barrier *b, uint64_t id)
+{
+    return &b->notices[(id - 1) % COORD_NOTICE_KEEP];
+}
+
+/* Step t's notices: the newest id, and the ones after redo_seen, oldest first (the first
+ * COORD_MAX_NOTICES: a client that acts on them and asks again gets the rest). */
+static void step_notices(const step_barrier *b, uint64_t t, uint64_t redo_seen,
+                         coord_step_state *st)
+{
+    for (uint64_t id = oldest_notice(b); id < b->next_notice; id++) {
+        const step_notice *nt = notice_at(b, id);
+        if (nt->step != t) continue;
+        st->latest_notice = id;
+        if (id <= redo_seen || st->n_notices == COORD_MAX_NOTICES) continue;
+        coord_step_notice *out = &st->notices[st->n_notices++];
+        out->id = id;
+        out->stage = nt->stage;
+        memcpy(out->addr, nt->addr, sizeof out->addr);
+    }
+}
+
+/* The clients counted at step t: arrived there after acting on its latest notice. Sums in
+ * client order so every reader of the same state gets the same loss bit for bit. */
+static void step_count(const step_barrier *b, uint64_t t, coord_step_state *st)
+{
+    uint64_t mb = 0;
+    for (uint32_t i = 0; i < COORD_MAX_CLIENTS; i++) {
+        const step_slot *s = &b->slots[i];
+        if (s->step != t || s->redo_seen < st->latest_notice) continue;
+        st->arrived++;
+        mb += s->microbatches;
+        st->loss_sum += s->loss_sum;
+    }
+    st->microbatches = mb > UINT32_MAX ? UINT32_MAX : (uint32_t)mb;
+}
+
+static void step_state(const step_barrier *b, uint64_t t, uint64_t redo_seen,
+                       coord_step_state *st)
+{
+    memset(st, 0, sizeof *st);
+    st->applied_step = b->applied_step;
+    step_notices(b, t, redo_seen, st);
+    step_count(b, t, st);
+}
+
+static int on_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_writer *reply,
+                        outcome *oc)
+{
+    coord_step_sync q;
+    if (coord_get_step_sync(p, n, &q, &oc->err)) return malformed(oc);
+    if (q.op == COORD_STEP_REDO && q.stage >= co->o.n_stages)
+        return cirrus_fail(&oc->err, CIRRUS_EINVAL, "STEP_SYNC REDO stage %u is outside 0..%u",
+                           q.stage, co->o.n_stages - 1);
+    int rc = 0;
+    pthread_mutex_lock(&co->mu);
+    if (q.op == COORD_STEP_ARRIVE) rc = step_arrive(co, &q, oc);
+    else if (q.op == COORD_STEP_APPLIED) step_applied(co, q.step);
+    else step_redo(co, &q);
+    if (!rc) {
+        coord_step_state st;
+        step_state(&co->barrier, q.step, q.redo_seen, &st);
+        coord_put_step_state(reply, &st);
+    }
+    pthread_mutex_unlock(&co->mu);
+    return rc;
+}
+
 static int serve(coordinator *co, const wire_header *h, const uint8_t *p, wire_writer *reply,
                  outcome *oc)
 {
@@ -393,6 +526,7 @@ static int serve(coordinator *co, const wire_header *h, const uint8_t *p, wire_w
     case COORD_CLIENT_REPORT: return on_report(co, p, h->payload_len, reply, oc);
     case COORD_PEERS: return on_peers(co, p, h->payload_len, reply, oc);
     case COORD_LEAVE: return on_leave(co, p, h->payload_len, oc);
+    case COORD_STEP_SYNC: return on_step_sync(co, p, h->payload_len, reply, oc);
     case WIRE_PING:
         if (h->payload_len == 0) return 0;
         cirrus_fail(&oc->err, CIRRUS_ECORRUPT, "PING with a %u-byte payload", h->payload_len);
@@ -694,6 +828,7 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     co->max_conns = f.max_peers + COORD_CONN_SLACK;
     co->next_id = 1;
     co->loss = NAN;
+    co->barrier.next_notice = 1;
     atomic_init(&co->stopping, 0);
     pthread_mutex_init(&co->mu, NULL);
     pthread_cond_init(&co->conn_ended, NULL);

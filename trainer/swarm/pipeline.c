@@ -87,6 +87,14 @@ struct pipeline {
     task *tasks;
     int n_tasks, cap_tasks;
     int in_engine;                    /* inside engine_run: faults queue work, not run it */
+    /* Several clients: optimizer steps the peers have taken as this client knows it (a
+     * joining peer at that step needs no state copy), whether this client is a follower
+     * (another client steps; it admits only peers already at the stage's step), and who
+     * hears of the peers it loses (the leader tells the followers). */
+    uint64_t steps_done;
+    int follower;
+    pipeline_lost_fn on_lost;
+    void *on_lost_ctx;
 };
 
 /* ---- requests ---- */
@@ -262,6 +270,7 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
     pl->c = NULL;
     wiring_peer_remove(p->wiring, s, pl->wid);
     p->counters.peers_lost++;
+    if (p->on_lost) p->on_lost(p->on_lost_ctx, s, pl->addr, !p->averaged[s]);
     /* Banned, unless it only timed out or moved to another stage (it rejoins there). */
     if (why->code != CIRRUS_ETIMEDOUT && why->code != STAGE_MOVED &&
         p->n_dead < (int)(sizeof p->dead / sizeof p->dead[0]))
@@ -783,13 +792,21 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
 /* Sum each stage's gradients over its live peers, checking that together they hold every
  * microbatch of the step exactly once. Repeated, with the same round, until it completes
  * without a member failing. */
-static int average_stages(pipeline *p, cirrus_error *err)
+static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_error *err)
 {
+    const int expected = sync ? sync->total_mb : p->n_mb;
     for (int s = 0; s < p->n; s++) {
         uint64_t round = ++p->round;
+        int missing = 0; /* microbatches the last complete attempt lacked */
         for (int attempt = 0;; attempt++) {
-            if (attempt > PIPE_MAX_PEERS)
+            if (attempt > PIPE_MAX_PEERS + 2)
                 return cirrus_fail(err, CIRRUS_EIO, "stage %d: averaging keeps failing", s);
+            /* The other clients redo what lost peers held for them, and peers they admitted
+             * that this client has not are admitted, before the stage's peers sum. */
+            if (sync && sync->settle) {
+                int rc = sync->settle(sync->ctx, s, missing, err);
+                if (rc) return rc;
+            }
             wire_writer w;
             wire_writer_init(&w, 64 * 1024);
             wire_put_u64(&w, round);
@@ -827,12 +844,17 @@ static int average_stages(pipeline *p, cirrus_error *err)
             }
             if (failed) {
                 p->counters.retried++;
+                missing = 0;
                 continue;
             }
-            if (held != (uint32_t)p->n_mb)
+            if (sync && held < (uint32_t)expected && attempt < PIPE_MAX_PEERS + 2) {
+                missing = expected - (int)held;
+                continue;
+            }
+            if (held != (uint32_t)expected)
                 return cirrus_fail(err, CIRRUS_EIO,
                                    "stage %d: peers hold %u microbatches, the step has %d", s,
-                                   held, p->n_mb);
+                                   held, expected);
             p->averaged[s] = 1;
             break;
         }
@@ -925,8 +947,20 @@ static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
 
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err)
 {
+    return pipeline_step_shared(p, lr, grad_scale, step, NULL, err);
+}
+
+void pipeline_step_skip(pipeline *p, uint64_t step)
+{
+    p->n_mb = p->next_start = p->mb_active = 0;
+    p->steps_done = step;
+}
+
+int pipeline_step_shared(pipeline *p, float lr, float grad_scale, uint64_t step,
+                         const pipeline_step_sync *sync, cirrus_error *err)
+{
     double total = 0.0;
-    int rc = average_stages(p, err);
+    int rc = average_stages(p, sync, err);
     if (!rc) rc = exchange_tied(p, err);
     if (!rc) rc = global_sumsq(p, &total, err);
     for (int s = 0; !rc && s < p->n; s++) {
@@ -944,6 +978,72 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
     }
     p->n_mb = p->next_start = p->mb_active = 0;
     memset(p->averaged, 0, sizeof p->averaged);
+    if (!rc) p->steps_done = step;
+    return rc;
+}
+
+/* ---- the model's state, for checkpoints ---- */
+
+/* Stage s's STATE_GET reply r, checked against the stage's optimizer spans: the span
+ * copies go to the buffers (wte, which the last stage also holds, comes from the first). */
+static int take_stage_state(pipeline *p, int s, wire_reader *r, float *params, float *m,
+                            float *v, uint64_t *steps, cirrus_error *err)
+{
+    gpt_span spans[2];
+    const int n = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, spans);
+    size_t count = 0;
+    for (int i = 0; i < n; i++) count += spans[i].count;
+    *steps = wire_get_u64(r);
+    const uint64_t got = wire_get_u64(r);
+    const size_t bytes = sizeof(float) * count;
+    const uint8_t *src[3] = {NULL, NULL, NULL};
+    if (!r->failed && got == count)
+        for (int j = 0; j < 3; j++) src[j] = wire_get_bytes(r, bytes);
+    if (!src[0] || !src[1] || !src[2] || wire_reader_done(r))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: STATE_GET reply holds %llu floats, "
+                           "not %zu", s, (unsigned long long)got, count);
+    float *dst[3] = {params, m, v};
+    for (int j = 0; j < 3; j++) {
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            memcpy(dst[j] + spans[i].offset, src[j] + at, sizeof(float) * spans[i].count);
+            at += sizeof(float) * spans[i].count;
+        }
+    }
+    return 0;
+}
+
+int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
+                          uint64_t *steps, cirrus_error *err)
+{
+    if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "the state is gathered between steps");
+    const size_t total = gpt_num_params(&p->cfg);
+    float *buf = malloc(sizeof(float) * total * 3);
+    if (!buf) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    int rc = 0;
+    uint64_t last_steps = 0; /* the last stage's: every stage must have taken as many */
+    /* Last stage first: its wte copy is then overwritten by the first stage's. */
+    for (int s = p->n - 1; s >= 0 && !rc; s--) {
+        wire_writer w;
+        wire_reader r;
+        int served;
+        uint64_t st = 0;
+        wire_writer_init(&w, 0);
+        rc = on_stage(p, s, -1, STAGE_STATE_GET, 0, 0, &w, &r, &served, err);
+        if (!rc) rc = take_stage_state(p, s, &r, buf, buf + total, buf + 2 * total, &st, err);
+        if (!rc && s == p->n - 1) last_steps = st;
+        if (!rc && st != last_steps)
+            rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d has taken %llu steps, stage %d "
+                             "%llu", s, (unsigned long long)st, p->n - 1,
+                             (unsigned long long)last_steps);
+    }
+    if (!rc) {
+        memcpy(params, buf, sizeof(float) * total);
+        memcpy(adam_m, buf + total, sizeof(float) * total);
+        memcpy(adam_v, buf + 2 * total, sizeof(float) * total);
+        *steps = last_steps;
+    }
+    free(buf);
     return rc;
 }
 
@@ -1051,6 +1151,7 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
             uint64_t steps;
             p->link[s].n = k + 1;
             if ((rc = connect_peer(p, s, k, addrs[a++], &l1, &steps, err))) goto fail;
+            if (steps > p->steps_done) p->steps_done = steps;
             if (track_peer(p, s, k)) {
                 rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
                 goto fail;
@@ -1064,20 +1165,24 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                          p->link[n - 1].l1, cfg->n_layer);
         goto fail;
     }
-    /* This client takes over the peers: gradients a previous client left behind in an
-     * unfinished step (it died) would otherwise be summed into this client's first step. */
-    for (int s = 0; s < n; s++)
-        for (int k = 0; k < p->link[s].n; k++) {
-            wire_writer w;
-            wire_reader r;
-            wire_writer_init(&w, 0);
-            if ((rc = call_peer(p, s, k, STAGE_RESET, &w, &r, err))) goto fail;
-        }
     *out = p;
     return 0;
 fail:
     pipeline_close(p);
     return rc;
+}
+
+int pipeline_take_over(pipeline *p, cirrus_error *err)
+{
+    for (int s = 0; s < p->n; s++)
+        for (int k = 0; k < p->link[s].n; k++) {
+            wire_writer w;
+            wire_reader r;
+            wire_writer_init(&w, 0);
+            int rc = peer_alive(p, s, k) ? call_peer(p, s, k, STAGE_RESET, &w, &r, err) : 0;
+            if (rc) return rc;
+        }
+    return 0;
 }
 
 /* A peer listed at stage s that this client still has live at another stage moved there
@@ -1108,8 +1213,6 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
         if (peer_alive(p, s, k) && strcmp(L->peer[k].addr, addr) == 0) return 0; /* known */
     for (int i = 0; i < p->n_dead; i++)
         if (strcmp(p->dead[i], addr) == 0) return 0; /* lost once: never again */
-    if (p->n_mb)
-        return cirrus_fail(err, CIRRUS_EINVAL, "peers join between steps, not during one");
     int rc = retire_moved(p, s, addr, err);
     if (rc) return rc;
     int k = 0;
@@ -1130,8 +1233,17 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
             rc = cirrus_fail(err, CIRRUS_EINVAL,
                              "peer %s has no ring address or the same one as %s", addr,
                              L->peer[j].addr);
-    if (!rc) {
-        /* Between steps every live peer of the stage holds the same state: copy it. */
+    /* A peer at the stage's step holds its state already (it took it from a peer of the
+     * stage, or trained every step with them). One behind copies it (SYNC), which drops
+     * the gradients it holds: only between steps, and only by the client that steps, so
+     * that no other client's microbatch is ever lost to it. Until then it is left out. */
+    const int behind = !rc && (steps != p->steps_done || steps == 0); /* 0: a seed to check */
+    if (behind && (p->follower || p->n_mb)) {
+        net_close(L->peer[k].c);
+        L->peer[k].c = NULL;
+        return 0;
+    }
+    if (behind) {
         wire_writer w;
         wire_reader r;
         wire_writer_init(&w, 512);
@@ -1146,8 +1258,37 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
         return rc;
     }
     p->counters.peers_joined++;
-    log_info("stage %d: peer %s joined (state from %s)", s, addr, L->peer[donor].addr);
+    if (behind)
+        log_info("stage %d: peer %s joined (state from %s)", s, addr, L->peer[donor].addr);
+    else
+        log_info("stage %d: peer %s joined (already at step %llu)", s, addr,
+                 (unsigned long long)steps);
     return 0;
+}
+
+int pipeline_peer_reported_lost(pipeline *p, int s, const char *addr, cirrus_error *err)
+{
+    if (s < 0 || s >= p->n) return cirrus_fail(err, CIRRUS_EINVAL, "no stage %d", s);
+    for (int k = 0; k < p->link[s].n; k++) {
+        if (!peer_alive(p, s, k) || strcmp(p->link[s].peer[k].addr, addr) != 0) continue;
+        /* Not banned: if it is alive after all, the coordinator still lists it and it
+         * rejoins with the stage's state. */
+        cirrus_error why;
+        cirrus_fail(&why, CIRRUS_ETIMEDOUT, "reported lost by the client that steps");
+        return peer_failed(p, s, k, &why, err);
+    }
+    return 0; /* lost here already: its backwards were redone then */
+}
+
+void pipeline_set_follower(pipeline *p, int follower)
+{
+    p->follower = follower;
+}
+
+void pipeline_on_peer_lost(pipeline *p, pipeline_lost_fn fn, void *ctx)
+{
+    p->on_lost = fn;
+    p->on_lost_ctx = ctx;
 }
 
 void pipeline_log_routing(const pipeline *p)

@@ -28,6 +28,10 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
                      const char *const *addrs, const gpt_config *cfg, int max_B, int max_T,
                      int codec, int timeout_ms, cirrus_error *err);
 void pipeline_close(pipeline *p);
+/* The region's only client takes over the peers (RESET): gradients a previous client left
+ * in an unfinished step (it died) would otherwise be summed into this client's first step.
+ * Not for one of several clients: it would drop the others' gradients. */
+int pipeline_take_over(pipeline *p, cirrus_error *err);
 
 /* Forward + backward of n microbatches of B x T tokens (microbatch i: x + i*B*T, y + i*B*T,
  * id first_id + i), up to the routing's window of them in flight at once; losses[i]
@@ -47,8 +51,45 @@ int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, u
 /* Optimizer step: the peers of each stage sum their gradients, then every stage steps
  * (grad_scale = 1 / microbatches accumulated since the last step). */
 int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus_error *err);
-/* A peer that appeared (e.g. listed by the coordinator) joins stage s between steps: it
- * copies the state of a live peer of the stage (SYNC) and takes work from the next step.
+
+/* ---- several clients ----
+ * A step's microbatches are spread over several clients; one of them (the leader) runs
+ * the step once all have done their share, the others (followers) end theirs with
+ * pipeline_step_skip() once it is applied. A peer lost in a step may hold gradients of any
+ * client: every client redoes its own backwards it held, the followers when the leader
+ * names the peer (pipeline_peer_reported_lost()). How the clients meet is the caller's
+ * business (the region's coordinator, roles.c). */
+
+/* Called whenever this client loses a peer: its stage, its address, and whether the
+ * stage's gradients were still unsummed (then the other clients must redo theirs). */
+typedef void (*pipeline_lost_fn)(void *ctx, int stage, const char *addr, int unsummed);
+void pipeline_on_peer_lost(pipeline *p, pipeline_lost_fn fn, void *ctx);
+
+typedef struct pipeline_step_sync {
+    int total_mb; /* the step's microbatches over all clients */
+    /* Before every attempt to sum stage s's gradients: make the other clients' share whole
+     * (they redo what lost peers held; peers they admitted are admitted here). missing:
+     * microbatches the stage's peers lacked in the last complete attempt, else 0. */
+    int (*settle)(void *ctx, int stage, int missing, cirrus_error *err);
+    void *ctx;
+} pipeline_step_sync;
+
+/* The leader's step: as pipeline_step(), with the step's microbatches counted over every
+ * client. */
+int pipeline_step_shared(pipeline *p, float lr, float grad_scale, uint64_t step,
+                         const pipeline_step_sync *sync, cirrus_error *err);
+/* A follower's step, applied by the leader: drop this step's records. */
+void pipeline_step_skip(pipeline *p, uint64_t step);
+/* The leader reports peer addr of stage s lost: if this client still has it, it is
+ * dropped (not banned) and this client's backwards it held are redone on survivors. */
+int pipeline_peer_reported_lost(pipeline *p, int s, const char *addr, cirrus_error *err);
+/* A follower admits only peers already at the stage's step (pipeline_join); the leader
+ * copies state to the others. */
+void pipeline_set_follower(pipeline *p, int follower);
+/* A peer that appeared (e.g. listed by the coordinator) joins stage s: one behind the
+ * stage's step copies the state of a live peer of the stage (SYNC), between steps and only
+ * by a client that is not a follower (else it is left out for now, and this returns 0);
+ * one at the stage's step needs no copy and may join during a step. It takes work at once.
  * An address already serving, or one that failed before, is ignored; one still live at
  * another stage moved to s (rebalancing) and leaves that stage first, unbanned (a peer that
  * answered STAGE_MOVED during a step has already been dropped there, unbanned too). */
@@ -65,6 +106,13 @@ const pipeline_counters *pipeline_get_counters(const pipeline *p);
 /* One log line per stage: each live peer's requests served and measured throughput. */
 void pipeline_log_routing(const pipeline *p);
 int pipeline_stages(const pipeline *p);
+
+/* Between steps: the whole model's parameters and AdamW moments (gpt_num_params() floats
+ * each), assembled from one live peer of every stage (STATE_GET), for a checkpoint;
+ * *steps receives the optimizer steps the peers have taken. Nothing is written to the
+ * buffers unless every stage answered in full. */
+int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
+                          uint64_t *steps, cirrus_error *err);
 
 /* Forward only: the mean loss of a batch, nothing kept. */
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,

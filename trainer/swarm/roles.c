@@ -181,11 +181,28 @@ int roles_cmd_stage(int argc, char **argv)
 
 /* ---- the client: the training loop of train.c, with the model on the stage peers ---- */
 
+/* A peer lost during a step whose stage had not summed its gradients yet. */
+typedef struct lost_peer {
+    int stage;
+    char addr[STAGE_ADDR_MAX];
+} lost_peer;
+
 typedef struct pipe_exec {
     pipeline *p;
     int micro; /* sequences per microbatch; a step's batch is split into B / micro of them */
     coord_client *coord; /* NULL: no coordinator to report to */
     double t_last;
+    /* Several clients share each step (--clients): this one runs microbatches
+     * [first, first + mine) of it and meets the others at the coordinator's step barrier.
+     * Client 0, the leader, runs the optimizer step; the others follow. */
+    int index, n_clients;
+    int first, mine;
+    uint64_t step;
+    double loss_sum;           /* this client's share of the step's losses */
+    uint64_t redo_seen;        /* the newest of the leader's notices acted on */
+    lost_peer lost[PIPE_MAX_STAGES * PIPE_MAX_PEERS]; /* the leader's, not yet announced */
+    int n_lost;
+    coord_step_state barrier;  /* the barrier's latest answer */
 } pipe_exec;
 
 static double now_s(void)
@@ -236,24 +253,138 @@ static void admit_new_peers(pipe_exec *e, uint64_t step)
                  (unsigned long long)step);
 }
 
+/* ---- several clients: the step barrier ----
+ * Every client runs its share of a step's microbatches and ARRIVEs at the coordinator's
+ * barrier. The leader waits until all have, sums the stages' gradients, steps, and says
+ * APPLIED; the followers wait for that. A peer the leader loses while its stage is unsummed
+ * may hold any client's gradients: the leader posts it (REDO) and waits until every
+ * follower has redone its own backwards there and arrived again. */
+
+#define BARRIER_TIMEOUT_S 300.0
+
+/* The leader hears of every peer it loses (pipeline_on_peer_lost). */
+static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
+{
+    pipe_exec *e = ctx;
+    if (!unsummed || e->index != 0 || e->n_lost >= (int)(sizeof e->lost / sizeof e->lost[0]))
+        return;
+    for (int i = 0; i < e->n_lost; i++)
+        if (e->lost[i].stage == stage && strcmp(e->lost[i].addr, addr) == 0) return;
+    e->lost[e->n_lost].stage = stage;
+    snprintf(e->lost[e->n_lost].addr, sizeof e->lost[0].addr, "%s", addr);
+    e->n_lost++;
+}
+
+static int barrier_call(pipe_exec *e, uint8_t op, int stage, const char *addr, cirrus_error *err)
+{
+    coord_step_sync req = {.op = op, .step = e->step, .client_index = (uint32_t)e->index,
+                           .n_clients = (uint32_t)e->n_clients, .microbatches = (uint32_t)e->mine,
+                           .loss_sum = e->loss_sum, .redo_seen = e->redo_seen,
+                           .stage = (uint32_t)(stage > 0 ? stage : 0)};
+    snprintf(req.addr, sizeof req.addr, "%s", addr ? addr : "");
+    return coord_client_step_sync(e->coord, &req, 5000, &e->barrier, err);
+}
+
+/* Sleep a little longer each time while waiting at the barrier (0.2 ms to 5 ms). */
+static void barrier_pause(int *us)
+{
+    usleep((useconds_t)*us);
+    *us = *us * 2 > 5000 ? 5000 : *us * 2;
+}
+
+/* The leader: announce the peers lost with their stage unsummed, then wait until every
+ * client has arrived having acted on them. */
+static int leader_gather(pipe_exec *e, cirrus_error *err)
+{
+    for (int i = 0; i < e->n_lost; i++) {
+        int rc = barrier_call(e, COORD_STEP_REDO, e->lost[i].stage, e->lost[i].addr, err);
+        if (rc) return rc;
+        e->redo_seen = e->barrier.latest_notice;
+        log_info("step %llu: peer %s of stage %d lost; the other clients redo its backwards",
+                 (unsigned long long)e->step, e->lost[i].addr, e->lost[i].stage);
+    }
+    e->n_lost = 0;
+    const double deadline = now_s() + BARRIER_TIMEOUT_S;
+    for (int us = 200;; barrier_pause(&us)) {
+        int rc = barrier_call(e, COORD_STEP_ARRIVE, 0, NULL, err);
+        if (rc) return rc;
+        if (e->barrier.arrived == (uint32_t)e->n_clients) return 0;
+        if (now_s() > deadline)
+            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu: %u of %d clients finished "
+                               "their share within %.0f s", (unsigned long long)e->step,
+                               e->barrier.arrived, e->n_clients, BARRIER_TIMEOUT_S);
+    }
+}
+
+/* pipeline_step_sync.settle: before a stage sums, every client's share must be whole. */
+static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
+{
+    pipe_exec *e = ctx;
+    (void)stage;
+    if (missing > 0) /* a follower admitted a peer this client has not: admit it too */
+        admit_new_peers(e, e->step);
+    return e->n_lost || missing ? leader_gather(e, err) : 0;
+}
+
+/* A follower: wait until the leader has applied the step, redoing what it asks. */
+static int follower_wait(pipe_exec *e, cirrus_error *err)
+{
+    const double deadline = now_s() + BARRIER_TIMEOUT_S;
+    for (int us = 200;; barrier_pause(&us)) {
+        int rc = barrier_call(e, COORD_STEP_ARRIVE, 0, NULL, err);
+        if (rc) return rc;
+        if (e->barrier.applied_step >= e->step) return 0;
+        for (uint32_t i = 0; i < e->barrier.n_notices; i++) {
+            const coord_step_notice *n = &e->barrier.notices[i];
+            if (n->id <= e->redo_seen) continue;
+            if ((rc = pipeline_peer_reported_lost(e->p, (int)n->stage, n->addr, err))) return rc;
+            e->redo_seen = n->id;
+            us = 200; /* arrive again at once */
+        }
+        if (now_s() > deadline)
+            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
+                               (unsigned long long)e->step, BARRIER_TIMEOUT_S);
+    }
+}
+
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
     pipe_exec *e = ctx;
     const int M = B / e->micro;
     float losses[PIPE_MAX_MICRO];
-    admit_new_peers(e, step);
     if (M > PIPE_MAX_MICRO)
         return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step: at most %d", M,
                            PIPE_MAX_MICRO);
-    int rc = pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + 1, M, e->micro, T, x, y,
-                                   losses, err);
+    if (M < e->n_clients)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step cannot be shared by "
+                           "%d clients", M, e->n_clients);
+    admit_new_peers(e, step);
+    /* This client's share: a contiguous run of the step's microbatches. */
+    e->first = e->index * M / e->n_clients;
+    e->mine = (e->index + 1) * M / e->n_clients - e->first;
+    e->step = step;
+    e->n_lost = 0;
+    const size_t off = (size_t)e->first * e->micro * T;
+    int rc = pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1,
+                                   e->mine, e->micro, T, x + off, y + off, losses, err);
     if (rc) return rc;
-    double sum = 0.0;
-    for (int m = 0; m < M; m++) sum += losses[m]; /* in order: the same sum every run */
-    *loss = (float)(sum / M);
-    rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
-    if (!rc) report_step(e, step, *loss, B * T);
+    e->loss_sum = 0.0;
+    for (int m = 0; m < e->mine; m++) e->loss_sum += losses[m]; /* in order: reproducible */
+    if (e->n_clients == 1) {
+        rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
+        *loss = (float)(e->loss_sum / M);
+    } else if (e->index == 0) {
+        pipeline_step_sync sync = {M, leader_settle, e};
+        if (!(rc = leader_gather(e, err)))
+            rc = pipeline_step_shared(e->p, lr, 1.0f / (float)M, step, &sync, err);
+        if (!rc) rc = barrier_call(e, COORD_STEP_APPLIED, 0, NULL, err);
+        *loss = (float)(e->barrier.loss_sum / M); /* every client's share */
+    } else {
+        if (!(rc = follower_wait(e, err))) pipeline_step_skip(e->p, step);
+        *loss = (float)(e->loss_sum / e->mine); /* this client's share */
+    }
+    if (!rc) report_step(e, step, *loss, e->mine * e->micro * T);
     return rc;
 }
 
@@ -272,6 +403,13 @@ static int pipe_eval(void *ctx, int B, int T, const int32_t *x, const int32_t *y
     }
     *loss = (float)(sum / M);
     return 0;
+}
+
+static int pipe_gather(void *ctx, float *params, float *adam_m, float *adam_v, uint64_t *steps,
+                       cirrus_error *err)
+{
+    pipe_exec *e = ctx;
+    return pipeline_gather_state(e->p, params, adam_m, adam_v, steps, err);
 }
 
 static int parse_codec(const char *name, int *codec, cirrus_error *err)
@@ -446,10 +584,15 @@ typedef struct routing_flags {
     int inflight;
 } routing_flags;
 
+/* Which of the region's clients this one is (--clients, --client-index). */
+typedef struct client_share {
+    int n_clients, index;
+} client_share;
+
 /* Train through the stage peers of src. */
 static int run_client(const char *cmd, train_options *o, const char *job,
                       const peer_source *src, int codec, int micro, const char *coordinator,
-                      const routing_flags *routing)
+                      const routing_flags *routing, const client_share *share)
 {
     cirrus_error err = {0};
     pipeline *p = NULL;
@@ -459,6 +602,20 @@ static int run_client(const char *cmd, train_options *o, const char *job,
                     o->batch);
         return cli_fail_input(cmd, &err);
     }
+    if (share->n_clients > 1 && !coordinator) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--clients %d needs --coordinator: the clients meet "
+                    "there every step", share->n_clients);
+        return cli_fail_input(cmd, &err);
+    }
+    if (share->index >= share->n_clients) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--client-index %d must be below --clients %d",
+                    share->index, share->n_clients);
+        return cli_fail_input(cmd, &err);
+    }
+    if (share->index > 0 && o->ckpt_dir) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt: client 0 writes the checkpoints");
+        return cli_fail_input(cmd, &err);
+    }
     coord_client *cc = coord_open(coordinator, job, &err);
     if (coordinator && !cc) return cli_fail_input(cmd, &err);
     if (connect_pipeline(&p, src, cc, coordinator, job, &o->model, micro, T, codec, &err)) {
@@ -466,15 +623,20 @@ static int run_client(const char *cmd, train_options *o, const char *job,
         coord_client_close(cc);
         return err.code == CIRRUS_EMISMATCH || err.code == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
     }
-    if (pipeline_set_routing(p, routing->policy, routing->inflight, o->seed, &err)) {
+    if ((share->n_clients == 1 && pipeline_take_over(p, &err)) ||
+        pipeline_set_routing(p, routing->policy, routing->inflight, o->seed, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         pipeline_close(p);
         coord_client_close(cc);
         return 1;
     }
     client_register(cc);
-    pipe_exec pe = {p, micro, cc, 0.0};
-    train_executor ex = {&pe, pipe_step, pipe_eval};
+    static pipe_exec pe; /* large (the lost-peer list); one client per process */
+    pe = (pipe_exec){.p = p, .micro = micro, .coord = cc, .index = share->index,
+                     .n_clients = share->n_clients};
+    pipeline_on_peer_lost(p, note_lost_peer, &pe);
+    pipeline_set_follower(p, share->index > 0);
+    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
     pipeline_log_routing(p);
@@ -501,9 +663,11 @@ int roles_cmd_client(int argc, char **argv)
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
+    client_share share = {1, 0};
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
+        CKPT_FLAGS(o),
         {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id", 0},
         {ROLE_FLAG_STAGES, FLAG_STR, &stages, 0, 0,
          "stage peers, stages in order separated by '/', a stage's peers by ',' "
@@ -515,6 +679,10 @@ int roles_cmd_client(int argc, char **argv)
          "the region's coordinator, HOST:PORT: finds the stage peers when --stages is not "
          "given, admits new peers between steps, receives progress",
          0},
+        {ROLE_FLAG_CLIENTS, FLAG_INT, &share.n_clients, 1, COORD_MAX_CLIENTS,
+         "clients sharing each step's batch (default 1); they meet at --coordinator", 0},
+        {ROLE_FLAG_CLIENT_INDEX, FLAG_INT, &share.index, 0, COORD_MAX_CLIENTS - 1,
+         "which of them this is (0, the default, runs the optimizer step)", 0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
@@ -546,7 +714,7 @@ int roles_cmd_client(int argc, char **argv)
     micro = micro ? micro : o.batch;
     if (!stages) {
         peer_source src = {.n = 0, .wait_s = wait_s};
-        return run_client("client", &o, job, &src, codec, micro, coordinator, &routing);
+        return run_client("client", &o, job, &src, codec, micro, coordinator, &routing, &share);
     }
     char *list = strdup(stages);
     const char *stage_lists[PIPE_MAX_STAGES], *addrs[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
@@ -566,7 +734,7 @@ int roles_cmd_client(int argc, char **argv)
         rc = cli_fail_input("client", &err);
     } else {
         peer_source src = {.n = n, .peers = peers, .addrs = addrs};
-        rc = run_client("client", &o, job, &src, codec, micro, coordinator, &routing);
+        rc = run_client("client", &o, job, &src, codec, micro, coordinator, &routing, &share);
     }
     free(list);
     return rc;
@@ -636,6 +804,56 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     _exit(127);
 }
 
+/* A follower client of `local`: the leader's training flags, its own share. */
+typedef struct follower_spec {
+    const train_options *o;
+    const char *job, *coordinator;
+    int micro;
+    const char *act, *routing;
+    int inflight, index, n_clients;
+} follower_spec;
+
+/* Start follower client fs->index as a process; its progress lines go nowhere (the
+ * leader's show every client's loss), its log to stderr. */
+static pid_t spawn_follower(const follower_spec *fs)
+{
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    const train_options *o = fs->o;
+    const gpt_config *cfg = &o->model;
+    char v[16][32];
+    int i = 0;
+#define NUM(fmt, x) (snprintf(v[i], sizeof v[i], fmt, x), v[i++])
+    char *args[64] = {ROLE_TRAINER_BIN, ROLE_CLIENT,
+                      ROLE_ARG(ROLE_FLAG_COORDINATOR), (char *)fs->coordinator,
+                      ROLE_ARG(ROLE_FLAG_JOB), (char *)fs->job,
+                      ROLE_ARG(ROLE_FLAG_LAYERS), NUM("%d", cfg->n_layer),
+                      ROLE_ARG(ROLE_FLAG_WIDTH), NUM("%d", cfg->n_embd),
+                      ROLE_ARG(ROLE_FLAG_HEADS), NUM("%d", cfg->n_head),
+                      ROLE_ARG(ROLE_FLAG_CONTEXT), NUM("%d", cfg->seq_len),
+                      ROLE_ARG(ROLE_FLAG_BATCH), NUM("%d", o->batch),
+                      ROLE_ARG(ROLE_FLAG_SEQ), NUM("%d", o->seq ? o->seq : cfg->seq_len),
+                      ROLE_ARG(ROLE_FLAG_SEED), NUM("%llu", (unsigned long long)o->seed),
+                      ROLE_ARG(ROLE_FLAG_STEPS), NUM("%d", o->steps),
+                      ROLE_ARG(ROLE_FLAG_MICROBATCH), NUM("%d", fs->micro),
+                      ROLE_ARG(ROLE_FLAG_CLIENTS), NUM("%d", fs->n_clients),
+                      ROLE_ARG(ROLE_FLAG_CLIENT_INDEX), NUM("%d", fs->index),
+                      "--eval-every", NUM("%d", o->eval_every > 0 ? o->eval_every : o->steps),
+                      "--eval-batches", NUM("%d", o->eval_batches),
+                      "--inflight", NUM("%d", fs->inflight),
+                      ROLE_ARG(ROLE_FLAG_DATA), (char *)o->data,
+                      ROLE_ARG(ROLE_FLAG_ACT_COMPRESS), (char *)fs->act,
+                      "--routing", (char *)fs->routing,
+                      "--log-every", "1000000000",
+                      NULL};
+#undef NUM
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
+    setenv("OMP_NUM_THREADS", "1", 0);
+    execv("/proc/self/exe", args);
+    _exit(127);
+}
+
 /* --slow-peer STAGE:PEER:F */
 typedef struct slow_peer {
     int stage, peer;
@@ -686,13 +904,18 @@ int roles_cmd_local(int argc, char **argv)
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
-    int act_slots = 0;
+    int act_slots = 0, n_clients = 1;
     float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
+        CKPT_FLAGS(o),
         {ROLE_FLAG_STAGES, FLAG_INT, &n_stages, 1, PIPE_MAX_STAGES, "pipeline stages (default 2)", 0},
         {"peers", FLAG_INT, &n_peers, 1, PIPE_MAX_PEERS, "peers per stage (default 1)", 0},
+        {ROLE_FLAG_CLIENTS, FLAG_INT, &n_clients, 1, COORD_MAX_CLIENTS,
+         "clients sharing each step's batch (default 1); client 0 runs here, the others as "
+         "processes",
+         0},
         {"stage-peers", FLAG_STR, &stage_peers, 0, 0,
          "peers of each stage, N0,N1,... (overrides --peers; e.g. 3,1 starts unbalanced)", 0},
         {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536,
@@ -809,7 +1032,25 @@ int roles_cmd_local(int argc, char **argv)
         }
     }
     peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs};
-    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, &routing);
+    static pid_t clients[COORD_MAX_CLIENTS];
+    int followers = 0;
+    for (int i = 1; i < n_clients && !rc; i++) {
+        follower_spec fs = {&o, job, coord_addr, micro, act, routing.name, routing.inflight,
+                            i, n_clients};
+        if ((clients[followers] = spawn_follower(&fs)) < 0) rc = 1;
+        else followers++;
+    }
+    client_share share = {n_clients, 0};
+    if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);
+    for (int i = 0; i < followers; i++) {
+        int status = 0;
+        if (rc) kill(clients[i], SIGTERM);
+        waitpid(clients[i], &status, 0);
+        if (!rc && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+            fprintf(stderr, "cirrus-trainer local: client %d failed\n", i + 1);
+            rc = 1;
+        }
+    }
     for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
     for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
     coordinator_stop(co);

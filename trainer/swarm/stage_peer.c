@@ -681,15 +681,11 @@ static int kit_build(peer *p, int l0, int l1, stage_kit *k, cirrus_error *err)
     k->l1 = l1;
     for (int i = 0; i < p->n_slots && !rc; i++)
         rc = gpt_stage_create(&k->slot[i], &p->model, l0, l1, o->max_B, o->max_T, err);
-    const int first = l0 == 0, last = l1 == o->model.n_layer;
-    /* The last stage also owns an optimizer copy of wte: the tied head is updated there
-     * with the same folded gradient as in the first stage, so both copies stay equal. */
     gpt_span spans[2];
-    int n = 0;
-    if (last && !first) spans[n++] = (gpt_span){0, p->V * p->C};
-    spans[n++] = gpt_stage_param_span(&o->model, l0, l1);
+    const int n = gpt_stage_state_spans(&o->model, l0, l1, spans);
     if (!rc) rc = adamw_create(&k->adam, &o->model, spans, n, &o->adam, err);
     if (!rc) {
+        const int last = l1 == o->model.n_layer; /* also packs the LM head's d(wte) share */
         k->pack_count = k->adam.state_count + (last ? p->V * p->C : 0);
         k->pack = malloc(sizeof(float) * (k->pack_count ? k->pack_count : 1));
         k->backup = malloc(sizeof(float) * (k->pack_count ? k->pack_count : 1));
