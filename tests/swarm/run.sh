@@ -271,5 +271,42 @@ if [ "$het_pass" -eq 0 ]; then ok wiring_beats_round_robin_with_a_slow_peer; els
 # 8. Live rebalancing: 3,1 converges to 2,2 and throughput rises (tests/swarm/rebalance.sh).
 if bash "$(dirname "$0")/rebalance.sh" "$bin"; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 
+# 9. A new peer of the `small` model (10.8 M parameters) joins a training region: it
+#    registers, the client copies a live peer's parameters and optimizer state to it (SYNC,
+#    ~65 MB for half the model) between steps, and it serves; all within seconds.
+small=(--model small --batch 2 --seq 64)
+"$bin" local --stages 2 --peers 1 "${small[@]}" --steps 100000 --log-every 1 \
+    >"$tmp/small.out" 2>"$tmp/small.err" &
+small_pid=$!
+pids+=("$small_pid")
+for _ in $(seq 300); do grep -q '^step' "$tmp/small.out" && break; sleep 0.1; done
+small_coord=$(sed -nE 's/^cirrus: coordinator at ([0-9.]+:[0-9]+);.*/\1/p' "$tmp/small.out")
+read -r _ s0_layers <<<"$(sed -nE 's/^cirrus: stage 0 peer 0 serves layers \[([0-9]+), ([0-9]+)\).*/x \1:\2/p' "$tmp/small.out")"
+ring_port=$(python3 "$(dirname "$0")/free_port.py")
+t_start=$(date +%s.%N)
+OMP_NUM_THREADS=1 "$bin" stage --serve "$s0_layers" "${small[@]}" --batch 2 --job cirrus-local \
+    --listen 127.0.0.1:0 --coordinator "$small_coord" --stage-index 0 \
+    --ring-addr "127.0.0.1:$ring_port" 2>"$tmp/small-joiner.err" &
+joiner=$!
+pids+=("$joiner")
+joined=""
+for _ in $(seq 600); do
+    if grep -q 'stage 0: peer .* joined (state from' "$tmp/small.err"; then joined=$(date +%s.%N); break; fi
+    sleep 0.05
+done
+[ -n "$joined" ] && sleep 2 # a few steps: the wiring tries a new peer at once
+kill "$small_pid" 2>/dev/null; wait "$small_pid" 2>/dev/null
+kill "$joiner" 2>/dev/null; wait "$joiner" 2>/dev/null
+# A peer says at exit how many backwards it served.
+served=$(sed -nE 's/.*served ([0-9]+) backwards.*/\1/p' "$tmp/small-joiner.err" | tail -1)
+join_s=$(python3 -c "print(f'{$joined - $t_start:.1f}' if '$joined' else 'never')" 2>/dev/null)
+echo "    small model: a new stage-0 peer joined $join_s s after it started, then served ${served:-0} backwards"
+if [ -n "$joined" ] && python3 -c "import sys; sys.exit(0 if $joined - $t_start < 10 else 1)" &&
+    grep -q 'joined the stage with the state of' "$tmp/small-joiner.err" && [ "${served:-0}" -gt 0 ]; then
+    ok small_model_peer_joins_within_seconds
+else
+    bad small_model_peer_joins_within_seconds; tail -3 "$tmp/small-joiner.err" "$tmp/small.err"
+fi
+
 echo "swarm: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
