@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -752,12 +753,22 @@ typedef struct peer_spec {
     int act_slots;           /* --act-slots; 0: the peer's default */
 } peer_spec;
 
+/* In a child of `local`: the region's processes go when `local` goes, however it ends
+ * (killed included), instead of serving on as orphans. */
+static void die_with_parent(pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1); /* it went before the line above took effect */
+}
+
 /* Start a stage peer process on inherited listening sockets. */
 static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train_options *o,
                          int micro, const char *job)
 {
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
+    die_with_parent(parent);
     /* dup clears close-on-exec: the exec'd peer inherits the sockets. */
     int fd = dup(ps->listen_fd), rfd = dup(ps->ring_fd);
     char a_fd[16], a_layers[32], a_nl[16], a_w[16], a_h[16], a_ctx[16], a_b[16], a_seq[16],
@@ -817,8 +828,10 @@ typedef struct follower_spec {
  * leader's show every client's loss), its log to stderr. */
 static pid_t spawn_follower(const follower_spec *fs)
 {
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
+    die_with_parent(parent);
     const train_options *o = fs->o;
     const gpt_config *cfg = &o->model;
     char v[16][32];
