@@ -7,6 +7,8 @@
 # Usage: tests/swarm/chaos.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$(realpath "$1")
+# The run below works in its own directory (for a core file): the corpus by absolute path.
+[ -n "${CIRRUS_CORPUS:-}" ] && CIRRUS_CORPUS=$(realpath "$CIRRUS_CORPUS") && export CIRRUS_CORPUS
 tmp=$(mktemp -d)
 extra_pids=()
 cleanup() {

@@ -308,5 +308,24 @@ else
     bad small_model_peer_joins_within_seconds; tail -3 "$tmp/small-joiner.err" "$tmp/small.err"
 fi
 
+# 10. A peer hangs in the middle of its stage's gradient averaging (30 s, in step 40): the
+#     round's deadline, learned from the rounds before (3x their median, at least 2 s), is
+#     sent to the members, whose ring gives up then; the client drops the hung peer and
+#     repeats the round with the survivor. Training goes on instead of waiting 30 s.
+if "$bin" local --stages 2 --peers 2 "${model[@]}" --batch 8 --steps 80 --log-every 20 \
+    --stall-peer 0:0:40:30 >"$tmp/stall.out" 2>"$tmp/stall.err"; then
+    took=$(sed -nE 's/^done: 80 steps, .* in ([0-9.]+)s$/\1/p' "$tmp/stall.out")
+    lost=$(sed -nE 's/.*"peers_lost":([0-9]+).*/\1/p' "$tmp/stall.err")
+    echo "    a peer hung 30 s mid-averaging: 80 steps took ${took:-?} s, peers lost ${lost:-?}"
+    if [ -n "$took" ] && python3 -c "import sys; sys.exit(0 if $took < 15 else 1)" &&
+        [ "${lost:-0}" -ge 1 ] && grep -q 'stalling 30.0 s in step 40' "$tmp/stall.err"; then
+        ok averaging_survives_a_hung_member
+    else
+        bad averaging_survives_a_hung_member; tail -3 "$tmp/stall.err"
+    fi
+else
+    bad averaging_survives_a_hung_member; tail -3 "$tmp/stall.err"
+fi
+
 echo "swarm: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

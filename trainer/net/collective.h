@@ -50,5 +50,8 @@ typedef struct ring_options {
  * address. Rank r connects to rank (r+1) % world and accepts from (r-1+world) % world. */
 int ring_create(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
                 const int *ports, const ring_options *opt, cirrus_error *err);
+/* From the next all-reduce on: give up after timeout_ms without progress (ring_options'
+ * timeout_ms at creation). The stage's client learns the right figure as training goes. */
+void ring_set_timeout(collective *ring, int timeout_ms);
 
 #endif

@@ -72,6 +72,10 @@ struct pipeline {
     /* How long to wait for a forward (0) or backward (1) of each stage before trying
      * another peer: learned from the latencies seen, not guessed. */
     deadline_estimator *deadline[PIPE_MAX_STAGES][2];
+    /* How long a stage's gradient averaging round may take: learned from the rounds seen,
+     * and sent with each round, so a member that hangs makes the others' ring give up
+     * then too; the round is repeated without it. */
+    deadline_estimator *avg_deadline[PIPE_MAX_STAGES];
     char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
     int n_dead;
     /* Which peer of a stage serves the next microbatch (swarm/wiring.c): least loaded by
@@ -807,12 +811,18 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                 int rc = sync->settle(sync->ctx, s, missing, err);
                 if (rc) return rc;
             }
+            /* The members' ring gives up after `limit` without progress; this client
+             * waits that long again for their answers (a refusal from each survivor, none
+             * from a member that hangs). */
+            const double limit = deadline_get(p->avg_deadline[s]);
+            const double t0 = now_s(), wait_until = t0 + 2.0 * limit;
             wire_writer w;
             wire_writer_init(&w, 64 * 1024);
             wire_put_u64(&w, round);
             wire_put_u32(&w, (uint32_t)alive_count(p, s));
             for (int k = 0; k < p->link[s].n; k++)
                 if (peer_alive(p, s, k)) wire_put_str(&w, p->link[s].peer[k].ring);
+            wire_put_u32(&w, (uint32_t)(limit * 1000.0) + 1);
             uint64_t id = ++p->next_id;
             int sent[PIPE_MAX_PEERS] = {0}, failed = 0;
             uint32_t held = 0;
@@ -825,9 +835,12 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
             for (int k = 0; k < p->link[s].n; k++) {
                 if (sent[k] == 0) continue;
                 wire_reader r;
+                const double left = wait_until - now_s();
                 int rc = sent[k] == 1 ? await_reply(p, s, k, STAGE_AVERAGE, id, &r,
-                                                    p->timeout_ms, &why[k])
+                                                    (int)((left > 0.01 ? left : 0.01) * 1000.0),
+                                                    &why[k])
                                       : CIRRUS_ECLOSED;
+                if (rc == CIRRUS_ETIMEDOUT) deadline_observe_timeout(p->avg_deadline[s], now_s() - t0);
                 if (!rc) {
                     held += wire_get_u32(&r);
                     if (!wire_reader_done(&r)) continue;
@@ -847,6 +860,7 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                 missing = 0;
                 continue;
             }
+            deadline_observe(p->avg_deadline[s], now_s() - t0);
             if (sync && held < (uint32_t)expected && attempt < PIPE_MAX_PEERS + 2) {
                 missing = expected - (int)held;
                 continue;
@@ -1122,9 +1136,14 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
      * up only past 3x the median and never before 1 s (a hung peer still goes in ~1 s). */
     dc.min_ratio = PIPE_PEER_DEADLINE_RATIO;
     dc.floor_s = 1.0;
+    /* An averaging round is given up past 3x the median round and never before 2 s (a
+     * member's first rounds also connect the ring). */
+    deadline_config ac = dc;
+    ac.floor_s = 2.0;
     for (int s = 0; s < n; s++)
-        for (int kind = 0; kind < 2; kind++)
-            if (deadline_estimator_create(&p->deadline[s][kind], &dc) != 0) {
+        for (int kind = 0; kind < 3; kind++)
+            if (deadline_estimator_create(kind < 2 ? &p->deadline[s][kind] : &p->avg_deadline[s],
+                                          kind < 2 ? &dc : &ac) != 0) {
                 pipeline_close(p);
                 return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
             }
@@ -1346,8 +1365,10 @@ void pipeline_close(pipeline *p)
 {
     if (!p) return;
     wiring_destroy(p->wiring);
-    for (int s = 0; s < p->n; s++)
+    for (int s = 0; s < p->n; s++) {
         for (int kind = 0; kind < 2; kind++) deadline_estimator_destroy(p->deadline[s][kind]);
+        deadline_estimator_destroy(p->avg_deadline[s]);
+    }
     for (int s = 0; s < p->n; s++)
         for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].peer[k].c);
     for (int s = 0; s <= p->n; s++) free(p->acts[s]);

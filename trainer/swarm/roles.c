@@ -71,8 +71,8 @@ int roles_cmd_stage(int argc, char **argv)
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
     uint64_t seed = 1337;
-    float slowdown = 1.0f;
-    int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0;
+    float slowdown = 1.0f, stall_s = 0.0f;
+    int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0, stall_at = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
@@ -102,6 +102,9 @@ int roles_cmd_stage(int argc, char **argv)
          "forwards whose activations are kept for their backward (default 4; more "
          "microbatches in flight need more, each costs a microbatch's activations)",
          0},
+        {"stall-average-at", FLAG_INT, &stall_at, 1, 1e9,
+         "tests only: hang --stall-s seconds in the gradient averaging of this step", 0},
+        {"stall-s", FLAG_FLOAT, &stall_s, 0, 3600, "tests only: see --stall-average-at", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -117,7 +120,8 @@ int roles_cmd_stage(int argc, char **argv)
         return 0;
     }
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
-                            .slowdown_cpu = slowdown_cpu, .act_slots = act_slots};
+                            .slowdown_cpu = slowdown_cpu, .act_slots = act_slots,
+                            .stall_at = stall_at, .stall_s = stall_s};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",
@@ -751,6 +755,8 @@ typedef struct peer_spec {
     double slowdown;         /* > 1: --slowdown for this peer (tests, benchmarks) */
     int slowdown_cpu;        /* --slowdown-cpu */
     int act_slots;           /* --act-slots; 0: the peer's default */
+    int stall_at;            /* > 0: --stall-average-at (tests) */
+    double stall_s;          /* --stall-s */
 } peer_spec;
 
 /* In a child of `local`: the region's processes go when `local` goes, however it ends
@@ -787,7 +793,7 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
     /* Several processes share the cores: one compute thread each, sleeping when idle. */
     setenv("OMP_NUM_THREADS", "1", 0);
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    char *args[40] = {ROLE_TRAINER_BIN, ROLE_STAGE, ROLE_ARG(ROLE_FLAG_LISTEN_FD), a_fd, ROLE_ARG(ROLE_FLAG_SERVE), a_layers,
+    char *args[48] = {ROLE_TRAINER_BIN, ROLE_STAGE, ROLE_ARG(ROLE_FLAG_LISTEN_FD), a_fd, ROLE_ARG(ROLE_FLAG_SERVE), a_layers,
                       ROLE_ARG(ROLE_FLAG_LAYERS), a_nl, ROLE_ARG(ROLE_FLAG_WIDTH), a_w, ROLE_ARG(ROLE_FLAG_HEADS), a_h, ROLE_ARG(ROLE_FLAG_CONTEXT), a_ctx,
                       ROLE_ARG(ROLE_FLAG_BATCH), a_b, ROLE_ARG(ROLE_FLAG_SEQ), a_seq, ROLE_ARG(ROLE_FLAG_SEED), a_seed, ROLE_ARG(ROLE_FLAG_JOB), (char *)job};
     int n = 22;
@@ -809,6 +815,15 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
         snprintf(a_slots, sizeof a_slots, "%d", ps->act_slots);
         args[n++] = "--act-slots";
         args[n++] = a_slots;
+    }
+    char a_stall_at[16], a_stall_s[32];
+    if (ps->stall_at > 0) {
+        snprintf(a_stall_at, sizeof a_stall_at, "%d", ps->stall_at);
+        snprintf(a_stall_s, sizeof a_stall_s, "%g", ps->stall_s);
+        args[n++] = "--stall-average-at";
+        args[n++] = a_stall_at;
+        args[n++] = "--stall-s";
+        args[n++] = a_stall_s;
     }
     args[n] = NULL;
     execv("/proc/self/exe", args);
@@ -907,6 +922,48 @@ static int parse_slow_peer(const char *text, int n_stages, int n_peers, slow_pee
     return 0;
 }
 
+/* SIGTERM to every process, and SIGKILL to those still there 3 s later (a peer stuck in a
+ * request would otherwise hold `local` up). */
+static void stop_processes(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++) kill(pids[i], SIGTERM);
+    int left = n;
+    for (int tick = 0; left > 0 && tick < 300; tick++) {
+        for (int i = 0; i < n; i++)
+            if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == pids[i]) {
+                pids[i] = 0;
+                left--;
+            }
+        if (left > 0) usleep(10 * 1000);
+    }
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+/* --stall-peer STAGE:PEER:STEP:SECONDS */
+typedef struct stall_peer {
+    int stage, peer, step;
+    double seconds;
+} stall_peer;
+
+static int parse_stall_peer(const char *text, int n_stages, int n_peers, stall_peer *sp,
+                            cirrus_error *err)
+{
+    char tail;
+    if (sscanf(text, "%d:%d:%d:%lf%c", &sp->stage, &sp->peer, &sp->step, &sp->seconds,
+               &tail) != 4 ||
+        sp->stage < 0 || sp->stage >= n_stages || sp->peer < 0 || sp->peer >= n_peers ||
+        sp->step < 1 || !(sp->seconds >= 0.0 && sp->seconds <= 3600.0))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "--stall-peer must be STAGE:PEER:STEP:SECONDS with STAGE < %d, "
+                           "PEER < %d, STEP >= 1 and 0 <= SECONDS <= 3600, got '%s'",
+                           n_stages, n_peers, text);
+    return 0;
+}
+
 int roles_cmd_local(int argc, char **argv)
 {
     train_options o;
@@ -916,6 +973,8 @@ int roles_cmd_local(int argc, char **argv)
     const char *act = "none", *slow_text = NULL, *stage_peers = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
+    const char *stall_text = NULL;
+    stall_peer stall = {-1, -1, 0, 0.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
     int act_slots = 0, n_clients = 1;
     float peer_slowdown = 1.0f;
@@ -947,6 +1006,10 @@ int roles_cmd_local(int argc, char **argv)
         {"slow-peer", FLAG_STR, &slow_text, 0, 0,
          "tests and benchmarks only: STAGE:PEER:F starts that peer with --slowdown F "
          "(F times slower)",
+         0},
+        {"stall-peer", FLAG_STR, &stall_text, 0, 0,
+         "tests only: STAGE:PEER:STEP:SECONDS makes that peer hang SECONDS in the gradient "
+         "averaging of STEP",
          0},
         {"peer-slowdown", FLAG_FLOAT, &peer_slowdown, 1, 1000,
          "tests and benchmarks only: start every peer with --slowdown F --slowdown-cpu, so "
@@ -983,6 +1046,8 @@ int roles_cmd_local(int argc, char **argv)
         for (int s = 0; s < n_stages; s++) n_peers = peers[s] > n_peers ? peers[s] : n_peers;
     }
     if (slow_text && parse_slow_peer(slow_text, n_stages, n_peers, &slow, &err))
+        return cli_fail_input("local", &err);
+    if (stall_text && parse_stall_peer(stall_text, n_stages, n_peers, &stall, &err))
         return cli_fail_input("local", &err);
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
     const char *job = "cirrus-local";
@@ -1027,7 +1092,8 @@ int roles_cmd_local(int argc, char **argv)
         for (int k = 0; k < peers[s] && !rc; k++) {
             double f = peer_slowdown * (s == slow.stage && k == slow.peer ? slow.factor : 1.0);
             peer_spec ps = {s, l0, l1, fds[k], rfds[k], ring_buf[started], coord_addr,
-                            f < 1000.0 ? f : 1000.0, peer_slowdown > 1.0f, act_slots};
+                            f < 1000.0 ? f : 1000.0, peer_slowdown > 1.0f, act_slots,
+                            s == stall.stage && k == stall.peer ? stall.step : 0, stall.seconds};
             fflush(stdout);
             pids[started] = spawn_stage(&ps, &o.model, &o, micro, job);
             if (pids[started] < 0) {
@@ -1064,8 +1130,7 @@ int roles_cmd_local(int argc, char **argv)
             rc = 1;
         }
     }
-    for (int i = 0; i < started; i++) kill(pids[i], SIGTERM);
-    for (int i = 0; i < started; i++) waitpid(pids[i], NULL, 0);
+    stop_processes(pids, started);
     coordinator_stop(co);
     return rc;
 }

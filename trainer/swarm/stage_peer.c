@@ -21,6 +21,8 @@
 
 #define PEER_IO_TIMEOUT_MS 60000
 #define PEER_REPLY_LIMIT (256u << 20)
+#define PEER_RING_TIMEOUT_MS 10000        /* AVERAGE without a limit (older clients) */
+#define PEER_RING_TIMEOUT_MAX_MS 600000u  /* the largest limit a client may ask for */
 
 /* One forward's activations, kept for its backward (a gpt_stage over the shared model). */
 typedef struct act_slot {
@@ -68,6 +70,7 @@ typedef struct peer {
     int active;                /* connection threads alive (under mu) */
     /* counters for the coordinator's heartbeats (under mu) */
     uint64_t samples, steps;
+    int stalled; /* --stall-average-at has happened */
     /* Capacity: samples and seconds of the peer's own compute (the --slowdown sleep
      * included), forwards and backwards apart; never reset (the heartbeat differences). */
     uint64_t fwd_n, bwd_n;
@@ -204,7 +207,11 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
         strcat(members, addrs[i]); /* fits: n * STAGE_ADDR_MAX */
         strcat(members, ",");
     }
-    if (wire_reader_done(r)) return CIRRUS_ECORRUPT;
+    /* How long the ring may go without progress before it gives up (the client learns it
+     * from the rounds it has seen); a client that does not say gets the old fixed 10 s. */
+    uint32_t ring_ms = r->len - r->pos >= 4 ? wire_get_u32(r) : PEER_RING_TIMEOUT_MS;
+    if (wire_reader_done(r) || ring_ms < 1 || ring_ms > PEER_RING_TIMEOUT_MAX_MS)
+        return CIRRUS_ECORRUPT;
     *why = "AVERAGE names members without this peer, or an address that is not HOST:PORT";
     if (rank < 0 && n > 1) return CIRRUS_EINVAL;
     for (uint32_t i = 0; n > 1 && i < n; i++) {
@@ -234,7 +241,8 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
         char ring_job[WIRE_JOB_ID_MAX + 1];
         snprintf(ring_job, sizeof ring_job, "%.30s#%llu", o->job_id,
                  (unsigned long long)attempt);
-        ring_options ro = {.job_id = ring_job, .timeout_ms = 10000, .chunk_bytes = 1 << 20};
+        ring_options ro = {.job_id = ring_job, .timeout_ms = (int)ring_ms,
+                           .chunk_bytes = 1 << 20};
         int rc = ring_create(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
                              &err);
         if (rc) {
@@ -243,6 +251,13 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
         }
         snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
     }
+    if (o->stall_at > 0 && p->steps + 1 == (uint64_t)o->stall_at && !p->stalled) {
+        p->stalled = 1;
+        log_warn("averaging: stalling %.1f s in step %d (--stall-average-at)", o->stall_s,
+                 o->stall_at);
+        usleep((useconds_t)(o->stall_s * 1e6));
+    }
+    ring_set_timeout(p->ring, (int)ring_ms);
     int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);
     if (rc) {
         /* A member left: drop the ring (the gradients are untouched); the client repeats

@@ -56,6 +56,10 @@ typedef struct stage_peer_options {
      * forward and its backward; with too few slots the backward recomputes the forward.
      * 0: STAGE_PEER_DEFAULT_SLOTS. */
     int act_slots;
+    /* Tests only: in the AVERAGE of its step stall_at (1-based, 0: never) the peer hangs
+     * stall_s seconds before it joins the ring, once, as a peer stuck mid-averaging would. */
+    int stall_at;
+    double stall_s;
 } stage_peer_options;
 
 #define STAGE_PEER_DEFAULT_SLOTS 4

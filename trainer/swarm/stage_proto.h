@@ -10,7 +10,9 @@
  *     -> OK   last stage with targets: f32 loss; otherwise activations (B*T*C)
  *   BACKWARD  as FORWARD (keep ignored), then grad_out activations (non-last stages)
  *     -> OK   grad_in activations (B*T*C), empty for the first stage
- *   AVERAGE   u64 round, u32 n, n x str ring address (the members, in ring order)
+ *   AVERAGE   u64 round, u32 n, n x str ring address (the members, in ring order),
+ *             u32 ring_ms (optional: how long the ring may go without progress before it
+ *             gives up; the client learns it from the rounds seen; 1..600000, default 10000)
  *     -> OK   u32 microbatches this peer accumulated since its last STEP. Sent to every
  *             member at once: they sum their gradients with a ring all-reduce (each peer's
  *             gradient is the sum over the microbatches it served). A repeated round (after
