@@ -39,6 +39,17 @@ if "$bin" local --stages 3 "${model[@]}" --steps 25 --ckpt "$tmp/ck-local" --ckp
 else
     bad local_checkpoint_byte_identical_to_train; tail -3 "$tmp/ck.err"
 fi
+# A stage whose state outgrows a frame: the medium model in one stage holds 3 x 25 M floats
+# (300 MB), fetched in 32 MiB slices; the checkpoint is still train's, byte for byte.
+medium=(--model medium --batch 1 --seq 16 --steps 2 --eval-batches 1)
+"$bin" train "${medium[@]}" --ckpt "$tmp/ckm-train" >/dev/null 2>&1 || bad "train wrote the medium checkpoint"
+if "$bin" local --stages 1 "${medium[@]}" --ckpt "$tmp/ckm-local" >/dev/null 2>"$tmp/ckm.err" &&
+    cmp "$tmp/ckm-train/cirrus.ckpt" "$tmp/ckm-local/cirrus.ckpt"; then
+    ok local_checkpoint_of_a_stage_larger_than_a_frame
+else
+    bad local_checkpoint_of_a_stage_larger_than_a_frame; tail -3 "$tmp/ckm.err"
+fi
+rm -rf "$tmp/ckm-train" "$tmp/ckm-local"
 if "$bin" sample --ckpt "$tmp/ck-local" --prompt "And" --tokens 20 >"$tmp/sample.out" 2>&1 &&
     [ "$(head -c 3 "$tmp/sample.out")" = "And" ] && [ "$(wc -c <"$tmp/sample.out")" -ge 23 ]; then
     ok sample_from_local_checkpoint

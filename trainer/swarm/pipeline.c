@@ -998,33 +998,38 @@ int pipeline_step_shared(pipeline *p, float lr, float grad_scale, uint64_t step,
 
 /* ---- the model's state, for checkpoints ---- */
 
-/* Stage s's STATE_GET reply r, checked against the stage's optimizer spans: the span
- * copies go to the buffers (wte, which the last stage also holds, comes from the first). */
-static int take_stage_state(pipeline *p, int s, wire_reader *r, float *params, float *m,
-                            float *v, uint64_t *steps, cirrus_error *err)
-{
+/* Fetching stage s's state from its peer k into whole-model buffers: each float of the
+ * stage's state (its optimizer spans' parameters, then m, then v) lands at its place in
+ * params, m or v. */
+typedef struct state_gather {
+    pipeline *p;
+    int s, k;
     gpt_span spans[2];
-    const int n = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, spans);
-    size_t count = 0;
-    for (int i = 0; i < n; i++) count += spans[i].count;
-    *steps = wire_get_u64(r);
-    const uint64_t got = wire_get_u64(r);
-    const size_t bytes = sizeof(float) * count;
-    const uint8_t *src[3] = {NULL, NULL, NULL};
-    if (!r->failed && got == count)
-        for (int j = 0; j < 3; j++) src[j] = wire_get_bytes(r, bytes);
-    if (!src[0] || !src[1] || !src[2] || wire_reader_done(r))
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: STATE_GET reply holds %llu floats, "
-                           "not %zu", s, (unsigned long long)got, count);
-    float *dst[3] = {params, m, v};
-    for (int j = 0; j < 3; j++) {
-        size_t at = 0;
-        for (int i = 0; i < n; i++) {
-            memcpy(dst[j] + spans[i].offset, src[j] + at, sizeof(float) * spans[i].count);
-            at += sizeof(float) * spans[i].count;
-        }
+    int n_spans;
+    uint64_t n;         /* floats in the stage's spans */
+    float *dst[3];      /* params, m, v: gpt_num_params() floats each */
+} state_gather;
+
+static int gather_call(void *ctx, const wire_writer *req, wire_reader *reply, cirrus_error *err)
+{
+    state_gather *g = ctx;
+    return call_peer(g->p, g->s, g->k, STAGE_STATE_GET, req, reply, err);
+}
+
+static void gather_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64_t count)
+{
+    state_gather *g = ctx;
+    while (count > 0) {
+        const int which = (int)(off / g->n); /* 0 params, 1 m, 2 v */
+        uint64_t in = off % g->n;            /* position in the stage's spans */
+        int i = 0;
+        while (in >= g->spans[i].count) in -= g->spans[i++].count;
+        const uint64_t left = g->spans[i].count - in, take = left < count ? left : count;
+        memcpy(g->dst[which] + g->spans[i].offset + in, floats, sizeof(float) * take);
+        floats += sizeof(float) * take;
+        off += take;
+        count -= take;
     }
-    return 0;
 }
 
 int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
@@ -1038,13 +1043,22 @@ int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam
     uint64_t last_steps = 0; /* the last stage's: every stage must have taken as many */
     /* Last stage first: its wte copy is then overwritten by the first stage's. */
     for (int s = p->n - 1; s >= 0 && !rc; s--) {
-        wire_writer w;
-        wire_reader r;
-        int served;
+        state_gather g = {.p = p, .s = s, .k = any_live_peer(p, s),
+                          .dst = {buf, buf + total, buf + 2 * total}};
+        g.n_spans = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, g.spans);
+        for (int i = 0; i < g.n_spans; i++) g.n += g.spans[i].count;
         uint64_t st = 0;
-        wire_writer_init(&w, 0);
-        rc = on_stage(p, s, -1, STAGE_STATE_GET, 0, 0, &w, &r, &served, err);
-        if (!rc) rc = take_stage_state(p, s, &r, buf, buf + total, buf + 2 * total, &st, err);
+        for (;;) { /* a peer that fails at the transport is dropped; the next one is asked */
+            if (g.k < 0) {
+                rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
+                break;
+            }
+            rc = stage_fetch_state(gather_call, gather_floats, &g, g.n, &st, err);
+            if (!is_peer_fault(rc)) break;
+            cirrus_error why = *err;
+            if ((rc = peer_failed(p, s, g.k, &why, err))) break;
+            g.k = any_live_peer(p, s);
+        }
         if (!rc && s == p->n - 1) last_steps = st;
         if (!rc && st != last_steps)
             rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d has taken %llu steps, stage %d "
@@ -1170,7 +1184,7 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
             uint64_t steps;
             p->link[s].n = k + 1;
             if ((rc = connect_peer(p, s, k, addrs[a++], &l1, &steps, err))) goto fail;
-            if (steps > p->steps_done) p->steps_done = steps;
+            if (steps > p->steps_done && steps != STAGE_STEPS_UNKNOWN) p->steps_done = steps;
             if (track_peer(p, s, k)) {
                 rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
                 goto fail;

@@ -272,16 +272,44 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
     return 0;
 }
 
-/* STATE_GET: this peer's parameters and optimizer state, for a peer joining the stage. */
-static void put_state(peer *p, wire_writer *w)
+/* Floats [off, off + count) of this peer's state (stage_proto.h: its optimizer segments'
+ * parameters, then AdamW m, then v), appended to w. */
+static void put_state_range(peer *p, wire_writer *w, uint64_t off, uint64_t count)
 {
+    const uint64_t n = p->adam.state_count;
+    uint64_t at = 0; /* where the current piece starts in the 3n floats */
+    for (int s = 0; s < p->adam.n_seg + 2 && count > 0; s++) {
+        const float *src = s < p->adam.n_seg ? p->model.params + p->adam.seg[s].offset
+                           : s == p->adam.n_seg ? p->adam.m
+                                                : p->adam.v;
+        const uint64_t len = s < p->adam.n_seg ? p->adam.seg[s].count : n;
+        if (off < at + len) {
+            const uint64_t from = off - at, take = len - from < count ? len - from : count;
+            wire_put_bytes(w, src + from, sizeof(float) * take);
+            off += take;
+            count -= take;
+        }
+        at += len;
+    }
+}
+
+/* STATE_GET: this peer's parameters and optimizer state, for a peer joining the stage:
+ * all of it, or the slice the request names (checked against the state's size). */
+static int put_state(peer *p, wire_reader *r, uint32_t payload_len, wire_writer *w)
+{
+    const uint64_t total = 3 * (uint64_t)p->adam.state_count;
+    uint64_t off = 0, count = total;
+    if (payload_len) {
+        off = wire_get_u64(r);
+        count = wire_get_u64(r);
+        if (wire_reader_done(r) || off > total || count > total - off ||
+            count > STAGE_STATE_SLICE)
+            return CIRRUS_ECORRUPT;
+    }
     wire_put_u64(w, p->steps);
     wire_put_u64(w, p->adam.state_count);
-    for (int s = 0; s < p->adam.n_seg; s++)
-        wire_put_bytes(w, p->model.params + p->adam.seg[s].offset,
-                       sizeof(float) * p->adam.seg[s].count);
-    wire_put_bytes(w, p->adam.m, sizeof(float) * p->adam.state_count);
-    wire_put_bytes(w, p->adam.v, sizeof(float) * p->adam.state_count);
+    put_state_range(p, w, off, count);
+    return 0;
 }
 
 /* A connection to the donor at host:port, checked (INFO) to serve layers [l0, l1) of this
@@ -328,38 +356,61 @@ static int donor_open(peer *p, const char *host, int port, int l0, int l1, net_c
     return 0;
 }
 
-/* STATE_GET from the donor on c: its step, and the parameters and AdamW moments of the
- * segments of `adam`, copied into this peer's model and into `adam`. Nothing is copied
- * unless all of it arrived with the size of those segments. */
+/* Fetching a donor's state into this peer: the donor's connection, and where its floats
+ * go (the segments of `adam` in this peer's model, then adam's m and v). */
+typedef struct state_taker {
+    peer *p;
+    net_conn *c;
+    adamw *adam;
+} state_taker;
+
+static int donor_call(void *ctx, const wire_writer *req, wire_reader *reply, cirrus_error *err)
+{
+    state_taker *t = ctx;
+    wire_header h;
+    const uint8_t *payload;
+    if (req->failed) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    int rc = net_send_frame(t->c, STAGE_STATE_GET, 2, req->data, (uint32_t)req->len, 60000);
+    if (rc || (rc = net_recv_frame(t->c, &h, &payload, 60000, err))) return rc;
+    if (h.type != STAGE_STATE_GET_OK)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "the donor refused STATE_GET");
+    wire_reader_init(reply, payload, h.payload_len);
+    return 0;
+}
+
+static void take_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64_t count)
+{
+    state_taker *t = ctx;
+    const adamw *adam = t->adam;
+    const uint64_t n = adam->state_count;
+    uint64_t at = 0;
+    for (int s = 0; s < adam->n_seg + 2 && count > 0; s++) {
+        float *dst = s < adam->n_seg ? t->p->model.params + adam->seg[s].offset
+                     : s == adam->n_seg ? adam->m
+                                        : adam->v;
+        const uint64_t len = s < adam->n_seg ? adam->seg[s].count : n;
+        if (off < at + len) {
+            const uint64_t from = off - at, take = len - from < count ? len - from : count;
+            memcpy(dst + from, floats, sizeof(float) * take);
+            floats += sizeof(float) * take;
+            off += take;
+            count -= take;
+        }
+        at += len;
+    }
+}
+
+/* STATE_GET from the donor on c, slice by slice: its step, and the parameters and AdamW
+ * moments of the segments of `adam`, copied into this peer's model and into `adam`. On
+ * failure part of them may have been copied: the caller treats the state as unknown. */
 static int take_state(peer *p, net_conn *c, adamw *adam, uint64_t *steps, const char **why,
                       cirrus_error *err)
 {
-    wire_header h;
-    const uint8_t *payload;
     *why = "cannot fetch the donor's state";
-    int rc = net_send_frame(c, STAGE_STATE_GET, 2, NULL, 0, 60000);
-    if (rc || (rc = net_recv_frame(c, &h, &payload, 60000, err))) return rc;
-    *why = "the donor's state does not fit this peer";
-    wire_reader r;
-    wire_reader_init(&r, payload, h.payload_len);
-    *steps = wire_get_u64(&r);
-    uint64_t n = wire_get_u64(&r);
-    if (h.type != STAGE_STATE_GET_OK || r.failed || n != adam->state_count)
-        return cirrus_fail(err, CIRRUS_EMISMATCH, "the donor sent %llu optimizer floats, not %zu",
-                           (unsigned long long)n, adam->state_count);
-    const size_t bytes = sizeof(float) * n;
-    const uint8_t *params = wire_get_bytes(&r, bytes), *m = wire_get_bytes(&r, bytes),
-                  *v = wire_get_bytes(&r, bytes);
-    if (!params || !m || !v || wire_reader_done(&r))
-        return cirrus_fail(err, CIRRUS_EMISMATCH, "malformed STATE_GET reply (%u bytes)",
-                           h.payload_len);
-    for (int s = 0; s < adam->n_seg; s++) {
-        memcpy(p->model.params + adam->seg[s].offset, params, sizeof(float) * adam->seg[s].count);
-        params += sizeof(float) * adam->seg[s].count;
-    }
-    memcpy(adam->m, m, bytes);
-    memcpy(adam->v, v, bytes);
-    return 0;
+    state_taker t = {p, c, adam};
+    int rc = stage_fetch_state(donor_call, take_floats, &t, adam->state_count, steps, err);
+    if (rc == CIRRUS_EMISMATCH) *why = "the donor's state does not fit this peer";
+    return rc;
 }
 
 /* The gradients of an unfinished step are dropped (a new state, a new stage). */
@@ -382,9 +433,15 @@ static int sync_from(peer *p, const char *donor, const char **why)
     uint64_t steps = 0;
     *why = "cannot reach the donor peer";
     if ((rc = net_split_hostport(donor, host, sizeof host, &port, 0, &err)) ||
-        (rc = donor_open(p, host, port, p->l0, p->l1, &c, why, &err)) ||
-        (rc = take_state(p, c, &p->adam, &steps, why, &err)))
+        (rc = donor_open(p, host, port, p->l0, p->l1, &c, why, &err)))
         goto out;
+    if ((rc = take_state(p, c, &p->adam, &steps, why, &err))) {
+        /* Part of the state may be the donor's now: at no step is it anyone's, until a
+         * copy succeeds (a client admits a peer without a copy only at the stage's step). */
+        p->steps = STAGE_STEPS_UNKNOWN;
+        drop_gradients(p);
+        goto out;
+    }
     p->steps = steps;
     drop_gradients(p);
     log_info("joined the stage with the state of %s at step %llu", donor,
@@ -528,9 +585,8 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
         if (p->move_to >= 0) start_move_locked(p); /* it holds no gradients now */
         return 0;
     case STAGE_STATE_GET:
-        if (h->payload_len) return CIRRUS_ECORRUPT;
-        put_state(p, reply);
-        return 0;
+        *why = "malformed STATE_GET: a slice outside the state, or over its size limit";
+        return put_state(p, &r, h->payload_len, reply);
     case STAGE_SYNC: {
         char donor[STAGE_ADDR_MAX];
         if (wire_get_str(&r, donor, sizeof donor) || wire_reader_done(&r))

@@ -39,3 +39,44 @@ int stage_get_floats(wire_reader *r, float *out, size_t n, int codec)
     memcpy(out, p, n * sizeof(float));
     return 0;
 }
+
+int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
+                      uint64_t expect_n, uint64_t *steps, cirrus_error *err)
+{
+    const uint64_t total = 3 * expect_n;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t first_steps = 0;
+        int restart = 0;
+        for (uint64_t off = 0; off < total && !restart; off += STAGE_STATE_SLICE) {
+            const uint64_t count = total - off < STAGE_STATE_SLICE ? total - off
+                                                                   : STAGE_STATE_SLICE;
+            wire_writer w;
+            wire_reader r;
+            wire_writer_init(&w, 64);
+            wire_put_u64(&w, off);
+            wire_put_u64(&w, count);
+            int rc = call(ctx, &w, &r, err);
+            wire_writer_free(&w);
+            if (rc) return rc;
+            const uint64_t st = wire_get_u64(&r), n = wire_get_u64(&r);
+            const uint8_t *floats = r.failed ? NULL : wire_get_bytes(&r, count * sizeof(float));
+            if (!floats || n != expect_n || wire_reader_done(&r))
+                return cirrus_fail(err, CIRRUS_EMISMATCH,
+                                   "STATE_GET reply: %llu optimizer floats (expected %llu) or "
+                                   "a slice that is not the %llu floats asked for",
+                                   (unsigned long long)n, (unsigned long long)expect_n,
+                                   (unsigned long long)count);
+            if (off == 0) first_steps = st;
+            if (st != first_steps) {
+                restart = 1; /* the donor stepped: its state is another one now */
+                break;
+            }
+            sink(ctx, off, floats, count);
+        }
+        if (!restart) {
+            *steps = first_steps;
+            return 0;
+        }
+    }
+    return cirrus_fail(err, CIRRUS_EIO, "the donor kept stepping while its state was fetched");
+}

@@ -26,8 +26,10 @@
  *     -> OK   empty
  *   INFO      -> OK: u32 l0, l1, n_layer, n_embd, n_head, seq_len, u64 n_params,
  *             u64 optimizer steps taken, str ring address ("" if none)
- *   STATE_GET -> OK: u64 steps, u64 n, then n f32 parameters, n f32 AdamW m, n f32 v (the
- *             peer's optimizer segments, in buffer order)
+ *   STATE_GET [u64 offset, u64 count] -> OK: u64 steps, u64 n, then floats [offset,
+ *             offset + count) of the peer's state: n f32 parameters (its optimizer segments,
+ *             in buffer order), n f32 AdamW m, n f32 v. Without a payload: all 3n at once
+ *             (if that fits a frame). Large stages are fetched in slices (stage_fetch_state)
  *   SYNC      str donor "host:port" -> OK: empty, once this peer has fetched the donor's
  *             state (STATE_GET) and taken it as its own; how a new peer joins a stage
  *   RESET     -> OK: empty. A client taking over (the previous one died mid-step) drops the
@@ -42,6 +44,7 @@
 #define CIRRUS_STAGE_PROTO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../../common/cerr.h"
 #include "../net/wire.h"
@@ -84,6 +87,28 @@ enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
  * takes the peer out of that stage without banning its address: it rejoins at its new
  * stage through the coordinator. */
 #define STAGE_MOVED CIRRUS_EGONE
+
+/* The optimizer steps INFO reports for a peer whose state copy failed half-way. */
+#define STAGE_STEPS_UNKNOWN UINT64_MAX
+
+/* A stage's state is fetched in slices of at most this many floats (32 MiB a frame): a
+ * stage of a large model holds more than a frame may carry. */
+#define STAGE_STATE_SLICE ((uint64_t)8 << 20)
+
+/* One STATE_GET exchange on the caller's connection: send req, and on success leave the
+ * reply's payload in *reply. */
+typedef int (*stage_state_call)(void *ctx, const wire_writer *req, wire_reader *reply,
+                                cirrus_error *err);
+/* Where floats [offset, offset + count) of the fetched state go. */
+typedef void (*stage_state_sink)(void *ctx, uint64_t offset, const uint8_t *floats,
+                                 uint64_t count);
+
+/* Fetch a peer's whole state (3 * expect_n floats) slice by slice into sink. Every slice
+ * must carry the same step (a donor that stepped in between is asked again from the start,
+ * a few times at most) and n == expect_n. *steps receives the donor's step. On failure the
+ * sink may have received part of the state. */
+int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
+                      uint64_t expect_n, uint64_t *steps, cirrus_error *err);
 
 /* Append n floats encoded with codec. */
 void stage_put_floats(wire_writer *w, const float *x, size_t n, int codec);
