@@ -970,7 +970,7 @@ int roles_cmd_local(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
-    const char *act = "none", *slow_text = NULL, *stage_peers = NULL;
+    const char *act = "none", *slow_text = NULL, *stage_peers = NULL, *job = "cirrus-local";
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     slow_peer slow = {-1, -1, 1.0};
     const char *stall_text = NULL;
@@ -1017,6 +1017,7 @@ int roles_cmd_local(int argc, char **argv)
          0},
         {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
          "seconds between the coordinator's rebalancing decisions (0, the default: never)", 0},
+        {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id (default cirrus-local)", 0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
@@ -1050,7 +1051,6 @@ int roles_cmd_local(int argc, char **argv)
     if (stall_text && parse_stall_peer(stall_text, n_stages, n_peers, &stall, &err))
         return cli_fail_input("local", &err);
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
-    const char *job = "cirrus-local";
     /* The region's coordinator runs inside this process (as it runs inside the gateway). */
     coordinator *co = NULL;
     coordinator_options co_opt = {.job_id = job, .host = "127.0.0.1", .port = 0,
