@@ -226,6 +226,50 @@ for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()
 
+# 6b. Two clients started by hand share each step (--clients 2 --client-index I), and the
+#     gateway is killed mid-training and started again on its port: the peers and the
+#     clients find it again (re-registering, the step barrier rebuilt from their next
+#     calls) and training goes on to the last step.
+gport=$(python3 "$(dirname "$0")/free_port.py")
+start_gateway() {
+    "$bin" gateway --job jobS --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 \
+        2>>"$tmp/gateway-s.err" &
+    gateway_pid=$!
+    pids+=("$gateway_pid")
+}
+start_gateway
+for spec in "0 0:1" "1 1:3"; do
+    read -r index layers <<<"$spec"
+    OMP_NUM_THREADS=1 "$bin" stage --serve "$layers" "${model[@]}" --batch 2 --job jobS \
+        --listen 127.0.0.1:0 --coordinator "127.0.0.1:$gport" --stage-index "$index" \
+        2>>"$tmp/peers-s.err" &
+    pids+=($!)
+done
+for i in 0 1; do
+    OMP_NUM_THREADS=1 "$bin" client --job jobS --coordinator "127.0.0.1:$gport" "${model[@]}" \
+        --batch 8 --microbatch 2 --clients 2 --client-index "$i" --steps 400 --log-every 50 \
+        >"$tmp/client-s$i.out" 2>"$tmp/client-s$i.err" &
+    client_s[$i]=$!
+done
+for _ in $(seq 300); do grep -q '^step *100/' "$tmp/client-s0.out" && break; sleep 0.1; done
+kill -9 "$gateway_pid" 2>/dev/null
+wait "$gateway_pid" 2>/dev/null
+sleep 1
+start_gateway
+s_ok=1
+for i in 0 1; do wait "${client_s[$i]}" || s_ok=0; done
+reregistered=$(grep -c "registered peer" "$tmp/gateway-s.err")
+echo "    two clients, gateway restarted at step $(sed -nE 's/^step +([0-9]+)\/.*/\1/p' "$tmp/client-s0.out" | sed -n 2p)-ish: $reregistered registrations in all"
+if [ "$s_ok" = 1 ] && grep -q '^done: 400 steps' "$tmp/client-s0.out" &&
+    grep -q '^done: 400 steps' "$tmp/client-s1.out" && [ "$reregistered" -ge 4 ]; then
+    ok two_clients_train_through_a_gateway_restart
+else
+    bad two_clients_train_through_a_gateway_restart; tail -3 "$tmp/client-s0.err" "$tmp/client-s1.err"
+fi
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+wait 2>/dev/null
+pids=()
+
 # 7. Heterogeneous peers: stage 0 has a peer 3x slower than the others (--slow-peer, a test
 #    flag: it sleeps twice its compute time after each request). Round robin gives it half
 #    of stage 0's microbatches, and every step waits for it; the wiring measures each

@@ -297,21 +297,38 @@ static void barrier_pause(int *us)
     *us = *us * 2 > 5000 ? 5000 : *us * 2;
 }
 
+/* A barrier call that fails for want of the coordinator (it restarts, the network blips)
+ * is tried again until `deadline` (seconds, now_s()); its barrier state is rebuilt by the
+ * clients' next calls. Only a refusal (CIRRUS_EINVAL: this client does not fit the job)
+ * ends the wait at once. */
+static int barrier_call_until(pipe_exec *e, uint8_t op, int stage, const char *addr,
+                              double deadline, cirrus_error *err)
+{
+    int warned = 0;
+    for (int us = 200;; barrier_pause(&us)) {
+        int rc = barrier_call(e, op, stage, addr, err);
+        if (!rc || rc == CIRRUS_EINVAL || now_s() > deadline) return rc;
+        if (!warned++) log_warn("step barrier: %s; trying again", err->msg);
+        if (us < 100000) us = 100000; /* the coordinator is away: ask every 0.1-0.2 s */
+    }
+}
+
 /* The leader: announce the peers lost with their stage unsummed, then wait until every
  * client has arrived having acted on them. */
 static int leader_gather(pipe_exec *e, cirrus_error *err)
 {
+    const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int i = 0; i < e->n_lost; i++) {
-        int rc = barrier_call(e, COORD_STEP_REDO, e->lost[i].stage, e->lost[i].addr, err);
+        int rc = barrier_call_until(e, COORD_STEP_REDO, e->lost[i].stage, e->lost[i].addr,
+                                    deadline, err);
         if (rc) return rc;
         e->redo_seen = e->barrier.latest_notice;
         log_info("step %llu: peer %s of stage %d lost; the other clients redo its backwards",
                  (unsigned long long)e->step, e->lost[i].addr, e->lost[i].stage);
     }
     e->n_lost = 0;
-    const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int us = 200;; barrier_pause(&us)) {
-        int rc = barrier_call(e, COORD_STEP_ARRIVE, 0, NULL, err);
+        int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (rc) return rc;
         if (e->barrier.arrived == (uint32_t)e->n_clients) return 0;
         if (now_s() > deadline)
@@ -336,7 +353,7 @@ static int follower_wait(pipe_exec *e, cirrus_error *err)
 {
     const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int us = 200;; barrier_pause(&us)) {
-        int rc = barrier_call(e, COORD_STEP_ARRIVE, 0, NULL, err);
+        int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (rc) return rc;
         if (e->barrier.applied_step >= e->step) return 0;
         for (uint32_t i = 0; i < e->barrier.n_notices; i++) {
@@ -383,8 +400,13 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         pipeline_step_sync sync = {M, leader_settle, e};
         if (!(rc = leader_gather(e, err)))
             rc = pipeline_step_shared(e->p, lr, 1.0f / (float)M, step, &sync, err);
-        if (!rc) rc = barrier_call(e, COORD_STEP_APPLIED, 0, NULL, err);
-        *loss = (float)(e->barrier.loss_sum / M); /* every client's share */
+        const double total = e->barrier.loss_sum; /* every client's share, from the gather */
+        /* Best effort: if the coordinator is away, the leader's next ARRIVE says it too. */
+        cirrus_error why;
+        if (!rc && barrier_call_until(e, COORD_STEP_APPLIED, 0, NULL, now_s() + 30.0, &why))
+            log_warn("step %llu: could not say it was applied: %s", (unsigned long long)step,
+                     why.msg);
+        *loss = (float)(total / M);
     } else {
         if (!(rc = follower_wait(e, err))) pipeline_step_skip(e->p, step);
         *loss = (float)(e->loss_sum / e->mine); /* this client's share */
