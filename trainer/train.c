@@ -164,7 +164,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, gpt_num_params(&o->model)};
     local_exec local = {&model, NULL, &opt};
-    train_executor local_ex = {&local, local_step, local_eval, NULL};
+    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
         if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
@@ -225,17 +225,19 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last || val >= 0)) {
             double t = now_s();
             double tps = (double)(step + 1 - last_step) * B * T / (t - t_last + 1e-9);
+            char where[512] = "";
+            if (ex->describe) ex->describe(ex->ctx, o->json, where, sizeof where);
             if (o->json) {
                 printf("{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g,\"tokens_per_s\":%.1f",
                        (unsigned long long)(step + 1), loss, lr, tps);
                 if (val >= 0) printf(",\"val_loss\":%.6g", val);
-                printf("}\n");
+                printf("%s}\n", where);
             } else {
                 char eta[32], vbuf[32] = "";
                 format_eta(eta, sizeof eta, (o->steps - step - 1) * B * T / (tps + 1e-9));
                 if (val >= 0) snprintf(vbuf, sizeof vbuf, " | val %.4f", val);
-                printf("step %6llu/%d | loss %.4f%s | lr %.2e | %7.0f tok/s | ETA %s\n",
-                       (unsigned long long)(step + 1), o->steps, loss, vbuf, lr, tps, eta);
+                printf("step %6llu/%d | loss %.4f%s | lr %.2e | %7.0f tok/s | ETA %s%s\n",
+                       (unsigned long long)(step + 1), o->steps, loss, vbuf, lr, tps, eta, where);
             }
             fflush(stdout);
             t_last = t;

@@ -26,6 +26,9 @@ typedef struct train_executor {
      * checkpoint; *steps: optimizer steps taken. NULL: this executor cannot checkpoint. */
     int (*gather)(void *ctx, float *params, float *adam_m, float *adam_v, uint64_t *steps,
                   cirrus_error *err);
+    /* What a progress line adds about where the model runs: JSON members (",\"k\":v...")
+     * when json, else text (" | ..."); NULL: nothing. */
+    void (*describe)(void *ctx, int json, char *buf, size_t size);
 } train_executor;
 
 typedef struct train_options {

@@ -13,7 +13,7 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 
 model=(--layers 3 --width 64 --heads 4 --context 32 --batch 4)
 run=(--steps 25 --log-every 1 --eval-batches 4 --json)
-losses() { sed 's/,"tokens_per_s"[^}]*//; s/,"seconds"[^}]*//' "$1"; }
+losses() { sed 's/,"stages":\[[^]]*\]//; s/,"tokens_per_s"[^}]*//; s/,"seconds"[^}]*//' "$1"; }
 
 # 1. Equivalence: one peer per stage, one client, no compression: every step's loss and the
 #    validation loss equal single-process training bit for bit (losses printed with 9

@@ -1343,6 +1343,19 @@ void pipeline_log_routing(const pipeline *p)
     }
 }
 
+void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s)
+{
+    *peers = 0;
+    *samples_per_s = 0.0;
+    for (int k = 0; s >= 0 && s < p->n && k < p->link[s].n; k++) {
+        const peer_link *pl = &p->link[s].peer[k];
+        if (!pl->c) continue;
+        (*peers)++;
+        const double rate = wiring_throughput(p->wiring, s, pl->wid);
+        if (rate > 0) *samples_per_s += rate;
+    }
+}
+
 const pipeline_counters *pipeline_get_counters(const pipeline *p)
 {
     return &p->counters;

@@ -106,6 +106,9 @@ const pipeline_counters *pipeline_get_counters(const pipeline *p);
 /* One log line per stage: each live peer's requests served and measured throughput. */
 void pipeline_log_routing(const pipeline *p);
 int pipeline_stages(const pipeline *p);
+/* Stage s now: its live peers, and the sum of their measured throughputs (samples/s; 0
+ * before any was measured). */
+void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s);
 
 /* Between steps: the whole model's parameters and AdamW moments (gpt_num_params() floats
  * each), assembled from one live peer of every stage (STATE_GET), for a checkpoint;

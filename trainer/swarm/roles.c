@@ -439,6 +439,24 @@ static int pipe_gather(void *ctx, float *params, float *adam_m, float *adam_v, u
     return pipeline_gather_state(e->p, params, adam_m, adam_v, steps, err);
 }
 
+/* Progress lines of a pipeline client: each stage's live peers and measured samples/s. */
+static void pipe_describe(void *ctx, int json, char *buf, size_t size)
+{
+    pipe_exec *e = ctx;
+    size_t used = (size_t)snprintf(buf, size, json ? ",\"stages\":[" : " | peers");
+    for (int s = 0; s < pipeline_stages(e->p) && used < size; s++) {
+        int peers;
+        double rate;
+        pipeline_stage_load(e->p, s, &peers, &rate);
+        used += (size_t)(json ? snprintf(buf + used, size - used,
+                                         "%s{\"peers\":%d,\"samples_per_s\":%.1f}",
+                                         s ? "," : "", peers, rate)
+                              : snprintf(buf + used, size - used, "%s%d (%.0f samples/s)",
+                                         s ? ", " : " ", peers, rate));
+    }
+    if (json && used < size) snprintf(buf + used, size - used, "]");
+}
+
 static int parse_codec(const char *name, int *codec, cirrus_error *err)
 {
     if (strcmp(name, "none") == 0)
@@ -663,7 +681,7 @@ static int run_client(const char *cmd, train_options *o, const char *job,
                      .n_clients = share->n_clients};
     pipeline_on_peer_lost(p, note_lost_peer, &pe);
     pipeline_set_follower(p, share->index > 0);
-    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather};
+    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather, pipe_describe};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
     pipeline_log_routing(p);
