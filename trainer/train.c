@@ -164,7 +164,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, gpt_num_params(&o->model)};
     local_exec local = {&model, NULL, &opt};
-    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL};
+    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL, NULL};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
         if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
@@ -196,6 +196,15 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         if ((rc = data_loader_seek(train, meta.data_pos, err))) goto out;
         step = meta.step;
         if (!o->quiet) log_info("resumed from %s at step %llu", o->ckpt_dir,
+                                (unsigned long long)step);
+    }
+    /* A model that lives elsewhere (stage peers) may have trained already: a client that
+     * replaces a lost one carries on at the peers' step, with the data and learning rate of
+     * that step, instead of starting the schedule again. */
+    if (o->executor && ex->first_step && (step = ex->first_step(ex->ctx)) > 0) {
+        if (step > (uint64_t)o->steps) step = (uint64_t)o->steps;
+        for (uint64_t i = 0; i < step; i++) data_loader_next(train, x, y);
+        if (!o->quiet) log_info("the model has taken %llu steps: training goes on from there",
                                 (unsigned long long)step);
     }
 

@@ -29,6 +29,9 @@ typedef struct train_executor {
     /* What a progress line adds about where the model runs: JSON members (",\"k\":v...")
      * when json, else text (" | ..."); NULL: nothing. */
     void (*describe)(void *ctx, int json, char *buf, size_t size);
+    /* Optimizer steps the model has taken where it lives (0 for a new one); training
+     * starts there. NULL: 0. */
+    uint64_t (*first_step)(void *ctx);
 } train_executor;
 
 typedef struct train_options {

@@ -177,16 +177,22 @@ else
     bad peer_still_serves_after_abuse_bit_identical; tail -3 "$tmp/client.err"
 fi
 # A client killed in the middle of training leaves gradients of an unfinished step on the
-# peer; the next client resets them and trains normally (its microbatch accounting would
-# fail otherwise).
-"$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps 100000 >/dev/null 2>&1 &
+# peer; the next client (a replaced pod) resets them and trains on from the peer's step,
+# with that step's data and learning rate (its microbatch accounting would fail otherwise,
+# and the schedule would start again).
+"$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps 100000 --log-every 1 \
+    --json >"$tmp/dead.json" 2>/dev/null &
 dead_client=$!
 disown "$dead_client" # killed on purpose: no job-control noise
-sleep 1
+for _ in $(seq 100); do [ "$(grep -c '"step"' "$tmp/dead.json")" -ge 20 ] && break; sleep 0.05; done
 kill -9 "$dead_client"
 sleep 0.2
-if "$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps 5 --json >"$tmp/after.json" 2>"$tmp/after.err" &&
-    grep -q '"final":true' "$tmp/after.json"; then
+reached=$(sed -nE 's/^\{"step":([0-9]+),.*/\1/p' "$tmp/dead.json" | tail -1)
+if "$bin" client --job jobA --stages "127.0.0.1:$port" "${model[@]}" --steps $((reached + 10)) \
+    --log-every 1 --json >"$tmp/after.json" 2>"$tmp/after.err" &&
+    grep -q '"final":true' "$tmp/after.json" &&
+    [ "$(sed -nE 's/^\{"step":([0-9]+),.*/\1/p' "$tmp/after.json" | head -1)" -gt "$reached" ] &&
+    grep -q 'the model has taken' "$tmp/after.err"; then
     ok client_after_a_killed_client
 else
     bad client_after_a_killed_client; tail -3 "$tmp/after.err"
@@ -229,7 +235,11 @@ pids=()
 # 6b. Two clients started by hand share each step (--clients 2 --client-index I), and the
 #     gateway is killed mid-training and started again on its port: the peers and the
 #     clients find it again (re-registering, the step barrier rebuilt from their next
-#     calls) and training goes on to the last step.
+#     calls) and training goes on to the last step. Then client 1 dies half-way through
+#     its share of step 250 and is replaced (as Kubernetes replaces a preempted pod): the
+#     replacement starts at the peers' step and runs its share of step 250; the peers then
+#     hold more of the step than it has (the dead one's microbatch too), so the leader
+#     starts the step again, and training goes on.
 gport=$(python3 "$(dirname "$0")/free_port.py")
 start_gateway() {
     "$bin" gateway --job jobS --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 \
@@ -246,9 +256,10 @@ for spec in "0 0:1" "1 1:3"; do
     pids+=($!)
 done
 for i in 0 1; do
+    exit_mid=(); [ "$i" = 1 ] && exit_mid=(--exit-mid-step 250)
     OMP_NUM_THREADS=1 "$bin" client --job jobS --coordinator "127.0.0.1:$gport" "${model[@]}" \
         --batch 8 --microbatch 2 --clients 2 --client-index "$i" --steps 400 --log-every 50 \
-        >"$tmp/client-s$i.out" 2>"$tmp/client-s$i.err" &
+        "${exit_mid[@]}" >"$tmp/client-s$i.out" 2>"$tmp/client-s$i.err" &
     client_s[$i]=$!
 done
 for _ in $(seq 300); do grep -q '^step *100/' "$tmp/client-s0.out" && break; sleep 0.1; done
@@ -256,15 +267,24 @@ kill -9 "$gateway_pid" 2>/dev/null
 wait "$gateway_pid" 2>/dev/null
 sleep 1
 start_gateway
+wait "${client_s[1]}" 2>/dev/null # it exits half-way through step 250 (--exit-mid-step)
+OMP_NUM_THREADS=1 "$bin" client --job jobS --coordinator "127.0.0.1:$gport" "${model[@]}" \
+    --batch 8 --microbatch 2 --clients 2 --client-index 1 --steps 400 --log-every 50 \
+    >"$tmp/client-s1.out" 2>"$tmp/client-s1.err" &
+client_s[1]=$!
 s_ok=1
 for i in 0 1; do wait "${client_s[$i]}" || s_ok=0; done
+restarts=$(grep -c 'the step starts again' "$tmp/client-s0.err")
+echo "    client 1 died half-way through step 250 and was replaced: it went on from step $(sed -nE 's/.*the model has taken ([0-9]+) steps.*/\1/p' "$tmp/client-s1.err"); steps restarted: $restarts"
 reregistered=$(grep -c "registered peer" "$tmp/gateway-s.err")
 echo "    two clients, gateway restarted at step $(sed -nE 's/^step +([0-9]+)\/.*/\1/p' "$tmp/client-s0.out" | sed -n 2p)-ish: $reregistered registrations in all"
 if [ "$s_ok" = 1 ] && grep -q '^done: 400 steps' "$tmp/client-s0.out" &&
-    grep -q '^done: 400 steps' "$tmp/client-s1.out" && [ "$reregistered" -ge 4 ]; then
-    ok two_clients_train_through_a_gateway_restart
+    grep -q '^done: 400 steps' "$tmp/client-s1.out" && [ "$reregistered" -ge 4 ] &&
+    grep -q 'the model has taken 249 steps' "$tmp/client-s1.err" && [ "$restarts" -ge 1 ]; then
+    ok two_clients_train_through_a_gateway_restart_and_a_replaced_client
 else
-    bad two_clients_train_through_a_gateway_restart; tail -3 "$tmp/client-s0.err" "$tmp/client-s1.err"
+    bad two_clients_train_through_a_gateway_restart_and_a_replaced_client
+    tail -3 "$tmp/client-s0.err" "$tmp/client-s1.err"
 fi
 for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null

@@ -342,7 +342,7 @@ static int get_notice(wire_reader *r, uint32_t i, uint64_t prev_id, uint64_t lat
         return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK notice %u id %llu is not in "
                            "%llu..%llu", i, (unsigned long long)nt->id,
                            (unsigned long long)prev_id + 1, (unsigned long long)latest);
-    if (nt->stage >= COORD_MAX_STAGES)
+    if (nt->stage >= COORD_MAX_STAGES && nt->stage != COORD_ALL_STAGES)
         return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC_OK notice %u stage %u is outside "
                            "0..%d", i, nt->stage, COORD_MAX_STAGES - 1);
     if (!nt->addr[0] || !coord_name_ok(nt->addr))

@@ -129,7 +129,9 @@ typedef struct coord_peer_info {
 enum coord_step_op {
     COORD_STEP_ARRIVE = 1,  /* client_index finished its share of step: counted */
     COORD_STEP_APPLIED = 2, /* the optimizer step `step` is applied (sent by the leader) */
-    COORD_STEP_REDO = 3,    /* the stage peer at addr lost step `step`'s work: redo it */
+    COORD_STEP_REDO = 3,    /* the stage peer at addr lost step `step`'s work: redo it;
+                             * stage COORD_ALL_STAGES: the step starts again, every client
+                             * runs its whole share once more (addr names why) */
 };
 
 typedef struct coord_step_sync {

@@ -500,7 +500,7 @@ static int on_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_writ
 {
     coord_step_sync q;
     if (coord_get_step_sync(p, n, &q, &oc->err)) return malformed(oc);
-    if (q.op == COORD_STEP_REDO && q.stage >= co->o.n_stages)
+    if (q.op == COORD_STEP_REDO && q.stage >= co->o.n_stages && q.stage != COORD_ALL_STAGES)
         return cirrus_fail(&oc->err, CIRRUS_EINVAL, "STEP_SYNC REDO stage %u is outside 0..%u",
                            q.stage, co->o.n_stages - 1);
     int rc = 0;

@@ -743,6 +743,20 @@ int pipeline_microbatches(pipeline *p, uint64_t first_id, int n, int B, int T,
     return rc;
 }
 
+int pipeline_redo_step(pipeline *p, float *losses, cirrus_error *err)
+{
+    for (int m = 0; m < p->n_mb; m++) {
+        for (int s = 0; s < p->n; s++) p->mb[m].bw_peer[s] = p->mb[m].fw_peer[s] = -1;
+        p->mb[m].loss = 0.0f;
+    }
+    memset(p->averaged, 0, sizeof p->averaged);
+    p->n_tasks = 0;
+    p->next_start = p->mb_active = 0;
+    int rc = engine_run(p, err);
+    for (int m = 0; !rc && m < p->n_mb; m++) losses[m] = p->mb[m].loss;
+    return rc;
+}
+
 int pipeline_microbatch(pipeline *p, uint64_t id, int B, int T, const int32_t *x,
                         const int32_t *y, float *loss, cirrus_error *err)
 {
@@ -799,6 +813,7 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
 static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_error *err)
 {
     const int expected = sync ? sync->total_mb : p->n_mb;
+    int restarts = 0;
     for (int s = 0; s < p->n; s++) {
         uint64_t round = ++p->round;
         int missing = 0; /* microbatches the last complete attempt lacked */
@@ -809,6 +824,13 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
              * that this client has not are admitted, before the stage's peers sum. */
             if (sync && sync->settle) {
                 int rc = sync->settle(sync->ctx, s, missing, err);
+                if (rc == PIPELINE_STEP_RESTARTED) { /* every stage sums from scratch */
+                    if (++restarts > 3)
+                        return cirrus_fail(err, CIRRUS_EIO, "the step keeps being restarted");
+                    memset(p->averaged, 0, sizeof p->averaged);
+                    s = -1;
+                    break;
+                }
                 if (rc) return rc;
             }
             /* The members' ring gives up after `limit` without progress; this client
@@ -861,8 +883,8 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                 continue;
             }
             deadline_observe(p->avg_deadline[s], now_s() - t0);
-            if (sync && held < (uint32_t)expected && attempt < PIPE_MAX_PEERS + 2) {
-                missing = expected - (int)held;
+            if (sync && held != (uint32_t)expected && attempt < PIPE_MAX_PEERS + 2) {
+                missing = expected - (int)held; /* < 0: more than the step has */
                 continue;
             }
             if (held != (uint32_t)expected)
@@ -1205,6 +1227,64 @@ fail:
     return rc;
 }
 
+/* The optimizer steps peer k of stage s has taken (INFO). */
+static int peer_steps(pipeline *p, int s, int k, uint64_t *steps, cirrus_error *err)
+{
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, 0);
+    int rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err);
+    if (rc) return rc;
+    for (int i = 0; i < 6; i++) (void)wire_get_u32(&r);
+    (void)wire_get_u64(&r);
+    *steps = wire_get_u64(&r);
+    return r.failed ? cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad INFO reply", s) : 0;
+}
+
+int pipeline_align_peers(pipeline *p, cirrus_error *err)
+{
+    for (int s = 0; s < p->n; s++) {
+        int donor = -1;
+        uint64_t steps[PIPE_MAX_PEERS] = {0};
+        for (int k = 0; k < p->link[s].n; k++) {
+            if (!peer_alive(p, s, k)) continue;
+            int rc = peer_steps(p, s, k, &steps[k], err);
+            if (rc) return rc;
+            if (steps[k] == p->steps_done) donor = k;
+        }
+        for (int k = 0; k < p->link[s].n; k++) {
+            if (!peer_alive(p, s, k) || steps[k] == p->steps_done) continue;
+            peer_link *pl = &p->link[s].peer[k];
+            int rc = 0;
+            if (!p->follower && donor >= 0) {
+                wire_writer w;
+                wire_reader r;
+                wire_writer_init(&w, 512);
+                wire_put_str(&w, p->link[s].peer[donor].addr);
+                rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
+                wire_writer_free(&w);
+                if (!rc) {
+                    log_info("stage %d: peer %s was behind (step %llu of %llu): it took the "
+                             "state of %s", s, pl->addr, (unsigned long long)steps[k],
+                             (unsigned long long)p->steps_done, p->link[s].peer[donor].addr);
+                    continue;
+                }
+            }
+            /* Not for this client to copy (a follower), or the copy failed: left out now,
+             * admitted once it is at the stage's step. */
+            log_info("stage %d: peer %s is behind (step %llu of %llu): left out for now", s,
+                     pl->addr, (unsigned long long)steps[k], (unsigned long long)p->steps_done);
+            net_close(pl->c);
+            pl->c = NULL;
+            wiring_peer_remove(p->wiring, s, pl->wid);
+            if (alive_count(p, s) == 0)
+                return rc ? rc : cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer at "
+                                             "step %llu", s, (unsigned long long)p->steps_done);
+        }
+    }
+    return 0;
+}
+
 int pipeline_take_over(pipeline *p, cirrus_error *err)
 {
     for (int s = 0; s < p->n; s++)
@@ -1341,6 +1421,11 @@ void pipeline_log_routing(const pipeline *p)
         log_info("stage %d routing (%s): %s", s,
                  p->policy == WIRING_ROUND_ROBIN ? "round robin" : "wiring", line);
     }
+}
+
+uint64_t pipeline_steps_done(const pipeline *p)
+{
+    return p->steps_done;
 }
 
 void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s)

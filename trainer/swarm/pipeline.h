@@ -69,10 +69,19 @@ typedef struct pipeline_step_sync {
     int total_mb; /* the step's microbatches over all clients */
     /* Before every attempt to sum stage s's gradients: make the other clients' share whole
      * (they redo what lost peers held; peers they admitted are admitted here). missing:
-     * microbatches the stage's peers lacked in the last complete attempt, else 0. */
+     * microbatches the stage's peers lacked in the last complete attempt (< 0: they held
+     * more than the step has), else 0. Returns 0, an error, or PIPELINE_STEP_RESTARTED when
+     * it started the step again (every peer's gradients dropped, every client's share run
+     * again): then every stage sums from scratch. */
     int (*settle)(void *ctx, int stage, int missing, cirrus_error *err);
     void *ctx;
 } pipeline_step_sync;
+
+#define PIPELINE_STEP_RESTARTED 1
+
+/* Run this client's microbatches of the step again from scratch (after the peers' gradients
+ * were dropped: the step restarts); losses[i] receives their losses again. */
+int pipeline_redo_step(pipeline *p, float *losses, cirrus_error *err);
 
 /* The leader's step: as pipeline_step(), with the step's microbatches counted over every
  * client. */
@@ -86,6 +95,10 @@ int pipeline_peer_reported_lost(pipeline *p, int s, const char *addr, cirrus_err
 /* A follower admits only peers already at the stage's step (pipeline_join); the leader
  * copies state to the others. */
 void pipeline_set_follower(pipeline *p, int follower);
+/* After connecting: peers behind the region's step (the most any peer has taken: a peer
+ * that replaced a lost one) take the state of one at it (SYNC), or, for a follower, are
+ * left out until they are at it. */
+int pipeline_align_peers(pipeline *p, cirrus_error *err);
 /* A peer that appeared (e.g. listed by the coordinator) joins stage s: one behind the
  * stage's step copies the state of a live peer of the stage (SYNC), between steps and only
  * by a client that is not a follower (else it is left out for now, and this returns 0);
@@ -106,6 +119,8 @@ const pipeline_counters *pipeline_get_counters(const pipeline *p);
 /* One log line per stage: each live peer's requests served and measured throughput. */
 void pipeline_log_routing(const pipeline *p);
 int pipeline_stages(const pipeline *p);
+/* Optimizer steps the stages' peers have taken, as this client knows it. */
+uint64_t pipeline_steps_done(const pipeline *p);
 /* Stage s now: its live peers, and the sum of their measured throughputs (samples/s; 0
  * before any was measured). */
 void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s);

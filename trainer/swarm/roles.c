@@ -202,6 +202,7 @@ typedef struct pipe_exec {
      * Client 0, the leader, runs the optimizer step; the others follow. */
     int index, n_clients;
     int first, mine;
+    uint64_t exit_mid_step;    /* tests: die half-way through this step's share (0: never) */
     uint64_t step;
     double loss_sum;           /* this client's share of the step's losses */
     uint64_t redo_seen;        /* the newest of the leader's notices acted on */
@@ -280,12 +281,13 @@ static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
     e->n_lost++;
 }
 
-static int barrier_call(pipe_exec *e, uint8_t op, int stage, const char *addr, cirrus_error *err)
+static int barrier_call(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
+                        cirrus_error *err)
 {
     coord_step_sync req = {.op = op, .step = e->step, .client_index = (uint32_t)e->index,
                            .n_clients = (uint32_t)e->n_clients, .microbatches = (uint32_t)e->mine,
                            .loss_sum = e->loss_sum, .redo_seen = e->redo_seen,
-                           .stage = (uint32_t)(stage > 0 ? stage : 0)};
+                           .stage = stage};
     snprintf(req.addr, sizeof req.addr, "%s", addr ? addr : "");
     return coord_client_step_sync(e->coord, &req, 5000, &e->barrier, err);
 }
@@ -301,7 +303,7 @@ static void barrier_pause(int *us)
  * is tried again until `deadline` (seconds, now_s()); its barrier state is rebuilt by the
  * clients' next calls. Only a refusal (CIRRUS_EINVAL: this client does not fit the job)
  * ends the wait at once. */
-static int barrier_call_until(pipe_exec *e, uint8_t op, int stage, const char *addr,
+static int barrier_call_until(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
                               double deadline, cirrus_error *err)
 {
     int warned = 0;
@@ -319,7 +321,8 @@ static int leader_gather(pipe_exec *e, cirrus_error *err)
 {
     const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int i = 0; i < e->n_lost; i++) {
-        int rc = barrier_call_until(e, COORD_STEP_REDO, e->lost[i].stage, e->lost[i].addr,
+        int rc = barrier_call_until(e, COORD_STEP_REDO, (uint32_t)e->lost[i].stage,
+                                    e->lost[i].addr,
                                     deadline, err);
         if (rc) return rc;
         e->redo_seen = e->barrier.latest_notice;
@@ -338,11 +341,40 @@ static int leader_gather(pipe_exec *e, cirrus_error *err)
     }
 }
 
+/* This client's share of the step, run again from scratch (the step restarts). */
+static int redo_share(pipe_exec *e, cirrus_error *err)
+{
+    float losses[PIPE_MAX_MICRO];
+    int rc = pipeline_redo_step(e->p, losses, err);
+    e->loss_sum = 0.0;
+    for (int m = 0; !rc && m < e->mine; m++) e->loss_sum += losses[m];
+    return rc;
+}
+
+/* The peers hold more of the step than it has: a client died half-way through its share
+ * and its replacement ran the share again. Which gradients are whose cannot be told apart,
+ * so the step starts again: every peer drops its gradients, every client runs its whole
+ * share once more, and every stage sums from scratch. */
+static int leader_restart_step(pipe_exec *e, int stage, int excess, cirrus_error *err)
+{
+    log_warn("step %llu: stage %d's peers hold %d microbatch(es) more than the step has (a "
+             "client died half-way?): the step starts again", (unsigned long long)e->step,
+             stage, excess);
+    int rc = pipeline_take_over(e->p, err);
+    if (!rc) rc = barrier_call_until(e, COORD_STEP_REDO, COORD_ALL_STAGES, "restart",
+                                     now_s() + BARRIER_TIMEOUT_S, err);
+    if (rc) return rc;
+    e->redo_seen = e->barrier.latest_notice;
+    e->n_lost = 0; /* the restart redoes everything */
+    if ((rc = redo_share(e, err)) || (rc = leader_gather(e, err))) return rc;
+    return PIPELINE_STEP_RESTARTED;
+}
+
 /* pipeline_step_sync.settle: before a stage sums, every client's share must be whole. */
 static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
 {
     pipe_exec *e = ctx;
-    (void)stage;
+    if (missing < 0) return leader_restart_step(e, stage, -missing, err);
     if (missing > 0) /* a follower admitted a peer this client has not: admit it too */
         admit_new_peers(e, e->step);
     return e->n_lost || missing ? leader_gather(e, err) : 0;
@@ -359,7 +391,11 @@ static int follower_wait(pipe_exec *e, cirrus_error *err)
         for (uint32_t i = 0; i < e->barrier.n_notices; i++) {
             const coord_step_notice *n = &e->barrier.notices[i];
             if (n->id <= e->redo_seen) continue;
-            if ((rc = pipeline_peer_reported_lost(e->p, (int)n->stage, n->addr, err))) return rc;
+            if (n->stage == COORD_ALL_STAGES) /* the step restarts: the whole share again */
+                rc = redo_share(e, err);
+            else
+                rc = pipeline_peer_reported_lost(e->p, (int)n->stage, n->addr, err);
+            if (rc) return rc;
             e->redo_seen = n->id;
             us = 200; /* arrive again at once */
         }
@@ -388,6 +424,13 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     e->step = step;
     e->n_lost = 0;
     const size_t off = (size_t)e->first * e->micro * T;
+    if (e->exit_mid_step == step) { /* tests: a pod preempted half-way through its share */
+        pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1, 1,
+                              e->micro, T, x + off, y + off, losses, err);
+        log_warn("exiting half-way through step %llu (--exit-mid-step)",
+                 (unsigned long long)step);
+        _exit(137);
+    }
     int rc = pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1,
                                    e->mine, e->micro, T, x + off, y + off, losses, err);
     if (rc) return rc;
@@ -437,6 +480,11 @@ static int pipe_gather(void *ctx, float *params, float *adam_m, float *adam_v, u
 {
     pipe_exec *e = ctx;
     return pipeline_gather_state(e->p, params, adam_m, adam_v, steps, err);
+}
+
+static uint64_t pipe_first_step(void *ctx)
+{
+    return pipeline_steps_done(((pipe_exec *)ctx)->p);
 }
 
 /* Progress lines of a pipeline client: each stage's live peers and measured samples/s. */
@@ -632,6 +680,7 @@ typedef struct routing_flags {
 /* Which of the region's clients this one is (--clients, --client-index). */
 typedef struct client_share {
     int n_clients, index;
+    int exit_mid_step; /* tests: --exit-mid-step */
 } client_share;
 
 /* Train through the stage peers of src. */
@@ -678,10 +727,18 @@ static int run_client(const char *cmd, train_options *o, const char *job,
     client_register(cc);
     static pipe_exec pe; /* large (the lost-peer list); one client per process */
     pe = (pipe_exec){.p = p, .micro = micro, .coord = cc, .index = share->index,
-                     .n_clients = share->n_clients};
+                     .n_clients = share->n_clients,
+                     .exit_mid_step = (uint64_t)share->exit_mid_step};
     pipeline_on_peer_lost(p, note_lost_peer, &pe);
     pipeline_set_follower(p, share->index > 0);
-    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather, pipe_describe};
+    if (pipeline_align_peers(p, &err)) {
+        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        if (pe.coord) coord_client_leave(pe.coord, 1000, NULL);
+        coord_client_close(pe.coord);
+        pipeline_close(p);
+        return 1;
+    }
+    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather, pipe_describe, pipe_first_step};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
     pipeline_log_routing(p);
@@ -708,7 +765,7 @@ int roles_cmd_client(int argc, char **argv)
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
-    client_share share = {1, 0};
+    client_share share = {1, 0, 0};
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
@@ -728,6 +785,8 @@ int roles_cmd_client(int argc, char **argv)
          "clients sharing each step's batch (default 1); they meet at --coordinator", 0},
         {ROLE_FLAG_CLIENT_INDEX, FLAG_INT, &share.index, 0, COORD_MAX_CLIENTS - 1,
          "which of them this is (0, the default, runs the optimizer step)", 0},
+        {"exit-mid-step", FLAG_INT, &share.exit_mid_step, 1, 1e9,
+         "tests only: exit (137) after one microbatch of this step, as a preempted pod", 0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
@@ -1159,7 +1218,7 @@ int roles_cmd_local(int argc, char **argv)
         if ((clients[followers] = spawn_follower(&fs)) < 0) rc = 1;
         else followers++;
     }
-    client_share share = {n_clients, 0};
+    client_share share = {n_clients, 0, 0};
     if (!rc) rc = run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);
     for (int i = 0; i < followers; i++) {
         int status = 0;
