@@ -171,10 +171,10 @@ bench-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 # A second operator build without -march=native (valgrind cannot run AVX-512 code) is run
 # under valgrind through a reconcile test.
 VALGRIND_BUILD := $(BUILD)/valgrind
-test-operator: cluster-deps all $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+test-operator: cluster-deps all $(CORPUS) $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
 	$(MAKE) --no-print-directory BUILD=$(VALGRIND_BUILD) MARCH= OPT='-O1 -g' $(VALGRIND_BUILD)/bin/cirrus-operator
 	@echo "cirrus: operator tests against the real control plane"
-	CIRRUS_OPERATOR_VALGRIND=$(VALGRIND_BUILD)/bin/cirrus-operator \
+	CIRRUS_CORPUS=$(CORPUS) CIRRUS_OPERATOR_VALGRIND=$(VALGRIND_BUILD)/bin/cirrus-operator \
 	  bash tests/operator/run.sh $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
 
 clean:

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "../common/log.h"
+#include "../common/role_args.h"
 #include "certs.h"
 #include "desired.h"
 #include "jobstatus.h"
@@ -563,6 +564,53 @@ static void apply_counts(job_observed *obs, const job_mem *m)
     }
 }
 
+/* ---- training progress ---------------------------------------------------------------------- */
+
+/* Read the /status of the job's ready gateways from now on (none once it is stopped), at
+ * the Service desired.c names for the region, on the port it gives the gateway's HTTP. */
+static void watch_progress(controller *ctl, const json_t *job, const char *key,
+                           const job_observed *obs, int stop)
+{
+    progress *p = ctl->opt.progress;
+    if (!p || !leading(ctl)) return;
+    char urls[JOBSTATUS_MAX_REGIONS][PROGRESS_URL_MAX];
+    progress_target t[JOBSTATUS_MAX_REGIONS];
+    const char *name = meta_str(job, "name"), *ns = meta_str(job, "namespace");
+    int n = 0;
+    for (int i = 0; i < obs->n_regions && !stop && name && ns; i++) {
+        const region_observed *r = &obs->regions[i];
+        char gw[CIRRUS_NAME_MAX + 1];
+        if (!r->gateway_ready || desired_name_gateway(gw, sizeof gw, name, r->name, NULL))
+            continue;
+        int len = snprintf(urls[n], sizeof urls[n], "http://%s.%s.svc:%d/status", gw, ns,
+                           ROLE_PORT_HTTP);
+        if (len < 0 || len >= (int)sizeof urls[n]) continue;
+        t[n].region = r->name;
+        t[n].url = urls[n];
+        n++;
+    }
+    if (progress_watch(p, key, meta_str(job, "uid"), n, t))
+        log_warn("%s: out of memory registering its gateways' /status", key);
+}
+
+/* The gateways' latest figures into obs. */
+static void apply_progress(controller *ctl, const json_t *job, job_observed *obs)
+{
+    const char *uid = meta_str(job, "uid");
+    for (int i = 0; i < obs->n_regions; i++) {
+        region_observed *r = &obs->regions[i];
+        progress_result res;
+        r->has_progress = progress_get(ctl->opt.progress, uid, r->name, &res);
+        if (r->has_progress) {
+            r->step = res.step;
+            r->loss = res.loss;
+            r->tokens_per_s = res.tokens_per_s;
+        }
+    }
+}
+
+static void progress_arrived(void *ctx, const char *key) { enqueue(ctx, key); }
+
 static int write_status(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
                         cirrus_error *err)
 {
@@ -655,9 +703,13 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     const json_t *job = kube_informer_get(ctl->jobs, key);
     if (!job) {
         mem_forget(ctl, key); /* deleted: the garbage collector removes its children */
+        progress_forget(ctl->opt.progress, key);
         return 0;
     }
-    if (meta_str(job, "deletionTimestamp")) return 0;
+    if (meta_str(job, "deletionTimestamp")) {
+        progress_forget(ctl->opt.progress, key);
+        return 0;
+    }
     json_incref((json_t *)job); /* requests below run the event loop's transfers, not its
                                    handlers, but hold it anyway */
     job_mem *m = mem_get(ctl, key, job);
@@ -746,6 +798,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             first_err = *err;
         }
     }
+    watch_progress(ctl, job, key, &obs, stop);
+    apply_progress(ctl, job, &obs);
     /* The counts reach the status before the pods that showed them are deleted. */
     if (!rc && leading(ctl)) rc = write_status(ctl, job, m, &obs, err);
     json_t *gone;
@@ -862,6 +916,8 @@ int controller_process(controller *ctl, int max_keys)
     int ran = 0;
     const char *k;
     if (!controller_synced(ctl)) return 0;
+    /* Jobs with new training figures: reconciled (and their status written) like any other. */
+    if (leading(ctl)) progress_drain(ctl->opt.progress, progress_arrived, ctl);
     while (ran < max_keys && leading(ctl) && kube_workqueue_get(ctl->queue, &k) == 1) {
         char key[KEY_MAX];
         snprintf(key, sizeof key, "%s", k);
@@ -912,6 +968,11 @@ void controller_resync(controller *ctl)
     const char *key;
     const json_t *job;
     json_object_foreach((json_t *)kube_informer_objects(ctl->jobs), key, job) enqueue(ctl, key);
+}
+
+void controller_standby(controller *ctl)
+{
+    if (ctl) progress_clear(ctl->opt.progress);
 }
 
 void controller_rewatch(controller *ctl, const char *resume_rv)

@@ -12,11 +12,17 @@
  *     under the same name, alone: the other pods are untouched (in-place replacement).
  * then writes the status subresource (jobstatus.h) and an Event for each transition.
  *
+ * Training progress: for each job that runs (not suspended, not finished) the controller
+ * registers its regions' ready gateways with the progress reader (progress.h), which reads
+ * their /status on its own thread; a job whose figures changed is queued again, and its
+ * reconcile writes them (step, loss, tokensPerSecond) with the rest of the status.
+ *
  * Counters of preemptions and failures live in the status; the controller keeps them in
  * memory while it runs (the cache may lag its own writes) and starts from the status after
  * a restart. A pod that vanished while the operator was down is re-created but not counted.
  *
- * Single-threaded: everything runs from the kube_client's event loop.
+ * Single-threaded: everything runs from the kube_client's event loop (the progress reader's
+ * thread only publishes results under its own lock).
  */
 #ifndef CIRRUS_CONTROLLER_H
 #define CIRRUS_CONTROLLER_H
@@ -26,6 +32,7 @@
 #include "../common/cerr.h"
 #include "kube/client.h"
 #include "metrics.h"
+#include "progress.h"
 
 #define CONTROLLER_FIELD_MANAGER "cirrus-operator"
 #define CONTROLLER_CERT_DAYS 3650
@@ -38,6 +45,7 @@ typedef struct controller_options {
      * and each write. */
     int (*leading)(void *ctx);
     void *leading_ctx;
+    progress *progress;          /* reads the gateways' /status; NULL: no training figures */
 } controller_options;
 
 typedef struct controller controller;
@@ -63,6 +71,9 @@ void controller_get_stats(const controller *ctl, controller_stats *st);
  * queue every job: for a replica that has just become leader, whose memory may predate
  * another leader's work. */
 void controller_resync(controller *ctl);
+
+/* This replica stopped leading: stop reading the gateways (the leader reads them). */
+void controller_standby(controller *ctl);
 
 /* Drop every watch and resume from resume_rv (NULL: the last seen). With an expired
  * resourceVersion this forces the 410 -> re-list path; the operator does it on SIGUSR1. */

@@ -1,6 +1,8 @@
 #include "jobstatus.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -143,20 +145,91 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
     return c;
 }
 
-static json_t *regions(const job_observed *obs)
+/* Six significant digits: enough for a loss or a rate, and `kubectl get` stays readable. */
+static json_t *rounded(double v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.6g", v);
+    return json_real(strtod(buf, NULL));
+}
+
+static const json_t *old_region(const json_t *old_status, const char *name)
+{
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(old_status, "regions"), i, r)
+    {
+        const char *n = json_string_value(json_object_get(r, "name"));
+        if (n && name && !strcmp(n, name)) return r;
+    }
+    return NULL;
+}
+
+/* A region's step, loss and tokensPerSecond: from its gateway, else as the old status had
+ * them (a write without them would drop them: a merge patch replaces the regions array). */
+static void region_progress(json_t *ro, const region_observed *r, const json_t *old_r)
+{
+    if (r->has_progress) {
+        json_object_set_new(ro, "step", json_integer((json_int_t)(r->step > 0 ? r->step : 0)));
+        if (isfinite(r->loss) && r->loss >= 0) json_object_set_new(ro, "loss", rounded(r->loss));
+        if (isfinite(r->tokens_per_s) && r->tokens_per_s >= 0)
+            json_object_set_new(ro, "tokensPerSecond", rounded(r->tokens_per_s));
+        return;
+    }
+    const json_t *step = json_object_get(old_r, "step"), *loss = json_object_get(old_r, "loss");
+    const json_t *tps = json_object_get(old_r, "tokensPerSecond");
+    if (!json_is_integer(step) || json_integer_value(step) < 0) return;
+    json_object_set_new(ro, "step", json_integer(json_integer_value(step)));
+    if (json_is_number(loss)) json_object_set_new(ro, "loss", json_deep_copy(loss));
+    if (json_is_number(tps)) json_object_set_new(ro, "tokensPerSecond", json_deep_copy(tps));
+}
+
+static json_t *regions(const job_observed *obs, const json_t *old_status)
 {
     json_t *a = json_array();
     for (int i = 0; i < obs->n_regions; i++) {
         const region_observed *r = &obs->regions[i];
         json_t *ready = json_array();
         for (int s = 0; s < r->n_stages; s++) json_array_append_new(ready, json_integer(r->ready[s]));
-        json_array_append_new(
-            a, json_pack("{s:s, s:o, s:i, s:I, s:I, s:b}", "name", r->name,
-                         "readyPeersPerStage", ready, "pendingPods", r->unschedulable,
-                         "preemptions", (json_int_t)r->preemptions, "failures",
-                         (json_int_t)r->failures, "gatewayReady", r->gateway_ready));
+        json_t *ro = json_pack("{s:s, s:o, s:i, s:I, s:I, s:b}", "name", r->name,
+                               "readyPeersPerStage", ready, "pendingPods", r->unschedulable,
+                               "preemptions", (json_int_t)r->preemptions, "failures",
+                               (json_int_t)r->failures, "gatewayReady", r->gateway_ready);
+        if (ro) region_progress(ro, r, old_region(old_status, r->name));
+        json_array_append_new(a, ro);
     }
     return a;
+}
+
+/* The job's figures from its regions': least step, mean loss, summed tokens per second.
+ * Left out when no region has a step; loss or tokensPerSecond null (removed) when no region
+ * with a step has one. */
+static void job_progress(json_t *st)
+{
+    int n_step = 0, n_loss = 0, n_tps = 0;
+    json_int_t step = 0;
+    double loss = 0, tps = 0;
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(st, "regions"), i, r)
+    {
+        const json_t *s = json_object_get(r, "step");
+        if (!json_is_integer(s)) continue;
+        if (!n_step++ || json_integer_value(s) < step) step = json_integer_value(s);
+        const json_t *l = json_object_get(r, "loss"), *t = json_object_get(r, "tokensPerSecond");
+        if (json_is_number(l)) {
+            loss += json_number_value(l);
+            n_loss++;
+        }
+        if (json_is_number(t)) {
+            tps += json_number_value(t);
+            n_tps++;
+        }
+    }
+    if (!n_step) return;
+    json_object_set_new(st, "step", json_integer(step));
+    json_object_set_new(st, "loss", n_loss ? rounded(loss / n_loss) : json_null());
+    json_object_set_new(st, "tokensPerSecond", n_tps ? rounded(tps) : json_null());
 }
 
 json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now)
@@ -179,7 +252,8 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
     snprintf(rp, sizeof rp, "%d/%d", ready, desired);
     json_t *st = json_pack("{s:s, s:I, s:o, s:o, s:s, s:s}", "phase", phase_names[ph],
                            "observedGeneration", (json_int_t)obs->generation, "conditions",
-                           conditions(obs, ph, old_status, now), "regions", regions(obs),
+                           conditions(obs, ph, old_status, now), "regions",
+                           regions(obs, old_status),
                            "readyRegions", rr, "readyPeers", rp);
     /* startTime: when pods were first made, as a Job's; cleared while suspended so that
      * runPolicy.activeDeadlineSeconds counts running time only (null removes it in a merge
@@ -192,8 +266,7 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
         json_object_set_new(st, "completionTime", json_string(done));
     else if (jobstatus_phase_final(ph))
         json_object_set_new(st, "completionTime", json_string(now));
-    /* Training figures (step, loss, tokens/s) are not the operator's: they are left out, so
-     * a patch never overwrites them with stale cached values. */
+    job_progress(st);
     return st;
 }
 
@@ -205,6 +278,36 @@ static json_t *without_times(const json_t *conds)
     json_t *cond;
     json_array_foreach(c, i, cond) json_object_del(cond, "lastTransitionTime");
     return c;
+}
+
+/* json_equal, except that numbers compare by value: the API server stores numbers, not
+ * their spelling, and gives a real that is a whole number (tokensPerSecond 0.0) back as an
+ * integer (0); a type-strict comparison would write the same status again and again. */
+static int same(const json_t *a, const json_t *b)
+{
+    if (json_is_number(a) && json_is_number(b)) {
+        if (json_is_integer(a) && json_is_integer(b))
+            return json_integer_value(a) == json_integer_value(b);
+        return json_number_value(a) == json_number_value(b);
+    }
+    if (json_is_object(a) && json_is_object(b)) {
+        if (json_object_size(a) != json_object_size(b)) return 0;
+        const char *key;
+        const json_t *v;
+        json_object_foreach((json_t *)a, key, v)
+        {
+            const json_t *w = json_object_get(b, key);
+            if (!w || !same(v, w)) return 0;
+        }
+        return 1;
+    }
+    if (json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) != json_array_size(b)) return 0;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!same(json_array_get(a, i), json_array_get(b, i))) return 0;
+        return 1;
+    }
+    return json_equal(a, b);
 }
 
 int jobstatus_changed(const json_t *old, const json_t *new_status)
@@ -219,11 +322,11 @@ int jobstatus_changed(const json_t *old, const json_t *new_status)
         if (!o) return 1;
         if (!strcmp(key, "conditions")) {
             json_t *x = without_times(o), *y = without_times(v);
-            int differ = !json_equal(x, y);
+            int differ = !same(x, y);
             json_decref(x);
             json_decref(y);
             if (differ) return 1;
-        } else if (!json_equal(o, v)) {
+        } else if (!same(o, v)) {
             return 1;
         }
     }

@@ -6,6 +6,13 @@
  * lastTransitionTime kept while a condition's status does not change), per-region figures
  * and the printer-column strings. Pure: the clock is passed in, so it is unit-tested.
  *
+ * Training progress (progress.h, read from the gateways' /status): per region step, loss
+ * and tokensPerSecond as its gateway last reported them; a region with no answer known to
+ * this process keeps the figures the old status shows for it. The job's .status.step is the
+ * least step of the regions that have one (the job is as far as its slowest region), .loss
+ * the mean of their losses and .tokensPerSecond the sum of their rates. With no region
+ * figures at all the three are left out (a merge patch keeps what the status had).
+ *
  * Phases: Failed once failures exceed runPolicy.backoffLimit or runPolicy.activeDeadlineSeconds
  * has passed since the job started, and Succeeded once every client
  * finished (both final); Suspended while spec.suspend; Running when every region has its
@@ -31,6 +38,11 @@ typedef struct region_observed {
     int gateway_ready;
     int clients, clients_succeeded;
     int64_t preemptions, failures;        /* totals since the job started */
+    /* The gateway's latest valid /status (progress.h); has_progress 0: none. loss and
+     * tokens_per_s NAN when the gateway has none yet. */
+    int has_progress;
+    int64_t step;
+    double loss, tokens_per_s;
 } region_observed;
 
 typedef struct job_observed {
@@ -58,7 +70,8 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
 
 /* True when writing new_status over old would change anything but lastTransitionTime (a
  * write that changes nothing would still wake every watcher). Only new_status's fields are
- * compared: fields others write (step, loss) are not the operator's. */
+ * compared (a field left out of a merge patch is kept), and a null one (removed) counts only
+ * when old has the field. */
 int jobstatus_changed(const json_t *old, const json_t *new_status);
 
 /* "2026-11-22T01:02:03Z" for the current time. */

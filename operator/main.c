@@ -10,6 +10,11 @@
  * SIGUSR1 drops every watch and resumes from resourceVersion 1: where the server no longer
  * keeps that history the answer is 410 and the caches re-list; where it does, the history
  * is replayed. Either way the caches end current: a way to refresh them without a restart.
+ *
+ * Training progress (step, loss, tokens/s in the jobs' status) is read from the region
+ * gateways' /status on a thread of its own (progress.h) every --progress-period-s seconds,
+ * by the leader only; --resolve pins a gateway's host name to an address for those reads.
+ * Flags are spelled "--name value" or "--name=value".
  */
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +28,7 @@
 #include "kube/config.h"
 #include "kube/lease.h"
 #include "metrics.h"
+#include "progress.h"
 
 #define EXIT_BAD_INPUT 2
 #define LOOP_WAIT_MS 200
@@ -57,6 +63,7 @@ static void stopped_leading(void *ctx)
 {
     run_state *rs = ctx;
     op_metrics_leader(rs->metrics, 0);
+    if (rs->ctl) controller_standby(rs->ctl);
     log_warn("not leading any more: reconciling stops until the lease is won again");
 }
 
@@ -73,12 +80,74 @@ static const char *env_or(const char *name, const char *dflt)
     return v && *v ? v : dflt;
 }
 
+/* The arguments with every "--name=value" split into "--name" "value" (Kubernetes
+ * manifests spell flags so). *names collects the "--name" strings made here, to be freed. */
+static char **split_args(int argc, char **argv, int *n_out, char ***names)
+{
+    char **out = calloc((size_t)(2 * argc + 1), sizeof *out);
+    *names = calloc((size_t)(argc + 1), sizeof **names);
+    if (!out || !*names) {
+        free(out);
+        free(*names);
+        *names = NULL;
+        return NULL;
+    }
+    int n = 0, k = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *eq = strncmp(argv[i], "--", 2) ? NULL : strchr(argv[i], '=');
+        if (!eq) {
+            out[n++] = argv[i];
+            continue;
+        }
+        char *name = strndup(argv[i], (size_t)(eq - argv[i]));
+        if (!name) {
+            for (int j = 0; j < k; j++) free((*names)[j]);
+            free(*names);
+            free(out);
+            *names = NULL;
+            return NULL;
+        }
+        (*names)[k++] = name;
+        out[n++] = name;
+        out[n++] = (char *)eq + 1;
+    }
+    *n_out = n;
+    return out;
+}
+
+static void free_args(char **args, char **names)
+{
+    for (int i = 0; names && names[i]; i++) free(names[i]);
+    free(names);
+    free(args);
+}
+
+/* Every value of the repeatable flag `name` (flags_parse keeps only the last): args parsed
+ * without error, so each non-boolean flag is followed by its value. */
+static int collect(const flag_spec *flags, int n_flags, int argc, char **argv, const char *name,
+                   const char **vals, int max)
+{
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const flag_spec *f = NULL;
+        for (int k = 0; k < n_flags && !f; k++)
+            if (!strcmp(argv[i] + 2, flags[k].name)) f = &flags[k];
+        if (!f || f->type == FLAG_BOOL) continue;
+        if (!strcmp(f->name, name) && n < max) vals[n++] = argv[i + 1];
+        i++;
+    }
+    return n;
+}
+
+#define MAX_RESOLVE 64
+
 int main(int argc, char **argv)
 {
     const char *kubeconfig = NULL, *ns = NULL, *identity = NULL;
     const char *lease_ns = env_or("POD_NAMESPACE", "cirrus-system");
     const char *lease_name = env_or("CIRRUS_LEASE_NAME", "cirrus-operator");
-    int leader_elect = 0, metrics_port = 8080, help = 0;
+    const char *resolve = NULL;
+    int leader_elect = 0, metrics_port = 8080, help = 0, progress_period_s = 10;
     flag_spec flags[] = {
         {"kubeconfig", FLAG_STR, &kubeconfig, 0, 0,
          "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)", 0},
@@ -92,17 +161,41 @@ int main(int argc, char **argv)
         {"identity", FLAG_STR, &identity, 0, 0, "this replica's name (default: $POD_NAME)", 0},
         {"metrics-port", FLAG_INT, &metrics_port, -1, 65535,
          "port for /metrics, /healthz, /readyz (0: any free port, -1: none)", 0},
+        {"progress-period-s", FLAG_INT, &progress_period_s, 0, 86400,
+         "seconds between reads of each running job's gateway /status, for the status's "
+         "step, loss and tokens/s (0: never; default 10)",
+         0},
+        {"resolve", FLAG_STR, &resolve, 0, 0,
+         "HOST:PORT:ADDRESS: reach HOST:PORT at ADDRESS when reading a gateway's /status "
+         "(as curl --resolve; repeatable, or comma-separated)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
     log_set_role("operator");
-    if (flags_parse(flags, NFLAGS(flags), argc - 1, argv + 1, &err)) {
+    int n_args = 0;
+    char **names = NULL, **args = split_args(argc - 1, argv + 1, &n_args, &names);
+    if (!args) {
+        fprintf(stderr, "cirrus-operator: out of memory\n");
+        return 1;
+    }
+    const char *resolves[MAX_RESOLVE];
+    int n_resolve = 0, bad = flags_parse(flags, NFLAGS(flags), n_args, args, &err);
+    if (!bad) {
+        n_resolve = collect(flags, NFLAGS(flags), n_args, args, "resolve", resolves, MAX_RESOLVE);
+        if (n_resolve == MAX_RESOLVE && resolve != resolves[MAX_RESOLVE - 1])
+            bad = cirrus_fail(&err, CIRRUS_EINVAL, "more than %d --resolve flags", MAX_RESOLVE);
+        for (int i = 0; i < n_resolve && !bad; i++) bad = progress_check_resolve(resolves[i], &err);
+    }
+    if (bad) {
         fprintf(stderr, "cirrus-operator: %s\n", err.msg);
+        free_args(args, names);
         return EXIT_BAD_INPUT;
     }
     if (help) {
-        fprintf(stderr, "usage: cirrus-operator [flags]\n");
+        fprintf(stderr, "usage: cirrus-operator [flags]  (--name value or --name=value)\n");
         flags_usage(flags, NFLAGS(flags));
+        free_args(args, names);
         return 0;
     }
     char host_id[128];
@@ -115,14 +208,20 @@ int main(int argc, char **argv)
     kube_config *cfg = NULL;
     if (kube_config_load(kubeconfig, &cfg, &err)) {
         fprintf(stderr, "cirrus-operator: %s\n", err.msg);
+        free_args(args, names);
         return EXIT_BAD_INPUT;
     }
     int rc = 1;
     kube_client *client = NULL;
     controller *ctl = NULL;
     kube_lease *lease = NULL;
+    progress *prog = NULL;
     run_state rs = {op_metrics_new(), NULL};
     if (!rs.metrics || kube_client_new(cfg, &client, &err)) goto out;
+    /* After kube_client_new (libcurl's global set-up happens before any thread starts). */
+    progress_options po = {.period_s = progress_period_s, .resolve = resolves,
+                           .n_resolve = n_resolve, .metrics = rs.metrics};
+    if (progress_new(&po, &prog, &err)) goto out;
     if (metrics_port >= 0) {
         int bound = 0;
         if (op_metrics_serve(rs.metrics, metrics_port, &bound, &err)) goto out;
@@ -137,11 +236,16 @@ int main(int argc, char **argv)
         op_metrics_leader(rs.metrics, 1);
     }
     controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics,
-                             .leading = lease_held, .leading_ctx = lease};
+                             .leading = lease_held, .leading_ctx = lease, .progress = prog};
     if (controller_new(client, &co, &ctl, &err)) goto out;
     rs.ctl = ctl;
     log_info("%s as %s: watching %s (API server %s)", leader_elect ? "electing" : "running",
              identity, ns ? ns : "all namespaces", kube_config_server(cfg));
+    if (progress_period_s > 0)
+        log_info("reading the gateways' /status every %d s%s", progress_period_s,
+                 n_resolve ? " (with --resolve)" : "");
+    else
+        log_info("not reading the gateways' /status (--progress-period-s 0)");
     signal(SIGTERM, on_stop);
     signal(SIGINT, on_stop);
     signal(SIGUSR1, on_rewatch);
@@ -179,8 +283,10 @@ out:
     if (rc && err.msg[0]) fprintf(stderr, "cirrus-operator: %s\n", err.msg);
     kube_lease_free(lease);
     controller_free(ctl);
+    progress_free(prog); /* joins its thread */
     op_metrics_free(rs.metrics);
     kube_client_free(client);
     kube_config_free(cfg);
+    free_args(args, names);
     return rc;
 }

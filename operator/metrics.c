@@ -27,6 +27,7 @@ struct op_metrics {
     uint64_t q_depth, q_adds, q_retries;
     int leader, ready;
     uint64_t pods_created, preemptions, failures;
+    uint64_t scrapes[OP_SCRAPE_N];
     struct MHD_Daemon *daemon;
 };
 
@@ -94,6 +95,14 @@ void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint
     m->pods_created = created;
     m->preemptions = preemptions;
     m->failures = failures;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void op_metrics_scrape(op_metrics *m, enum op_scrape r)
+{
+    if (!m || (unsigned)r >= OP_SCRAPE_N) return;
+    pthread_mutex_lock(&m->mu);
+    m->scrapes[r]++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -184,6 +193,13 @@ char *op_metrics_render(op_metrics *m)
              "cirrus_operator_failures_total %llu\n",
          (unsigned long long)m->pods_created, (unsigned long long)m->preemptions,
          (unsigned long long)m->failures);
+    static const char *const scrape_names[] = {"ok", "error", "invalid", "wrong_job"};
+    emit(&t, "# HELP cirrus_operator_progress_scrapes_total Reads of the region gateways' "
+             "/status by outcome (wrong_job: the status of another job, ignored)\n"
+             "# TYPE cirrus_operator_progress_scrapes_total counter\n");
+    for (int r = 0; r < OP_SCRAPE_N; r++)
+        emit(&t, "cirrus_operator_progress_scrapes_total{result=\"%s\"} %llu\n", scrape_names[r],
+             (unsigned long long)m->scrapes[r]);
     pthread_mutex_unlock(&m->mu);
     return t.s;
 }

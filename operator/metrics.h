@@ -3,7 +3,8 @@
  *   GET /metrics  text format 0.0.4: controller-runtime's family names (reconcile totals by
  *                 result, errors, a reconcile-time histogram, work-queue depth/adds/retries,
  *                 leader_election_master_status) so existing dashboards work, plus Cirrus's
- *                 own (pods created, preemptions, failures)
+ *                 own (pods created, preemptions, failures, reads of the gateways' /status
+ *                 by outcome)
  *   GET /healthz  200 while the process runs its loop
  *   GET /readyz   200 once the caches have synced (or while standing by as a non-leader)
  *
@@ -28,6 +29,11 @@ void op_metrics_queue(op_metrics *m, uint64_t depth, uint64_t adds, uint64_t ret
 void op_metrics_leader(op_metrics *m, int is_leader);
 void op_metrics_ready(op_metrics *m, int ready);
 void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint64_t failures);
+
+/* One read of a gateway's /status (progress.h): answered; failed (connect, timeout, HTTP
+ * error); not a valid status; the status of another job. Called from the progress thread. */
+enum op_scrape { OP_SCRAPE_OK, OP_SCRAPE_ERROR, OP_SCRAPE_INVALID, OP_SCRAPE_WRONG_JOB, OP_SCRAPE_N };
+void op_metrics_scrape(op_metrics *m, enum op_scrape r);
 
 /* The /metrics body, malloc'd. */
 char *op_metrics_render(op_metrics *m);

@@ -109,7 +109,7 @@ else
 fi
 status='{"status":{"phase":"Running","observedGeneration":1,"readyRegions":"2/2","readyPeers":"4/4","step":120,"loss":3.25,"tokensPerSecond":5120.5,
   "conditions":[{"type":"Running","status":"True","reason":"AllRegionsReady","message":"2 of 2 regions training","lastTransitionTime":"2026-01-02T03:04:05Z"}],
-  "regions":[{"name":"r1","readyPeersPerStage":[2,2],"pendingPods":0,"preemptions":3,"failures":0},{"name":"r2","readyPeersPerStage":[1,1],"pendingPods":2,"preemptions":1,"failures":1}]}}'
+  "regions":[{"name":"r1","readyPeersPerStage":[2,2],"pendingPods":0,"preemptions":3,"failures":0,"step":120,"loss":3.25,"tokensPerSecond":5120.5},{"name":"r2","readyPeersPerStage":[1,1],"pendingPods":2,"preemptions":1,"failures":1}]}}'
 check "operator ServiceAccount patches the status subresource" \
     k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p "$status"
 row=$(k get sj -n "$NS" tiny-bible --no-headers 2>&1)
@@ -119,6 +119,10 @@ else
     not_ok "kubectl get sj row: '$row'"
 fi
 expect_eq "status.regions[1].readyPeersPerStage" "[1,1]" "$(sj_get tiny-bible '.status.regions[1].readyPeersPerStage')"
+expect_eq "status.regions[0] step, loss, tokensPerSecond" "120 3.25 5120.5" \
+    "$(sj_get tiny-bible '.status.regions[0].step} {.status.regions[0].loss} {.status.regions[0].tokensPerSecond')"
+out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p '[{"op":"replace","path":"/status/regions/0/step","value":-1}]' 2>&1)
+if [[ $? -ne 0 && "$out" == *regions*step* ]]; then ok "negative status.regions[].step refused"; else not_ok "status.regions[0].step -1: $out"; fi
 out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p '{"status":{"phase":"Exploded"}}' 2>&1)
 if [[ $? -ne 0 && "$out" == *status.phase* ]]; then ok "unknown status.phase refused"; else not_ok "status.phase Exploded: $out"; fi
 check_not "operator ServiceAccount cannot change a SwarmJob's spec" \

@@ -2,8 +2,9 @@
 # Operator tests against the real local control plane (tests/cluster): brings the cluster
 # up (or reuses one already running in the same state dir), runs every
 # tests/operator/*_test.sh and the operator-tests binary (if given), then tears down what it
-# started. With CIRRUS_OPERATOR_VALGRIND naming an operator binary, operator_test.sh runs once
-# more with that binary under valgrind. Exits non-zero if anything failed.
+# started. With CIRRUS_OPERATOR_VALGRIND naming an operator binary, operator_test.sh and
+# progress_test.sh run once more with that binary under valgrind. Exits non-zero if anything
+# failed.
 # Usage: run.sh [OPERATOR_TESTS_BINARY]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,8 +24,10 @@ for t in "$here"/*_test.sh; do
     bash "$t" || failed=1
 done
 if [ -n "${CIRRUS_OPERATOR_VALGRIND:-}" ]; then
-    echo "operator tests: operator_test.sh under valgrind"
-    OPERATOR_VALGRIND=1 CIRRUS_OPERATOR=$CIRRUS_OPERATOR_VALGRIND bash "$here/operator_test.sh" || failed=1
+    for t in operator_test.sh progress_test.sh; do
+        echo "operator tests: $t under valgrind"
+        OPERATOR_VALGRIND=1 CIRRUS_OPERATOR=$CIRRUS_OPERATOR_VALGRIND bash "$here/$t" || failed=1
+    done
 fi
 if [ $# -ge 1 ] && [ -x "$1" ]; then
     echo "operator tests: $(basename "$1")"

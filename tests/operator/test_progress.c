@@ -1,0 +1,385 @@
+/* progress: the gateways' /status parsed and judged (right job, types, finite, non-negative),
+ * --resolve values checked, the status's step / loss / tokensPerSecond built from the
+ * regions' figures, and the reader thread against a scripted gateway on loopback reached
+ * through --resolve: figures published and announced, another job's status ignored, a hung
+ * gateway neither blocking the caller nor the shutdown. No cluster needed
+ * (`operator-tests progress`). */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "../../operator/jobstatus.h"
+#include "../../operator/progress.h"
+#include "../unit/test.h"
+#include "kube_test_util.h"
+
+#define UID "6f1c2a9e-0000-4000-8000-000000000001"
+
+static int parse(const char *body, progress_result *r)
+{
+    cirrus_error err = {0};
+    int rc = progress_parse_status(body, strlen(body), UID, r, &err);
+    if (rc && !err.msg[0]) TEST_FAIL("no message for rc %d on %s", rc, body);
+    return rc;
+}
+
+TEST(progress_parse_valid)
+{
+    progress_result r;
+    ASSERT_OK(parse("{\"job_id\":\"" UID "\",\"epoch\":3,\"step\":2279,\"loss\":2.5,"
+                    "\"tokens_per_s\":2842.1,\"stages\":[{\"stage\":0,\"peers\":1}],"
+                    "\"members\":[]}",
+                    &r));
+    ASSERT_EQ(r.step, 2279);
+    ASSERT_NEAR(r.loss, 2.5, 0);
+    ASSERT_NEAR(r.tokens_per_s, 2842.1, 1e-9);
+    /* Before any client reported: step 0, loss and rate null (the gateway's NaN). */
+    ASSERT_OK(parse("{\"job_id\":\"" UID "\",\"step\":0,\"loss\":null,\"tokens_per_s\":null}", &r));
+    ASSERT_EQ(r.step, 0);
+    ASSERT(isnan(r.loss));
+    ASSERT(isnan(r.tokens_per_s));
+    /* Integers where reals are expected are numbers too. */
+    ASSERT_OK(parse("{\"job_id\":\"" UID "\",\"step\":7,\"loss\":3,\"tokens_per_s\":0}", &r));
+    ASSERT_NEAR(r.loss, 3, 0);
+    ASSERT_NEAR(r.tokens_per_s, 0, 0);
+}
+
+TEST(progress_parse_wrong_job)
+{
+    progress_result r = {42, 1, 1};
+    ASSERT_EQ(parse("{\"job_id\":\"wrong\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}", &r),
+              CIRRUS_EMISMATCH);
+    ASSERT_EQ(r.step, 42); /* untouched */
+    ASSERT_EQ(parse("{\"job_id\":\"" UID "-2\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}", &r),
+              CIRRUS_EMISMATCH);
+    cirrus_error err;
+    const char *b = "{\"job_id\":\"x\",\"step\":1,\"loss\":1,\"tokens_per_s\":1}";
+    ASSERT_EQ(progress_parse_status(b, strlen(b), NULL, &r, &err), CIRRUS_EMISMATCH);
+}
+
+TEST(progress_parse_invalid)
+{
+    static const char *const bad[] = {
+        "",
+        "garbage",
+        "{\"job_id\":\"" UID "\",\"step\":5",                          /* truncated */
+        "[1,2,3]",
+        "\"" UID "\"",
+        "null",
+        "{}",
+        "{\"step\":5,\"loss\":1,\"tokens_per_s\":1}",                  /* no job_id */
+        "{\"job_id\":7,\"step\":5,\"loss\":1,\"tokens_per_s\":1}",     /* job_id not a string */
+        "{\"job_id\":\"" UID "\",\"loss\":1,\"tokens_per_s\":1}",      /* no step */
+        "{\"job_id\":\"" UID "\",\"step\":5,\"tokens_per_s\":1}",      /* no loss */
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":1}",              /* no tokens_per_s */
+        "{\"job_id\":\"" UID "\",\"step\":\"5\",\"loss\":1,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5.5,\"loss\":1,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":null,\"loss\":1,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":-1,\"loss\":1,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":-0.5,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":1,\"tokens_per_s\":-3}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":\"2.5\",\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":true,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":NaN,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":1e999,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"step\":5,\"loss\":1,\"tokens_per_s\":Infinity}",
+        "{\"job_id\":\"" UID "\",\"step\":99999999999999999999,\"loss\":1,\"tokens_per_s\":1}",
+        "{\"job_id\":\"" UID "\",\"job_id\":\"" UID "\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        progress_result r = {42, 1, 1};
+        int rc = parse(bad[i], &r);
+        if (rc != CIRRUS_ECORRUPT) TEST_FAIL("'%s': rc %d, wanted CIRRUS_ECORRUPT", bad[i], rc);
+        ASSERT_EQ(r.step, 42);
+    }
+    /* Not NUL-terminated: only len bytes are read. */
+    progress_result r;
+    const char *b = "{\"job_id\":\"" UID "\",\"step\":1,\"loss\":1,\"tokens_per_s\":1}xyz";
+    cirrus_error err;
+    ASSERT_OK(progress_parse_status(b, strlen(b) - 3, UID, &r, &err));
+    ASSERT_EQ(progress_parse_status(b, 0, UID, &r, &err), CIRRUS_ECORRUPT);
+}
+
+TEST(progress_resolve_values)
+{
+    cirrus_error err;
+    ASSERT_OK(progress_check_resolve("job-r1-gw.ns.svc:7480:127.0.0.1", &err));
+    ASSERT_OK(progress_check_resolve("a:7480:10.0.0.1,b.ns.svc:80:[::1],c:1:2001:db8::1", &err));
+    static const char *const bad[] = {
+        "", "host", "host:7480", ":7480:127.0.0.1", "h:0:127.0.0.1", "h:65536:127.0.0.1",
+        "h:x:127.0.0.1", "h:7480:", "h:7480:nothost", "h:7480:1.2.3", "h:7480:[1.2.3.4]",
+        "h:7480:127.0.0.1,", "h:7480:127.0.0.1,other", "h h:7480:127.0.0.1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (progress_check_resolve(bad[i], &err) != CIRRUS_EINVAL)
+            TEST_FAIL("--resolve '%s' accepted", bad[i]);
+    progress *p = NULL;
+    const char *vals[] = {"a:1:127.0.0.1", "b:1:nope"};
+    progress_options o = {.period_s = 0, .resolve = vals, .n_resolve = 2};
+    ASSERT_EQ(progress_new(&o, &p, &err), CIRRUS_EINVAL);
+    ASSERT(!p);
+    ASSERT(strstr(err.msg, "nope"));
+}
+
+/* ---- the status's figures ------------------------------------------------------------------- */
+
+static void region(job_observed *o, const char *name)
+{
+    region_observed *r = &o->regions[o->n_regions++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    r->n_stages = 1;
+    r->replicas = 1;
+    r->min = 1;
+    r->ready[0] = 1;
+    r->gateway_ready = 1;
+    r->clients = 1;
+    r->loss = r->tokens_per_s = NAN;
+}
+
+static void figures(region_observed *r, int64_t step, double loss, double tps)
+{
+    r->has_progress = 1;
+    r->step = step;
+    r->loss = loss;
+    r->tokens_per_s = tps;
+}
+
+static const json_t *region_of(const json_t *st, int i)
+{
+    return json_array_get(json_object_get(st, "regions"), (size_t)i);
+}
+
+TEST(progress_status_figures)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 1};
+    region(&o, "r1");
+    region(&o, "r2");
+    region(&o, "r3");
+    /* No figures anywhere: none written (a merge patch keeps what was there). */
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT(!json_object_get(st, "step") && !json_object_get(st, "loss") &&
+           !json_object_get(st, "tokensPerSecond"));
+    ASSERT(!json_object_get(region_of(st, 0), "step"));
+    json_decref(st);
+    /* r1 and r2 answered; r3 has not yet: least step, mean loss, summed rate over the two. */
+    figures(&o.regions[0], 300, 2.0, 1000.0);
+    figures(&o.regions[1], 280, 3.0, 500.25);
+    json_t *a = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT_EQ(json_integer_value(json_object_get(a, "step")), 280);
+    ASSERT_NEAR(json_real_value(json_object_get(a, "loss")), 2.5, 1e-12);
+    ASSERT_NEAR(json_real_value(json_object_get(a, "tokensPerSecond")), 1500.25, 1e-9);
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(a, 0), "step")), 300);
+    ASSERT_NEAR(json_real_value(json_object_get(region_of(a, 1), "loss")), 3.0, 0);
+    ASSERT_NEAR(json_real_value(json_object_get(region_of(a, 1), "tokensPerSecond")), 500.25, 0);
+    ASSERT(!json_object_get(region_of(a, 2), "step"));
+    /* Six significant digits. */
+    figures(&o.regions[0], 300, 2.29877042770385, 2842.10860942380);
+    json_t *b = jobstatus_build(&o, a, "2026-11-22T01:00:00Z");
+    ASSERT_NEAR(json_real_value(json_object_get(region_of(b, 0), "loss")), 2.29877, 0);
+    ASSERT_NEAR(json_real_value(json_object_get(region_of(b, 0), "tokensPerSecond")), 2842.11, 0);
+    ASSERT(jobstatus_changed(a, b));
+    /* The same figures again: nothing to write. */
+    json_t *b2 = jobstatus_build(&o, b, "2026-11-22T01:00:10Z");
+    ASSERT(!jobstatus_changed(b, b2));
+    /* New figures: a write. */
+    figures(&o.regions[1], 281, 3.0, 500.25);
+    json_t *c = jobstatus_build(&o, b2, "2026-11-22T01:00:20Z");
+    ASSERT(jobstatus_changed(b2, c));
+    ASSERT_EQ(json_integer_value(json_object_get(c, "step")), 281);
+    /* A restarted operator knows no figures yet: each region keeps the old status's, and so
+     * does the job's (nothing to write). */
+    job_observed fresh = o;
+    for (int i = 0; i < fresh.n_regions; i++) fresh.regions[i].has_progress = 0;
+    json_t *d = jobstatus_build(&fresh, c, "2026-11-22T01:00:30Z");
+    ASSERT(!jobstatus_changed(c, d));
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(d, 1), "step")), 281);
+    ASSERT_EQ(json_integer_value(json_object_get(d, "step")), 281);
+    /* Only r1 answers again, at a step below r2's kept one; r3 now at step 0 with no loss
+     * and no rate yet (a restarted gateway): the job is at step 0, r3 adds nothing to the
+     * loss or the rate. */
+    fresh.regions[0].has_progress = 1;
+    figures(&fresh.regions[2], 0, NAN, NAN);
+    json_t *e = jobstatus_build(&fresh, d, "2026-11-22T01:00:40Z");
+    ASSERT_EQ(json_integer_value(json_object_get(e, "step")), 0);
+    ASSERT_NEAR(json_real_value(json_object_get(e, "loss")), (2.29877 + 3.0) / 2, 1e-5);
+    ASSERT(!json_object_get(region_of(e, 2), "loss"));
+    /* Figures with a step but no loss anywhere: loss removed (null in the patch). */
+    job_observed bare = {.backoff_limit = 4, .generation = 1};
+    region(&bare, "r1");
+    figures(&bare.regions[0], 0, NAN, NAN);
+    json_t *f = jobstatus_build(&bare, e, "2026-11-22T01:00:50Z");
+    ASSERT_EQ(json_integer_value(json_object_get(f, "step")), 0);
+    ASSERT(json_is_null(json_object_get(f, "loss")));
+    ASSERT(json_is_null(json_object_get(f, "tokensPerSecond")));
+    ASSERT(jobstatus_changed(e, f));
+    json_t *stored = json_deep_copy(f); /* as the API server keeps it: nulls removed */
+    json_object_del(stored, "loss");
+    json_object_del(stored, "tokensPerSecond");
+    json_t *g = jobstatus_build(&bare, stored, "2026-11-22T01:01:00Z");
+    ASSERT(!jobstatus_changed(stored, g));
+    /* The API server gives whole-number reals back as integers (0.0 as 0, 3.0 as 3): the
+     * same figures, nothing to write. */
+    figures(&bare.regions[0], 5, 3.0, 0.0);
+    json_t *h = jobstatus_build(&bare, g, "2026-11-22T01:01:10Z");
+    ASSERT(jobstatus_changed(g, h));
+    json_error_t je;
+    char *text = json_dumps(h, JSON_COMPACT);
+    ASSERT(text && strstr(text, "\"tokensPerSecond\":0.0"));
+    json_t *served = json_loads(text, 0, &je);
+    free(text);
+    json_t *r0 = json_array_get(json_object_get(served, "regions"), 0);
+    json_object_set_new(r0, "loss", json_integer(3));
+    json_object_set_new(r0, "tokensPerSecond", json_integer(0));
+    json_object_set_new(served, "loss", json_integer(3));
+    json_object_set_new(served, "tokensPerSecond", json_integer(0));
+    json_t *h2 = jobstatus_build(&bare, served, "2026-11-22T01:01:20Z");
+    ASSERT(!jobstatus_changed(served, h2));
+    figures(&bare.regions[0], 5, 3.5, 0.0);
+    json_t *h3 = jobstatus_build(&bare, served, "2026-11-22T01:01:30Z");
+    ASSERT(jobstatus_changed(served, h3));
+    json_t *all[] = {a, b, b2, c, d, e, f, stored, g, h, served, h2, h3};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
+}
+
+/* ---- the reader thread against a scripted gateway ----------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int drained;
+static char drained_key[PROGRESS_KEY_MAX];
+static void on_key(void *ctx, const char *key)
+{
+    (void)ctx;
+    drained++;
+    snprintf(drained_key, sizeof drained_key, "%s", key);
+}
+
+/* Wait until progress_get answers with step `step` (or -1: anything), at most timeout_s. */
+static int wait_step(progress *p, const char *region, int64_t step, double timeout_s,
+                     progress_result *out)
+{
+    double end = now_s() + timeout_s;
+    while (now_s() < end) {
+        if (progress_get(p, UID, region, out) && (step < 0 || out->step == step)) return 1;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+TEST_T(progress_reader_thread, 60)
+{
+    static const char ok1[] =
+        "{\"job_id\":\"" UID "\",\"step\":10,\"loss\":4.5,\"tokens_per_s\":100}";
+    static const char wrong[] =
+        "{\"job_id\":\"another-job\",\"step\":99,\"loss\":0.1,\"tokens_per_s\":9}";
+    static const char ok2[] =
+        "{\"job_id\":\"" UID "\",\"step\":20,\"loss\":4.0,\"tokens_per_s\":120}";
+    tk_fake *f = tk_fake_new();
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, ok1, 0);
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, wrong, 0);
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, ok2, 0);
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, "{\"job_id\":", 1); /* hangs */
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, "{", 1);               /* hangs */
+    int port = tk_fake_run(f);
+    char resolve[128], url[128];
+    snprintf(resolve, sizeof resolve, "job-r1-gw.ns.svc:%d:127.0.0.1", port);
+    snprintf(url, sizeof url, "http://job-r1-gw.ns.svc:%d/status", port);
+    const char *vals[] = {resolve};
+    progress *p = NULL;
+    cirrus_error err;
+    progress_options o = {.period_s = 1, .resolve = vals, .n_resolve = 1};
+    ASSERT_OK(progress_new(&o, &p, &err));
+    progress_result r;
+    ASSERT(!progress_get(p, UID, "r1", &r));
+    /* A region whose gateway is not there (nothing listens on port 1): only errors. */
+    progress_target t[] = {{"r1", url}, {"r2", "http://127.0.0.1:1/status"}};
+    ASSERT_OK(progress_watch(p, "ns/job", UID, 2, t));
+    /* A new job is read at once, through --resolve. */
+    double t0 = now_s();
+    ASSERT(wait_step(p, "r1", 10, 5, &r));
+    ASSERT_LT(now_s() - t0, 0.9);
+    ASSERT_NEAR(r.loss, 4.5, 0);
+    ASSERT_NEAR(r.tokens_per_s, 100, 0);
+    ASSERT(!progress_get(p, UID, "r2", &r));
+    drained = 0;
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 1);
+    ASSERT(!strcmp(drained_key, "ns/job"));
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 1); /* announced once */
+    /* Next period: another job's status, ignored (the figures stay); then ours again. */
+    ASSERT(wait_step(p, "r1", 20, 5, &r));
+    ASSERT_NEAR(r.loss, 4.0, 0);
+    ASSERT(!progress_get(p, "another-job", "r1", &r));
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 2);
+    ASSERT_EQ(tk_fake_served(f), 3);
+    /* Then the gateway hangs mid-answer: the caller's calls stay immediate while the read
+     * waits for its 2 s limit, and the figures stay. */
+    while (tk_fake_served(f) < 4) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    double c0 = now_s();
+    for (int i = 0; i < 100; i++) {
+        ASSERT(progress_get(p, UID, "r1", &r));
+        ASSERT_OK(progress_watch(p, "ns/job", UID, 2, t));
+        progress_drain(p, on_key, NULL);
+    }
+    ASSERT_LT(now_s() - c0, 0.5); /* never waits for the hung read (2 s) */
+    ASSERT_EQ(r.step, 20);
+    /* The hung read ends at its 2 s limit, and its round with it. */
+    progress_stats st;
+    progress_get_stats(p, &st);
+    uint64_t rounds = st.rounds;
+    while (st.rounds == rounds && now_s() - c0 < 10) progress_get_stats(p, &st);
+    ASSERT_LT(now_s() - c0, 8.0); /* 2 s, and slack for a loaded machine (valgrind) */
+    ASSERT_LT(1.5, now_s() - c0);
+    ASSERT_EQ(st.wrong_job, 1);
+    ASSERT_EQ(st.ok, 2);
+    ASSERT_EQ(st.invalid, 0);
+    ASSERT(st.errors >= 5); /* r2 four times, the hung read */
+    ASSERT(progress_get(p, UID, "r1", &r) && r.step == 20);
+    /* Regions forgotten with their job; a re-registered job is a new one, read at once. */
+    progress_forget(p, "ns/job");
+    ASSERT(!progress_get(p, UID, "r1", &r));
+    ASSERT_OK(progress_watch(p, "ns/job", UID, 1, t));
+    while (tk_fake_served(f) < 5) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* Shutdown while a read hangs: progress_free returns within a moment. */
+    double s0 = now_s();
+    progress_free(p);
+    ASSERT_LT(now_s() - s0, 0.5);
+    tk_fake_stop(f);
+}
+
+TEST(progress_disabled)
+{
+    progress *p = NULL;
+    cirrus_error err;
+    progress_options o = {.period_s = 0};
+    ASSERT_OK(progress_new(&o, &p, &err));
+    progress_target t[] = {{"r1", "http://127.0.0.1:1/status"}};
+    ASSERT_OK(progress_watch(p, "ns/job", UID, 1, t));
+    progress_result r;
+    ASSERT(!progress_get(p, UID, "r1", &r));
+    progress_drain(p, on_key, NULL);
+    progress_free(p);
+    /* NULL is "no reader" for the controller. */
+    ASSERT(!progress_get(NULL, UID, "r1", &r));
+    ASSERT_OK(progress_watch(NULL, "ns/job", UID, 1, t));
+    progress_forget(NULL, "ns/job");
+    progress_drain(NULL, on_key, NULL);
+    progress_free(NULL);
+}
