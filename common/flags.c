@@ -38,27 +38,54 @@ static int parse_number(const flag_spec *f, const char *text, cirrus_error *err)
     return 0;
 }
 
+/* A boolean's value after '=': true/1 or false/0. */
+static int parse_bool(const flag_spec *f, const char *val, cirrus_error *err)
+{
+    if (!strcmp(val, "true") || !strcmp(val, "1")) *(int *)f->dst = 1;
+    else if (!strcmp(val, "false") || !strcmp(val, "0")) *(int *)f->dst = 0;
+    else return cirrus_fail(err, CIRRUS_EINVAL, "--%s: '%s' is not true or false", f->name, val);
+    return 0;
+}
+
 int flags_parse(flag_spec *flags, int n, int argc, char **argv, cirrus_error *err)
 {
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0)
             return cirrus_fail(err, CIRRUS_EINVAL, "unexpected argument '%s'", arg);
-        const char *name = arg + 2;
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        const size_t len = eq ? (size_t)(eq - name) : strlen(name);
         flag_spec *f = NULL;
         for (int k = 0; k < n; k++)
-            if (strcmp(flags[k].name, name) == 0) f = &flags[k];
-        if (!f) return cirrus_fail(err, CIRRUS_EINVAL, "unknown flag '%s'", arg);
+            if (strlen(flags[k].name) == len && strncmp(flags[k].name, name, len) == 0)
+                f = &flags[k];
+        if (!f)
+            return cirrus_fail(err, CIRRUS_EINVAL, "unknown flag '--%.*s'", (int)len, name);
         f->seen = 1;
         if (f->type == FLAG_BOOL) {
-            *(int *)f->dst = 1;
+            if (eq) {
+                int rc = parse_bool(f, eq + 1, err);
+                if (rc) return rc;
+            } else {
+                *(int *)f->dst = 1;
+            }
             continue;
         }
-        if (i + 1 >= argc) return cirrus_fail(err, CIRRUS_EINVAL, "%s needs a value", arg);
-        const char *val = argv[++i];
-        if (f->type == FLAG_STR) {
-            if (!*val) return cirrus_fail(err, CIRRUS_EINVAL, "%s needs a non-empty value", arg);
-            *(const char **)f->dst = val;
+        if (!eq && i + 1 >= argc)
+            return cirrus_fail(err, CIRRUS_EINVAL, "--%s needs a value", f->name);
+        const char *val = eq ? eq + 1 : argv[++i];
+        if (f->type == FLAG_STR || f->type == FLAG_STR_LIST) {
+            if (!*val)
+                return cirrus_fail(err, CIRRUS_EINVAL, "--%s needs a non-empty value", f->name);
+            if (f->type == FLAG_STR) {
+                *(const char **)f->dst = val;
+                continue;
+            }
+            flag_str_list *l = f->dst;
+            if (l->n == FLAG_LIST_MAX)
+                return cirrus_fail(err, CIRRUS_EINVAL, "--%s given more than %d times", f->name,
+                                   FLAG_LIST_MAX);
+            l->items[l->n++] = val;
         } else {
             if (f->type == FLAG_U64 && val[0] == '-')
                 return cirrus_fail(err, CIRRUS_EINVAL, "--%s must not be negative", f->name);

@@ -1,7 +1,8 @@
 /* flags: a small table-driven command-line parser shared by cirrus-operator and every
  * cirrus-trainer subcommand. Each flag names its type, destination and bounds; anything
  * unknown, missing a value, malformed or out of range is refused with a one-line message
- * naming the flag. */
+ * naming the flag. Values follow as the next argument or after '=' ("--port 80" or
+ * "--port=80", as Kubernetes manifests spell them; a boolean takes "=true" or "=false"). */
 #ifndef CIRRUS_FLAGS_H
 #define CIRRUS_FLAGS_H
 
@@ -9,12 +10,20 @@
 
 #include "cerr.h"
 
-enum flag_type { FLAG_INT, FLAG_U64, FLAG_FLOAT, FLAG_STR, FLAG_BOOL };
+enum flag_type { FLAG_INT, FLAG_U64, FLAG_FLOAT, FLAG_STR, FLAG_BOOL, FLAG_STR_LIST };
+
+/* The destination of a FLAG_STR_LIST flag: every value given, in order (the flag may be
+ * repeated; more than FLAG_LIST_MAX values are refused). */
+#define FLAG_LIST_MAX 64
+typedef struct flag_str_list {
+    const char *items[FLAG_LIST_MAX];
+    int n;
+} flag_str_list;
 
 typedef struct flag_spec {
     const char *name; /* without the leading "--" */
     enum flag_type type;
-    void *dst;        /* int*, uint64_t*, float*, const char**, int* (bool) */
+    void *dst;        /* int*, uint64_t*, float*, const char**, int* (bool), flag_str_list* */
     double min, max;  /* bounds for numbers (inclusive) */
     const char *help;
     int seen;         /* set by flags_parse */

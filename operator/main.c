@@ -80,73 +80,12 @@ static const char *env_or(const char *name, const char *dflt)
     return v && *v ? v : dflt;
 }
 
-/* The arguments with every "--name=value" split into "--name" "value" (Kubernetes
- * manifests spell flags so). *names collects the "--name" strings made here, to be freed. */
-static char **split_args(int argc, char **argv, int *n_out, char ***names)
-{
-    char **out = calloc((size_t)(2 * argc + 1), sizeof *out);
-    *names = calloc((size_t)(argc + 1), sizeof **names);
-    if (!out || !*names) {
-        free(out);
-        free(*names);
-        *names = NULL;
-        return NULL;
-    }
-    int n = 0, k = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *eq = strncmp(argv[i], "--", 2) ? NULL : strchr(argv[i], '=');
-        if (!eq) {
-            out[n++] = argv[i];
-            continue;
-        }
-        char *name = strndup(argv[i], (size_t)(eq - argv[i]));
-        if (!name) {
-            for (int j = 0; j < k; j++) free((*names)[j]);
-            free(*names);
-            free(out);
-            *names = NULL;
-            return NULL;
-        }
-        (*names)[k++] = name;
-        out[n++] = name;
-        out[n++] = (char *)eq + 1;
-    }
-    *n_out = n;
-    return out;
-}
-
-static void free_args(char **args, char **names)
-{
-    for (int i = 0; names && names[i]; i++) free(names[i]);
-    free(names);
-    free(args);
-}
-
-/* Every value of the repeatable flag `name` (flags_parse keeps only the last): args parsed
- * without error, so each non-boolean flag is followed by its value. */
-static int collect(const flag_spec *flags, int n_flags, int argc, char **argv, const char *name,
-                   const char **vals, int max)
-{
-    int n = 0;
-    for (int i = 0; i < argc; i++) {
-        const flag_spec *f = NULL;
-        for (int k = 0; k < n_flags && !f; k++)
-            if (!strcmp(argv[i] + 2, flags[k].name)) f = &flags[k];
-        if (!f || f->type == FLAG_BOOL) continue;
-        if (!strcmp(f->name, name) && n < max) vals[n++] = argv[i + 1];
-        i++;
-    }
-    return n;
-}
-
-#define MAX_RESOLVE 64
-
 int main(int argc, char **argv)
 {
     const char *kubeconfig = NULL, *ns = NULL, *identity = NULL;
     const char *lease_ns = env_or("POD_NAMESPACE", "cirrus-system");
     const char *lease_name = env_or("CIRRUS_LEASE_NAME", "cirrus-operator");
-    const char *resolve = NULL;
+    flag_str_list resolves = {.n = 0};
     int leader_elect = 0, metrics_port = 8080, help = 0, progress_period_s = 10;
     flag_spec flags[] = {
         {"kubeconfig", FLAG_STR, &kubeconfig, 0, 0,
@@ -165,7 +104,7 @@ int main(int argc, char **argv)
          "seconds between reads of each running job's gateway /status, for the status's "
          "step, loss and tokens/s (0: never; default 10)",
          0},
-        {"resolve", FLAG_STR, &resolve, 0, 0,
+        {"resolve", FLAG_STR_LIST, &resolves, 0, 0,
          "HOST:PORT:ADDRESS: reach HOST:PORT at ADDRESS when reading a gateway's /status "
          "(as curl --resolve; repeatable, or comma-separated)",
          0},
@@ -173,29 +112,15 @@ int main(int argc, char **argv)
     };
     cirrus_error err = {0};
     log_set_role("operator");
-    int n_args = 0;
-    char **names = NULL, **args = split_args(argc - 1, argv + 1, &n_args, &names);
-    if (!args) {
-        fprintf(stderr, "cirrus-operator: out of memory\n");
-        return 1;
-    }
-    const char *resolves[MAX_RESOLVE];
-    int n_resolve = 0, bad = flags_parse(flags, NFLAGS(flags), n_args, args, &err);
-    if (!bad) {
-        n_resolve = collect(flags, NFLAGS(flags), n_args, args, "resolve", resolves, MAX_RESOLVE);
-        if (n_resolve == MAX_RESOLVE && resolve != resolves[MAX_RESOLVE - 1])
-            bad = cirrus_fail(&err, CIRRUS_EINVAL, "more than %d --resolve flags", MAX_RESOLVE);
-        for (int i = 0; i < n_resolve && !bad; i++) bad = progress_check_resolve(resolves[i], &err);
-    }
+    int bad = flags_parse(flags, NFLAGS(flags), argc - 1, argv + 1, &err);
+    for (int i = 0; i < resolves.n && !bad; i++) bad = progress_check_resolve(resolves.items[i], &err);
     if (bad) {
         fprintf(stderr, "cirrus-operator: %s\n", err.msg);
-        free_args(args, names);
         return EXIT_BAD_INPUT;
     }
     if (help) {
         fprintf(stderr, "usage: cirrus-operator [flags]  (--name value or --name=value)\n");
         flags_usage(flags, NFLAGS(flags));
-        free_args(args, names);
         return 0;
     }
     char host_id[128];
@@ -208,7 +133,6 @@ int main(int argc, char **argv)
     kube_config *cfg = NULL;
     if (kube_config_load(kubeconfig, &cfg, &err)) {
         fprintf(stderr, "cirrus-operator: %s\n", err.msg);
-        free_args(args, names);
         return EXIT_BAD_INPUT;
     }
     int rc = 1;
@@ -219,8 +143,8 @@ int main(int argc, char **argv)
     run_state rs = {op_metrics_new(), NULL};
     if (!rs.metrics || kube_client_new(cfg, &client, &err)) goto out;
     /* After kube_client_new (libcurl's global set-up happens before any thread starts). */
-    progress_options po = {.period_s = progress_period_s, .resolve = resolves,
-                           .n_resolve = n_resolve, .metrics = rs.metrics};
+    progress_options po = {.period_s = progress_period_s, .resolve = resolves.items,
+                           .n_resolve = resolves.n, .metrics = rs.metrics};
     if (progress_new(&po, &prog, &err)) goto out;
     if (metrics_port >= 0) {
         int bound = 0;
@@ -243,7 +167,7 @@ int main(int argc, char **argv)
              identity, ns ? ns : "all namespaces", kube_config_server(cfg));
     if (progress_period_s > 0)
         log_info("reading the gateways' /status every %d s%s", progress_period_s,
-                 n_resolve ? " (with --resolve)" : "");
+                 resolves.n ? " (with --resolve)" : "");
     else
         log_info("not reading the gateways' /status (--progress-period-s 0)");
     signal(SIGTERM, on_stop);
@@ -287,6 +211,5 @@ out:
     op_metrics_free(rs.metrics);
     kube_client_free(client);
     kube_config_free(cfg);
-    free_args(args, names);
     return rc;
 }

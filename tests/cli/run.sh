@@ -34,6 +34,9 @@ expect no_command 2 'no command given' -- "$bin"
 expect unknown_command 2 "unknown command 'fly'" -- "$bin" fly
 expect unknown_flag 2 "unknown flag '--bogus'" -- "$bin" train --bogus
 expect missing_value 2 '--steps needs a value' -- "$bin" train --steps
+expect equals_form 2 '--steps must be in \[1, ' -- "$bin" train --steps=0
+expect bool_equals_form 2 "--json: 'maybe' is not true or false" -- "$bin" train --json=maybe
+expect unknown_flag_equals_form 2 "unknown flag '--bogus'" -- "$bin" train --bogus=1
 expect zero_steps 2 '--steps must be in \[1, ' -- "$bin" train --steps 0
 expect bad_seed 2 "--seed: 'x1' is not a valid number" -- "$bin" train --seed x1
 expect negative_seed 2 '--seed must not be negative' -- "$bin" train --seed -3
