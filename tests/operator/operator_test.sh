@@ -20,6 +20,8 @@
 # access or leak; CIRRUS_OPERATOR names a binary valgrind can run (no -march=native). Last line: "operator: N passed, N failed"; exits non-zero if anything failed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=tests/operator/lib.sh
+source "$root/tests/operator/lib.sh"
 here=$root/tests/operator
 bin=${CIRRUS_OPERATOR:-$root/build/bin/cirrus-operator}
 sample=$root/manifests/samples/swarmjob.yaml
@@ -87,26 +89,7 @@ finish() {
 fail_fast() { not_ok "$*"; finish; }
 
 [[ -x "$bin" ]] || fail_fast "$bin is missing (make all)"
-k apply -f "$root/manifests/" >/dev/null 2>&1 || fail_fast "kubectl apply -f manifests/"
-k wait --for condition=Established --timeout=30s crd/swarmjobs.cirrus.dev >/dev/null 2>&1 ||
-    fail_fast "CRD not Established"
-# Leave no standby from an earlier run holding the Lease.
-k -n cirrus-system delete lease cirrus-operator --ignore-not-found >/dev/null 2>&1
-token=$(k -n cirrus-system create token cirrus-operator --duration=1h) || fail_fast "TokenRequest"
-cat >"$work/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "$CIRRUS_APISERVER", certificate-authority: "$CIRRUS_CA_FILE"}
-users:
-- name: cirrus-operator
-  user: {token: "$token"}
-contexts:
-- name: test
-  context: {cluster: test, user: cirrus-operator}
-current-context: test
-EOF
+why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
 k create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
 start_operator
 wait_until 60 grep -q "caches synced" "$op_log" || fail_fast "operator did not sync its caches"

@@ -19,6 +19,8 @@
 # and fails on any invalid access or leak. Last line: "progress: N passed, N failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=tests/operator/lib.sh
+source "$root/tests/operator/lib.sh"
 bin=${CIRRUS_OPERATOR:-$root/build/bin/cirrus-operator}
 trainer=${CIRRUS_TRAINER:-$root/build/bin/cirrus-trainer}
 NS=cirrus-progress-test-$$
@@ -103,26 +105,7 @@ if [[ ! -s "$corpus" ]]; then
     done >"$corpus"
 fi
 
-kubectl apply -f "$root/manifests/" >/dev/null 2>&1 || fail_fast "kubectl apply -f manifests/"
-kubectl wait --for condition=Established --timeout=30s crd/swarmjobs.cirrus.dev >/dev/null 2>&1 ||
-    fail_fast "CRD not Established"
-# Leave no standby from an earlier run holding the Lease.
-kubectl -n cirrus-system delete lease cirrus-operator --ignore-not-found >/dev/null 2>&1
-token=$(kubectl -n cirrus-system create token cirrus-operator --duration=1h) || fail_fast "TokenRequest"
-cat >"$work/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "$CIRRUS_APISERVER", certificate-authority: "$CIRRUS_CA_FILE"}
-users:
-- name: cirrus-operator
-  user: {token: "$token"}
-contexts:
-- name: test
-  context: {cluster: test, user: cirrus-operator}
-current-context: test
-EOF
+why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
 kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
 start_operator
 wait_until 60 grep -q "caches synced" "$op_log" || fail_fast "operator did not sync its caches"
