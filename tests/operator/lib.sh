@@ -30,3 +30,14 @@ contexts:
 current-context: test
 KUBECONFIG
 }
+
+# check_valgrind_clean WORKDIR: under OPERATOR_VALGRIND=1, one check that the valgrind logs
+# WORKDIR/valgrind.* are empty (no invalid access, no leak). Uses the test's ok/not_ok.
+check_valgrind_clean() {
+    [[ "${OPERATOR_VALGRIND:-0}" == 1 ]] || return 0
+    if cat "$1"/valgrind.* 2>/dev/null | grep -q .; then
+        not_ok "valgrind reported: $(cat "$1"/valgrind.* | head -30)"
+    else
+        ok "valgrind: no invalid accesses, no leaks"
+    fi
+}

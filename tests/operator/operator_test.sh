@@ -318,11 +318,5 @@ fi # not under valgrind
 stop_operator TERM
 rc=$?
 expect_eq "operator exits 0 on SIGTERM" 0 "$rc"
-if [[ "${OPERATOR_VALGRIND:-0}" == 1 ]]; then
-    if cat "$work"/valgrind.* 2>/dev/null | grep -q .; then
-        not_ok "valgrind reported: $(cat "$work"/valgrind.* | head -30)"
-    else
-        ok "valgrind: no invalid accesses, no leaks"
-    fi
-fi
+check_valgrind_clean "$work"
 finish

@@ -1227,6 +1227,19 @@ fail:
     return rc;
 }
 
+/* Peer k of stage s takes the state of peer `donor` of the stage (SYNC); it drops the
+ * gradients it holds, so only between steps, or for a peer that holds none. */
+static int sync_peer(pipeline *p, int s, int k, int donor, cirrus_error *err)
+{
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, 512);
+    wire_put_str(&w, p->link[s].peer[donor].addr);
+    int rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
+    wire_writer_free(&w);
+    return rc;
+}
+
 /* The optimizer steps peer k of stage s has taken (INFO). */
 static int peer_steps(pipeline *p, int s, int k, uint64_t *steps, cirrus_error *err)
 {
@@ -1257,12 +1270,7 @@ int pipeline_align_peers(pipeline *p, cirrus_error *err)
             peer_link *pl = &p->link[s].peer[k];
             int rc = 0;
             if (!p->follower && donor >= 0) {
-                wire_writer w;
-                wire_reader r;
-                wire_writer_init(&w, 512);
-                wire_put_str(&w, p->link[s].peer[donor].addr);
-                rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
-                wire_writer_free(&w);
+                rc = sync_peer(p, s, k, donor, err);
                 if (!rc) {
                     log_info("stage %d: peer %s was behind (step %llu of %llu): it took the "
                              "state of %s", s, pl->addr, (unsigned long long)steps[k],
@@ -1356,14 +1364,7 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
         L->peer[k].c = NULL;
         return 0;
     }
-    if (behind) {
-        wire_writer w;
-        wire_reader r;
-        wire_writer_init(&w, 512);
-        wire_put_str(&w, L->peer[donor].addr);
-        rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
-        wire_writer_free(&w);
-    }
+    if (behind) rc = sync_peer(p, s, k, donor, err);
     if (!rc && track_peer(p, s, k)) rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (rc) {
         net_close(L->peer[k].c);
