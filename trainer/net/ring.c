@@ -17,8 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/socket.h>
-#include <stdio.h>
 
 #include "collective.h"
 #include "conn.h"
@@ -318,12 +316,6 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
                     hosts[right], ports[right], d.err.msg);
     }
     r->right = d.conn;
-    if (!rc) { /* EXPERIMENT */
-        const char *e;
-        if ((e = getenv("RING_SNDBUF"))) { int v = atoi(e); setsockopt(net_fd(r->right), SOL_SOCKET, SO_SNDBUF, &v, sizeof v); }
-        if ((e = getenv("RING_RCVBUF"))) { int v = atoi(e); setsockopt(net_fd(r->left), SOL_SOCKET, SO_RCVBUF, &v, sizeof v); }
-        if ((e = getenv("RING_CHUNK"))) r->opt.chunk_bytes = (size_t)atol(e);
-    }
     if (rc) {
         ring_destroy(&r->base);
         return rc;
