@@ -549,6 +549,98 @@ TEST_T(conn_set_max_payload, 5)
     close(lfd);
 }
 
+typedef struct bulk_send {
+    net_conn *tx;
+    const uint8_t *buf;
+    uint32_t len;
+    int rc;
+} bulk_send;
+
+static void *bulk_send_main(void *arg)
+{
+    bulk_send *b = arg;
+    b->rc = net_send_frame(b->tx, WIRE_PING, 42, b->buf, b->len, T_MS);
+    return NULL;
+}
+
+/* net_recv_frame_into: a frame many socket buffers long lands whole in the caller's buffer;
+ * ordinary receives on the same connection then wake for any byte again (a mark left at
+ * the bulk size would stall them until their deadline); a frame of another length, a bad
+ * checksum and a length over the connection's limit are refused with messages. */
+TEST_T(conn_recv_frame_into, 20)
+{
+    enum { BIG = 8 << 20 };
+    int lfd, port;
+    cirrus_error err = {0};
+    ASSERT_OK(net_listen("127.0.0.1", 0, &lfd, &port, &err));
+    net_conn *tx, *rx;
+    wire_header h;
+    const uint8_t *p;
+    uint8_t *src = malloc(BIG), *dst = malloc(BIG);
+    fill(src, BIG, 7);
+
+    pair(lfd, port, &tx, &rx);
+    for (int round = 0; round < 2; round++) {
+        bulk_send b = {.tx = tx, .buf = src, .len = BIG};
+        pthread_t th;
+        ASSERT(pthread_create(&th, NULL, bulk_send_main, &b) == 0);
+        memset(dst, 0, BIG);
+        ASSERT_OK(net_recv_frame_into(rx, &h, dst, BIG, T_MS, &err));
+        pthread_join(th, NULL);
+        ASSERT_OK(b.rc);
+        ASSERT_EQ(h.type, WIRE_PING);
+        ASSERT(h.request_id == 42);
+        ASSERT(memcmp(src, dst, BIG) == 0);
+        /* A 10-byte frame, sent 50 ms later, arrives long before a 1 s deadline. */
+        double t0 = now_ms();
+        ASSERT_OK(net_send_frame(tx, WIRE_PING, 43, src, 10, T_MS));
+        ASSERT_OK(net_recv_frame(rx, &h, &p, 1000, &err));
+        ASSERT_EQ(h.payload_len, 10);
+        ASSERT_LT(now_ms() - t0, 500);
+    }
+
+    /* A well-formed frame shorter than expected: a protocol error once the deadline ends
+     * the wait, not a timeout. */
+    ASSERT_OK(net_send_frame(tx, WIRE_PING, 44, src, 16, T_MS));
+    ASSERT_EQ(net_recv_frame_into(rx, &h, dst, 4096, 200, &err), CIRRUS_ECORRUPT);
+    if (!strstr(err.msg, "frame of 16 bytes (type 4) where one of 4096 was expected"))
+        TEST_FAIL("message '%s'", err.msg);
+    net_close(tx), net_close(rx);
+
+    /* Longer than expected: refused from the header alone. */
+    pair(lfd, port, &tx, &rx);
+    ASSERT_OK(net_send_frame(tx, WIRE_PING, 45, src, 5000, T_MS));
+    ASSERT_EQ(net_recv_frame_into(rx, &h, dst, 4096, T_MS, &err), CIRRUS_ECORRUPT);
+    net_close(tx), net_close(rx);
+
+    /* A payload changed after its checksum was computed. */
+    pair(lfd, port, &tx, &rx);
+    uint8_t hdr[WIRE_HEADER_SIZE];
+    wire_header_encode(hdr, WIRE_PING, 46, src, 4096);
+    raw_write(net_fd(tx), hdr, sizeof hdr);
+    src[0] ^= 1;
+    raw_write(net_fd(tx), src, 4096);
+    ASSERT_EQ(net_recv_frame_into(rx, &h, dst, 4096, T_MS, &err), CIRRUS_ECORRUPT);
+    if (!strstr(err.msg, "checksum")) TEST_FAIL("message '%s'", err.msg);
+    net_close(tx), net_close(rx);
+
+    /* Half a frame, then nothing: a timeout naming how much came. */
+    pair(lfd, port, &tx, &rx);
+    raw_write(net_fd(tx), hdr, sizeof hdr);
+    raw_write(net_fd(tx), src, 1000);
+    ASSERT_EQ(net_recv_frame_into(rx, &h, dst, 4096, 200, &err), CIRRUS_ETIMEDOUT);
+    if (!strstr(err.msg, "1032 bytes received")) TEST_FAIL("message '%s'", err.msg);
+    net_close(tx), net_close(rx);
+
+    /* More than the connection accepts: refused before reading anything. */
+    pair(lfd, port, &tx, &rx);
+    net_set_max_payload(rx, 1000);
+    ASSERT_EQ(net_recv_frame_into(rx, &h, dst, 1001, T_MS, &err), CIRRUS_EINVAL);
+    net_close(tx), net_close(rx);
+    close(lfd);
+    free(src), free(dst);
+}
+
 /* ---- the handshake, seen from a conn.c client ---- */
 
 TEST_T(conn_hello_wrong_job_id_client_side, 5)

@@ -56,6 +56,17 @@ int net_send_frame(net_conn *c, uint16_t type, uint64_t request_id, const void *
 int net_recv_frame(net_conn *c, wire_header *h, const uint8_t **payload, int timeout_ms,
                    cirrus_error *err);
 
+/* Receive one frame whose payload is exactly len bytes, straight into buf: for bulk
+ * transfers whose sizes both ends know (the ring all-reduce's chunks), sparing the copy out
+ * of the connection's buffer and waking only once the whole frame has arrived. A frame of
+ * any other length is CIRRUS_ECORRUPT; every check of net_recv_frame applies. The caller
+ * checks type and request id; buf holds the payload only when the call returns 0. */
+int net_recv_frame_into(net_conn *c, wire_header *h, void *buf, uint32_t len, int timeout_ms,
+                        cirrus_error *err);
+
+/* Whether both ends of the connection are on this host (loopback, or our own address). */
+int net_same_host(const net_conn *c);
+
 /* Handshake: the connecting side sends HELLO(role, peer_id, job_id) and waits for
  * HELLO_OK; the accepting side checks the job id and answers, or fails with a message. */
 int net_hello_client(net_conn *c, const char *job_id, uint16_t role, uint32_t peer_id,

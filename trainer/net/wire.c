@@ -8,6 +8,8 @@
 /* The static-linking API gives XXH3_state_t a complete type, so a checksum needs no heap
  * allocation (and wire_header_encode, which cannot fail, stays that way). */
 #define XXH_STATIC_LINKING_ONLY
+/* Inlined so XXH3 is compiled for this CPU (-march), not the library's generic build. */
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 /* Header offsets; the table in wire.h and docs/PROTOCOL.md is the authority. */
