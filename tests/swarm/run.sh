@@ -290,6 +290,64 @@ for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()
 
+# 6c. A notice the gateway forgets: two clients share each step; a stage-1 peer hangs in
+#     the averaging of step 60 (--stall-average-at), so the leader drops it and posts a REDO
+#     notice (the peer may hold the follower's gradients). The gateway exits on the next
+#     barrier call (--test-exit-after-redo), before the follower heard of the notice, and
+#     is started again. The leader sees the restarted gateway has no notice as new as its
+#     own, posts it again, the follower redoes its backwards there, and the step sums every
+#     microbatch once (each stage's sum is checked against the step's microbatches, and a
+#     client fails on a mismatch): both clients finish. Without the re-post the follower
+#     would be counted without redoing, and that check would fail the step.
+gport=$(python3 "$(dirname "$0")/free_port.py")
+"$bin" gateway --job jobF --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 \
+    --test-exit-after-redo 2>"$tmp/gateway-f.err" &
+gateway_pid=$!
+pids+=("$gateway_pid")
+for spec in "0 0:1" "1 1:3" "1 1:3 --stall-average-at 60 --stall-s 20"; do
+    read -r index layers stall <<<"$spec"
+    # shellcheck disable=SC2086 # $stall holds two flags or none
+    OMP_NUM_THREADS=1 "$bin" stage --serve "$layers" "${model[@]}" --batch 2 --job jobF \
+        --listen 127.0.0.1:0 --coordinator "127.0.0.1:$gport" --stage-index "$index" $stall \
+        2>>"$tmp/peers-f.err" &
+    pids+=($!)
+done
+for i in 0 1; do
+    OMP_NUM_THREADS=1 "$bin" client --job jobF --coordinator "127.0.0.1:$gport" "${model[@]}" \
+        --batch 8 --microbatch 2 --clients 2 --client-index "$i" --steps 120 --log-every 40 \
+        --wait-peers-s 10 >"$tmp/client-f$i.out" 2>"$tmp/client-f$i.err" &
+    client_f[$i]=$!
+done
+gateway_exited=0
+for _ in $(seq 600); do kill -0 "$gateway_pid" 2>/dev/null || { gateway_exited=1; break; }; sleep 0.1; done
+kill -9 "$gateway_pid" 2>/dev/null # still there: no notice was posted (the check below fails)
+wait "$gateway_pid" 2>/dev/null
+"$bin" gateway --job jobF --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 \
+    2>>"$tmp/gateway-f.err" &
+pids+=($!)
+# 120 steps take a few seconds; without the re-post the clients hang at the barrier.
+for _ in $(seq 1200); do
+    kill -0 "${client_f[0]}" 2>/dev/null || kill -0 "${client_f[1]}" 2>/dev/null || break
+    sleep 0.1
+done
+f_ok=1
+for i in 0 1; do
+    kill -0 "${client_f[$i]}" 2>/dev/null && { echo "    client $i still running after 120 s"; kill -9 "${client_f[$i]}"; }
+    wait "${client_f[$i]}" || f_ok=0
+done
+reposted=$(grep -c 'the coordinator forgot' "$tmp/client-f0.err")
+echo "    gateway exited after a REDO notice: $gateway_exited; leader re-posted: $reposted time(s)"
+if [ "$f_ok" = 1 ] && [ "$gateway_exited" = 1 ] && [ "$reposted" -ge 1 ] &&
+    grep -q '^done: 120 steps' "$tmp/client-f0.out" && grep -q '^done: 120 steps' "$tmp/client-f1.out"; then
+    ok forgotten_redo_notice_posted_again
+else
+    bad forgotten_redo_notice_posted_again
+    tail -n 5 "$tmp/client-f0.err" "$tmp/client-f1.err" "$tmp/gateway-f.err"
+fi
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+wait 2>/dev/null
+pids=()
+
 # 7. Heterogeneous peers: stage 0 has a peer 3x slower than the others (--slow-peer, a test
 #    flag: it sleeps twice its compute time after each request). Round robin gives it half
 #    of stage 0's microbatches, and every step waits for it; the wiring measures each

@@ -1181,6 +1181,50 @@ TEST_T(coordinator_step_barrier_redo, 10)
     coordinator_stop(co);
 }
 
+/* A restarted coordinator has forgotten its notices, but its ids must not start over: a
+ * follower that acted on notice k skips ids <= k, so a notice the leader re-posts must get
+ * a larger id. The leader's REDO carries the newest id it posted and a client's ARRIVE the
+ * newest it acted on; the restarted coordinator numbers past both. */
+TEST_T(coordinator_step_notice_ids_survive_restart, 10)
+{
+    coordinator *co = start(2);
+    coord_client *lead = client_at(coordinator_port(co));
+    for (int k = 0; k < 3; k++) step_sync(lead, redo_req(8, 1, "127.0.0.1:5000"));
+    coord_step_state st = arrive(lead, 8, 0, 2, 2, 2.0, 3);
+    ASSERT_EQ(st.latest_notice, 3);
+    coord_client_close(lead);
+    coordinator_stop(co);
+
+    co = start(2); /* the restart: nothing remembered */
+    lead = client_at(coordinator_port(co));
+    coord_client *follow = client_at(coordinator_port(co));
+    /* The follower acted on notice 3 before the restart; its arrival says so. */
+    st = arrive(follow, 8, 1, 2, 3, 3.0, 3);
+    ASSERT_EQ(st.latest_notice, 0); /* forgotten: the leader must see it is gone */
+    ASSERT_EQ(st.arrived, 1);
+    /* The leader re-posts: id 4, listed to the follower, which is no longer counted. */
+    coord_step_sync q = redo_req(8, 1, "127.0.0.1:5000");
+    q.redo_seen = 3;
+    st = step_sync(lead, q);
+    ASSERT_EQ(st.latest_notice, 4);
+    st = arrive(follow, 8, 1, 2, 3, 3.0, 3);
+    ASSERT_EQ(st.arrived, 0);
+    ASSERT_EQ(st.n_notices, 1);
+    ASSERT_EQ(st.notices[0].id, 4);
+    ASSERT(!strcmp(st.notices[0].addr, "127.0.0.1:5000"));
+
+    /* A client that saw more than the leader said (ids jump to 10): the next notice is 11,
+     * and the ids skipped list nothing. */
+    arrive(follow, 9, 1, 2, 3, 3.0, 10);
+    st = step_sync(lead, redo_req(9, 0, "127.0.0.1:4000"));
+    ASSERT_EQ(st.latest_notice, 11);
+    ASSERT_EQ(st.n_notices, 1);
+    ASSERT_EQ(st.notices[0].id, 11);
+    coord_client_close(lead);
+    coord_client_close(follow);
+    coordinator_stop(co);
+}
+
 /* Encode q into w (reset first). */
 static void put_step(wire_writer *w, coord_step_sync q)
 {

@@ -58,6 +58,7 @@ typedef struct step_barrier {
     step_slot slots[COORD_MAX_CLIENTS];
     step_notice notices[COORD_NOTICE_KEEP]; /* a ring: notice id k at (k - 1) % size */
     uint64_t next_notice;                   /* the id the next REDO gets; from 1 */
+    uint64_t posted;                        /* notices recorded by this coordinator */
 } step_barrier;
 
 struct coordinator {
@@ -411,6 +412,15 @@ static int on_leave(coordinator *co, const uint8_t *p, uint32_t n, outcome *oc)
 
 /* ---- the step barrier (callers hold co->mu) ---- */
 
+/* Notice ids only grow, across restarts of the coordinator too: a client that acted on
+ * notice k before a restart skips every id <= k, so a notice re-posted to a restarted
+ * coordinator must get a larger id. Every call carries the newest id its client has seen
+ * (the leader's: the newest it posted), and the next id is kept above all of them. */
+static void notice_ids_after(step_barrier *b, uint64_t seen)
+{
+    if (seen >= b->next_notice) b->next_notice = seen + 1;
+}
+
 static int step_arrive(coordinator *co, const coord_step_sync *q, outcome *oc)
 {
     step_barrier *b = &co->barrier;
@@ -420,6 +430,7 @@ static int step_arrive(coordinator *co, const coord_step_sync *q, outcome *oc)
         return cirrus_fail(&oc->err, CIRRUS_EINVAL, "n_clients %u differs from the job's %u",
                            q->n_clients, b->n_clients);
     b->n_clients = q->n_clients;
+    notice_ids_after(b, q->redo_seen);
     b->slots[q->client_index] = (step_slot){.step = q->step, .microbatches = q->microbatches,
                                             .loss_sum = q->loss_sum,
                                             .redo_seen = q->redo_seen};
@@ -436,8 +447,10 @@ static void step_applied(coordinator *co, uint64_t step)
 static void step_redo(coordinator *co, const coord_step_sync *q)
 {
     step_barrier *b = &co->barrier;
+    notice_ids_after(b, q->redo_seen);
     step_notice *nt = &b->notices[(b->next_notice - 1) % COORD_NOTICE_KEEP];
     *nt = (step_notice){.id = b->next_notice++, .step = q->step, .stage = q->stage};
+    b->posted++;
     memcpy(nt->addr, q->addr, sizeof nt->addr);
     log_info("step %llu: REDO notice %llu for stage %u peer %s",
              (unsigned long long)q->step, (unsigned long long)nt->id, q->stage, q->addr);
@@ -461,7 +474,7 @@ static void step_notices(const step_barrier *b, uint64_t t, uint64_t redo_seen,
 {
     for (uint64_t id = oldest_notice(b); id < b->next_notice; id++) {
         const step_notice *nt = notice_at(b, id);
-        if (nt->step != t) continue;
+        if (nt->id != id || nt->step != t) continue; /* ids skipped by notice_ids_after */
         st->latest_notice = id;
         if (id <= redo_seen || st->n_notices == COORD_MAX_NOTICES) continue;
         coord_step_notice *out = &st->notices[st->n_notices++];
@@ -505,6 +518,10 @@ static int on_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_writ
                            q.stage, co->o.n_stages - 1);
     int rc = 0;
     pthread_mutex_lock(&co->mu);
+    if (co->o.test_exit_after_redo && co->barrier.posted) {
+        log_warn("exiting with a REDO notice posted (--test-exit-after-redo)");
+        _exit(137);
+    }
     if (q.op == COORD_STEP_ARRIVE) rc = step_arrive(co, &q, oc);
     else if (q.op == COORD_STEP_APPLIED) step_applied(co, q.step);
     else step_redo(co, &q);

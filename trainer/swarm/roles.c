@@ -70,6 +70,7 @@ int roles_cmd_stage(int argc, char **argv)
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
+    char ring_default[STAGE_ADDR_MAX];
     uint64_t seed = 1337;
     float slowdown = 1.0f, stall_s = 0.0f;
     int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0, stall_at = 0;
@@ -83,7 +84,9 @@ int roles_cmd_stage(int argc, char **argv)
         {ROLE_FLAG_SEQ, FLAG_INT, &seq, 1, 65536, "largest sequence (default: the context)", 0},
         {ROLE_FLAG_SEED, FLAG_U64, &seed, 0, 0, "the job's seed (initial weights)", 0},
         {ROLE_FLAG_RING_ADDR, FLAG_STR, &ring_addr, 0, 0,
-         "HOST:PORT where the stage's other peers reach this one for gradient averaging", 0},
+         "HOST:PORT where the stage's other peers reach this one for gradient averaging "
+         "(default: a free port on the --advertise host)",
+         0},
         {ROLE_FLAG_RING_FD, FLAG_INT, &ring_fd, 0, 65535, "inherited socket listening at --ring-addr",
          0},
         {ROLE_FLAG_COORDINATOR, FLAG_STR, &coordinator, 0, 0, "the region's coordinator, HOST:PORT", 0},
@@ -146,6 +149,14 @@ int roles_cmd_stage(int argc, char **argv)
             o.ring_listen_fd = ring_fd;
         else if (net_listen(host, port, &o.ring_listen_fd, &bound, &err))
             return cli_fail_input("stage", &err);
+    } else {
+        /* No address given: a free port on the advertised host, so peers started by hand
+         * can average without picking ports (two peers of a stage need two addresses). */
+        int bound;
+        if (net_listen(advertise, 0, &o.ring_listen_fd, &bound, &err))
+            return cli_fail_input("stage", &err);
+        snprintf(ring_default, sizeof ring_default, "%s:%d", advertise, bound);
+        o.ring_addr = ring_addr = ring_default;
     }
     char role[64];
     snprintf(role, sizeof role, "stage %d:%d", o.l0, o.l1);
@@ -208,6 +219,10 @@ typedef struct pipe_exec {
     uint64_t redo_seen;        /* the newest of the leader's notices acted on */
     lost_peer lost[PIPE_MAX_STAGES * PIPE_MAX_PEERS]; /* the leader's, not yet announced */
     int n_lost;
+    /* The leader's notices of this step, to post again should the coordinator restart and
+     * forget them (stage COORD_ALL_STAGES: the step restarted, which supersedes the rest). */
+    lost_peer posted[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
+    int n_posted;
     coord_step_state barrier;  /* the barrier's latest answer */
 } pipe_exec;
 
@@ -315,23 +330,56 @@ static int barrier_call_until(pipe_exec *e, uint8_t op, uint32_t stage, const ch
     }
 }
 
+/* The leader posts a notice for the other clients (REDO): a lost peer's backwards, or the
+ * whole step again. The call carries the newest id the leader posted, so a restarted
+ * coordinator numbers a re-posted notice past every id a follower has acted on. */
+static int post_notice(pipe_exec *e, uint32_t stage, const char *addr, int again, double deadline,
+                       cirrus_error *err)
+{
+    int rc = barrier_call_until(e, COORD_STEP_REDO, stage, addr, deadline, err);
+    if (rc) return rc;
+    e->redo_seen = e->barrier.latest_notice;
+    if (again) return 0;
+    if (stage == COORD_ALL_STAGES) e->n_posted = 0; /* a restart redoes everything */
+    if (e->n_posted < (int)(sizeof e->posted / sizeof e->posted[0])) {
+        e->posted[e->n_posted].stage = (int)stage;
+        snprintf(e->posted[e->n_posted].addr, sizeof e->posted[0].addr, "%s", addr);
+        e->n_posted++;
+    }
+    return 0;
+}
+
+/* The barrier's answer shows no notice as new as the leader's last: the coordinator
+ * restarted and forgot this step's notices, and followers that had not acted on them would
+ * be counted as if they had. Post them again (a follower that already acted on one does it
+ * again harmlessly: a lost peer is lost once; a restart is detected and done again). */
+static int repost_forgotten(pipe_exec *e, double deadline, cirrus_error *err)
+{
+    if (!e->n_posted || e->barrier.latest_notice >= e->redo_seen) return 0;
+    log_warn("step %llu: the coordinator forgot %d notice(s) (it restarted?): posting them "
+             "again", (unsigned long long)e->step, e->n_posted);
+    for (int i = 0; i < e->n_posted; i++) {
+        int rc = post_notice(e, (uint32_t)e->posted[i].stage, e->posted[i].addr, 1, deadline, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* The leader: announce the peers lost with their stage unsummed, then wait until every
  * client has arrived having acted on them. */
 static int leader_gather(pipe_exec *e, cirrus_error *err)
 {
     const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int i = 0; i < e->n_lost; i++) {
-        int rc = barrier_call_until(e, COORD_STEP_REDO, (uint32_t)e->lost[i].stage,
-                                    e->lost[i].addr,
-                                    deadline, err);
+        int rc = post_notice(e, (uint32_t)e->lost[i].stage, e->lost[i].addr, 0, deadline, err);
         if (rc) return rc;
-        e->redo_seen = e->barrier.latest_notice;
         log_info("step %llu: peer %s of stage %d lost; the other clients redo its backwards",
                  (unsigned long long)e->step, e->lost[i].addr, e->lost[i].stage);
     }
     e->n_lost = 0;
     for (int us = 200;; barrier_pause(&us)) {
         int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
+        if (!rc) rc = repost_forgotten(e, deadline, err);
         if (rc) return rc;
         if (e->barrier.arrived == (uint32_t)e->n_clients) return 0;
         if (now_s() > deadline)
@@ -361,10 +409,9 @@ static int leader_restart_step(pipe_exec *e, int stage, int excess, cirrus_error
              "client died half-way?): the step starts again", (unsigned long long)e->step,
              stage, excess);
     int rc = pipeline_take_over(e->p, err);
-    if (!rc) rc = barrier_call_until(e, COORD_STEP_REDO, COORD_ALL_STAGES, "restart",
-                                     now_s() + BARRIER_TIMEOUT_S, err);
+    if (!rc) rc = post_notice(e, COORD_ALL_STAGES, "restart", 0, now_s() + BARRIER_TIMEOUT_S,
+                              err);
     if (rc) return rc;
-    e->redo_seen = e->barrier.latest_notice;
     e->n_lost = 0; /* the restart redoes everything */
     if ((rc = redo_share(e, err)) || (rc = leader_gather(e, err))) return rc;
     return PIPELINE_STEP_RESTARTED;
@@ -423,6 +470,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     e->mine = (e->index + 1) * M / e->n_clients - e->first;
     e->step = step;
     e->n_lost = 0;
+    e->n_posted = 0;
     const size_t off = (size_t)e->first * e->micro * T;
     if (e->exit_mid_step == step) { /* tests: a pod preempted half-way through its share */
         pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1, 1,
@@ -1238,6 +1286,7 @@ int roles_cmd_gateway(int argc, char **argv)
 {
     const char *job = "cirrus", *listen_addr = "0.0.0.0:7400";
     int stages = 1, layers = 0, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
+    int exit_after_redo = 0;
     flag_spec flags[] = {
         {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id; members of other jobs are refused", 0},
         {ROLE_FLAG_LISTEN, FLAG_STR, &listen_addr, 0, 0, "HOST:PORT for peers and clients", 0},
@@ -1251,6 +1300,8 @@ int roles_cmd_gateway(int argc, char **argv)
          "the bottleneck when that clearly raises the slowest stage's capacity (0: never; "
          "default 30)",
          0},
+        {"test-exit-after-redo", FLAG_BOOL, &exit_after_redo, 0, 0,
+         "tests only: exit on the first step-barrier call after a REDO notice was posted", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -1269,7 +1320,8 @@ int roles_cmd_gateway(int argc, char **argv)
     coordinator_options o = {.job_id = job, .host = host, .port = port, .http_port = http_port,
                              .n_stages = (uint32_t)stages, .n_layer = (uint32_t)layers,
                              .heartbeat_ms = (uint32_t)heartbeat_ms,
-                             .rebalance_period_ms = (uint32_t)rebalance_s * 1000u};
+                             .rebalance_period_ms = (uint32_t)rebalance_s * 1000u,
+                             .test_exit_after_redo = exit_after_redo};
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);

@@ -202,7 +202,10 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
     for (uint32_t i = 0; i < n; i++) {
         if (wire_get_str(r, addrs[i], sizeof addrs[i])) return CIRRUS_ECORRUPT;
         for (uint32_t j = 0; j < i; j++)
-            if (strcmp(addrs[i], addrs[j]) == 0) return CIRRUS_ECORRUPT; /* one rank each */
+            if (strcmp(addrs[i], addrs[j]) == 0) { /* one rank each */
+                *why = "AVERAGE lists one ring address twice (do two peers share a --ring-addr?)";
+                return CIRRUS_ECORRUPT;
+            }
         if (o->ring_addr && strcmp(addrs[i], o->ring_addr) == 0) rank = (int)i;
         strcat(members, addrs[i]); /* fits: n * STAGE_ADDR_MAX */
         strcat(members, ",");
