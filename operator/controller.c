@@ -593,32 +593,52 @@ static void watch_progress(controller *ctl, const json_t *job, const char *key,
         log_warn("%s: out of memory registering its gateways' /status", key);
 }
 
-/* The gateways' latest figures into obs. */
+/* The gateways' latest figures into obs, with what tells whether they are current. */
 static void apply_progress(controller *ctl, const json_t *job, job_observed *obs)
 {
     const char *uid = meta_str(job, "uid");
+    obs->progress_stale_s = progress_stale_s(ctl->opt.progress);
     for (int i = 0; i < obs->n_regions; i++) {
         region_observed *r = &obs->regions[i];
-        progress_result res;
-        r->has_progress = progress_get(ctl->opt.progress, uid, r->name, &res);
+        progress_region pr;
+        progress_region_get(ctl->opt.progress, uid, r->name, &pr);
+        r->has_progress = pr.answered;
         if (r->has_progress) {
-            r->step = res.step;
-            r->loss = res.loss;
-            r->tokens_per_s = res.tokens_per_s;
+            r->step = pr.res.step;
+            r->loss = pr.res.loss;
+            r->tokens_per_s = pr.res.tokens_per_s;
+            r->progress_time = pr.res.read_s;
         }
+        r->watched_since = pr.watched ? pr.watched_s : 0;
+        r->failing = pr.failing;
     }
+}
+
+/* Milliseconds from now until Unix second t has begun (and a little more, so that the clock
+ * read then is surely at t); at least 1. */
+static int64_t ms_until(int64_t t)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t ms = t * 1000 - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000) + 50;
+    return ms > 0 ? ms : 1;
 }
 
 static void progress_arrived(void *ctx, const char *key) { enqueue(ctx, key); }
 
+/* Write the status if it changed. *progress_ms: when to look again because ProgressCurrent
+ * will change with time alone (an answer growing stale: no read announces that), 0: no
+ * need. */
 static int write_status(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
-                        cirrus_error *err)
+                        int64_t *progress_ms, cirrus_error *err)
 {
     char now[32], path[PATH_MAX_LEN];
     jobstatus_now(now, sizeof now);
     const json_t *old = json_object_get(job, "status");
     json_t *st = jobstatus_build(obs, old, now);
     if (!st) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    int64_t due = jobstatus_progress_due(obs, st, now);
+    *progress_ms = due > 0 ? ms_until(due) : 0;
     const char *phase = json_string_value(json_object_get(st, "phase"));
     int rc = 0;
     if (jobstatus_changed(old, st)) {
@@ -650,9 +670,9 @@ static int write_status(controller *ctl, const json_t *job, job_mem *m, const jo
 /* Seconds since an RFC 3339 UTC time, or -1. */
 static double seconds_since(const char *t)
 {
-    struct tm tm = {0};
-    if (!t || !strptime(t, "%Y-%m-%dT%H:%M:%S", &tm)) return -1;
-    return difftime(time(NULL), timegm(&tm));
+    int64_t s = jobstatus_parse_time(t);
+    if (s < 0) return -1;
+    return difftime(time(NULL), (time_t)s);
 }
 
 /* runPolicy.ttlSecondsAfterFinished: delete a finished job once it has passed. Returns the
@@ -801,7 +821,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     watch_progress(ctl, job, key, &obs, stop);
     apply_progress(ctl, job, &obs);
     /* The counts reach the status before the pods that showed them are deleted. */
-    if (!rc && leading(ctl)) rc = write_status(ctl, job, m, &obs, err);
+    int64_t progress_ms = 0;
+    if (!rc && leading(ctl)) rc = write_status(ctl, job, m, &obs, &progress_ms, err);
     json_t *gone;
     json_object_foreach(doomed, pname, gone)
     {
@@ -824,7 +845,10 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     if (!rc && !leading(ctl)) *requeue_ms = 1000; /* finish when leading again */
     json_decref(have);
     if (!rc && final) *requeue_ms = expire_finished(ctl, job, err, &rc);
-    else if (!rc && deadline_ms > 0 && !*requeue_ms) *requeue_ms = deadline_ms;
+    else if (!rc && !*requeue_ms)
+        *requeue_ms = deadline_ms > 0 && (!progress_ms || deadline_ms < progress_ms)
+                          ? deadline_ms
+                          : progress_ms;
     if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
     json_decref((json_t *)job);

@@ -14,8 +14,11 @@
  *
  * Training progress: for each job that runs (not suspended, not finished) the controller
  * registers its regions' ready gateways with the progress reader (progress.h), which reads
- * their /status on its own thread; a job whose figures changed is queued again, and its
- * reconcile writes them (step, loss, tokensPerSecond) with the rest of the status.
+ * their /status on its own thread; a job with news (an answer, a gateway starting to fail)
+ * is queued again, and its reconcile writes the figures (step, loss, tokensPerSecond,
+ * progressTime) and the ProgressCurrent condition with the rest of the status. As that
+ * condition also changes with time alone (an answer growing stale), the reconcile queues the
+ * job again for the second it would (jobstatus_progress_due).
  *
  * Counters of preemptions and failures live in the status; the controller keeps them in
  * memory while it runs (the cache may lag its own writes) and starts from the status after

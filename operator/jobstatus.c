@@ -1,6 +1,7 @@
 #include "jobstatus.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,11 +88,14 @@ static const json_t *old_condition(const json_t *old_status, const char *type)
     return NULL;
 }
 
-static void add_condition(json_t *conds, const json_t *old_status, const char *type, int is_true,
+enum { COND_FALSE, COND_TRUE, COND_UNKNOWN };
+
+/* status: COND_TRUE (or any true value but COND_UNKNOWN), COND_FALSE or COND_UNKNOWN. */
+static void add_condition(json_t *conds, const json_t *old_status, const char *type, int status,
                           const char *reason, const char *message, const char *now,
                           int64_t generation)
 {
-    const char *st = is_true ? "True" : "False";
+    const char *st = status == COND_UNKNOWN ? "Unknown" : status ? "True" : "False";
     const json_t *old = old_condition(old_status, type);
     const char *old_st = json_string_value(json_object_get(old, "status"));
     const char *since = now;
@@ -104,6 +108,159 @@ static void add_condition(json_t *conds, const json_t *old_status, const char *t
                                            "lastTransitionTime", since, "observedGeneration",
                                            (json_int_t)generation));
 }
+
+static const json_t *old_region(const json_t *old_status, const char *name)
+{
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(old_status, "regions"), i, r)
+    {
+        const char *n = json_string_value(json_object_get(r, "name"));
+        if (n && name && !strcmp(n, name)) return r;
+    }
+    return NULL;
+}
+
+/* ---- ProgressCurrent ------------------------------------------------------------------------ */
+
+enum freshness { FRESH, AWAITING, STALE };
+
+/* When region r last answered: this process's answer, else the old status's progressTime
+ * (a restarted operator, a region whose gateway was not ready a while); 0: never. */
+static int64_t last_answer(const region_observed *r, const json_t *old_r)
+{
+    if (r->has_progress && r->progress_time > 0) return r->progress_time;
+    int64_t t = jobstatus_parse_time(json_string_value(json_object_get(old_r, "progressTime")));
+    return t > 0 ? t : 0;
+}
+
+/* Region r's figures at now; *due: the second that changes by time alone (0: never). A
+ * region read for less than stale_s (a new job, a new leader, a gateway ready again) has
+ * that long to answer before its figures count as stale; one never answered and not read
+ * (its gateway never ready) has nothing to go stale yet. */
+static enum freshness freshness(const region_observed *r, const json_t *old_r, int64_t now,
+                                int stale_s, int64_t *due)
+{
+    int64_t last = last_answer(r, old_r);
+    *due = 0;
+    if (last > 0 && now - last <= stale_s) {
+        *due = last + stale_s + 1;
+        return FRESH;
+    }
+    if (r->watched_since > 0 && now - r->watched_since <= stale_s) {
+        *due = r->watched_since + stale_s + 1;
+        return AWAITING;
+    }
+    return !last && !r->watched_since ? AWAITING : STALE;
+}
+
+/* Append printf-style text to buf (n bytes), truncating. */
+static void appendf(char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void appendf(char *buf, size_t n, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    if (len + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, n - len, fmt, ap);
+    va_end(ap);
+}
+
+/* "r1 (last answer 2026-11-22T01:00:00Z; unreachable)": what the user needs to tell why,
+ * and nothing that changes while nothing happens (no age). */
+static void describe_region(char *buf, size_t n, const region_observed *r, const json_t *old_r,
+                            int with_last)
+{
+    int64_t last = last_answer(r, old_r);
+    const char *why = !r->watched_since ? "gateway not ready" : r->failing;
+    char t[32] = "";
+    if (with_last) {
+        if (last > 0) {
+            jobstatus_format_time(last, t, sizeof t);
+            appendf(buf, n, "%s (last answer %s%s%s)", r->name, t, why ? "; " : "",
+                    why ? why : "");
+        } else {
+            appendf(buf, n, "%s (no answer%s%s)", r->name, why ? "; " : "", why ? why : "");
+        }
+    } else {
+        appendf(buf, n, why ? "%s (%s)" : "%s", r->name, why);
+    }
+}
+
+#define PROGRESS_MSG_MAX 2048
+
+static void progress_condition(json_t *c, const job_observed *obs, enum job_phase ph,
+                               const json_t *old_status, const char *now)
+{
+    const char *type = "ProgressCurrent";
+    int64_t g = obs->generation, t = jobstatus_parse_time(now);
+    char msg[PROGRESS_MSG_MAX];
+    if (ph != PHASE_RUNNING && ph != PHASE_DEGRADED) {
+        snprintf(msg, sizeof msg, "the job is %s: %s", phase_names[ph],
+                 ph == PHASE_CREATED ? "no region trains yet"
+                                     : "its gateways are stopped, the figures are the last read");
+        add_condition(c, old_status, type, COND_UNKNOWN, "NotRunning", msg, now, g);
+        return;
+    }
+    if (obs->progress_stale_s <= 0 || t < 0) {
+        add_condition(c, old_status, type, COND_UNKNOWN, "ProgressNotRead",
+                      "the operator does not read the gateways' /status (--progress-period-s 0)",
+                      now, g);
+        return;
+    }
+    enum freshness f[JOBSTATUS_MAX_REGIONS];
+    int n_stale = 0, n_awaiting = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        int64_t due;
+        f[i] = freshness(&obs->regions[i], old_region(old_status, obs->regions[i].name), t,
+                         obs->progress_stale_s, &due);
+        n_stale += f[i] == STALE;
+        n_awaiting += f[i] == AWAITING;
+    }
+    if (!n_stale && !n_awaiting) {
+        snprintf(msg, sizeof msg, "every region's gateway answered within the last %d s",
+                 obs->progress_stale_s);
+        add_condition(c, old_status, type, COND_TRUE, "GatewaysAnswering", msg, now, g);
+        return;
+    }
+    /* Stale regions make it False; only with none are the awaited ones worth a mention. */
+    enum freshness named = n_stale ? STALE : AWAITING;
+    int n = n_stale ? n_stale : n_awaiting, k = 0;
+    if (n_stale)
+        snprintf(msg, sizeof msg, "no valid /status for over %d s from region%s ",
+                 obs->progress_stale_s, n > 1 ? "s" : "");
+    else
+        snprintf(msg, sizeof msg, "waiting for a first /status from region%s ", n > 1 ? "s" : "");
+    for (int i = 0; i < obs->n_regions; i++) {
+        if (f[i] != named) continue;
+        if (k++) appendf(msg, sizeof msg, ", ");
+        describe_region(msg, sizeof msg, &obs->regions[i],
+                        old_region(old_status, obs->regions[i].name), n_stale > 0);
+    }
+    if (n_stale)
+        add_condition(c, old_status, type, COND_FALSE, "GatewayUnreachable", msg, now, g);
+    else
+        add_condition(c, old_status, type, COND_UNKNOWN, "NoAnswerYet", msg, now, g);
+}
+
+int64_t jobstatus_progress_due(const job_observed *obs, const json_t *status, const char *now)
+{
+    const char *phase = json_string_value(json_object_get(status, "phase"));
+    int64_t t = jobstatus_parse_time(now), first = 0;
+    if (obs->progress_stale_s <= 0 || t < 0 || !phase ||
+        (strcmp(phase, "Running") && strcmp(phase, "Degraded")))
+        return 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        int64_t due;
+        freshness(&obs->regions[i], old_region(status, obs->regions[i].name), t,
+                  obs->progress_stale_s, &due);
+        if (due > 0 && (!first || due < first)) first = due;
+    }
+    return first;
+}
+
+/* ---- the conditions ------------------------------------------------------------------------ */
 
 static json_t *conditions(const job_observed *obs, enum job_phase ph, const json_t *old_status,
                           const char *now)
@@ -142,6 +299,7 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                          : by_deadline      ? "DeadlineExceeded"
                                             : "BackoffLimitExceeded";
     add_condition(c, old_status, "Failed", ph == PHASE_FAILED, reason, msg, now, g);
+    progress_condition(c, obs, ph, old_status, now);
     return c;
 }
 
@@ -153,22 +311,17 @@ static json_t *rounded(double v)
     return json_real(strtod(buf, NULL));
 }
 
-static const json_t *old_region(const json_t *old_status, const char *name)
-{
-    size_t i;
-    const json_t *r;
-    json_array_foreach(json_object_get(old_status, "regions"), i, r)
-    {
-        const char *n = json_string_value(json_object_get(r, "name"));
-        if (n && name && !strcmp(n, name)) return r;
-    }
-    return NULL;
-}
-
-/* A region's step, loss and tokensPerSecond: from its gateway, else as the old status had
- * them (a write without them would drop them: a merge patch replaces the regions array). */
+/* A region's step, loss, tokensPerSecond and progressTime: from its gateway, else as the old
+ * status had them (a write without them would drop them: a merge patch replaces the regions
+ * array). */
 static void region_progress(json_t *ro, const region_observed *r, const json_t *old_r)
 {
+    int64_t last = last_answer(r, old_r);
+    if (last > 0) {
+        char t[32];
+        jobstatus_format_time(last, t, sizeof t);
+        json_object_set_new(ro, "progressTime", json_string(t));
+    }
     if (r->has_progress) {
         json_object_set_new(ro, "step", json_integer((json_int_t)(r->step > 0 ? r->step : 0)));
         if (isfinite(r->loss) && r->loss >= 0) json_object_set_new(ro, "loss", rounded(r->loss));
@@ -333,10 +486,23 @@ int jobstatus_changed(const json_t *old, const json_t *new_status)
     return 0;
 }
 
-void jobstatus_now(char *buf, size_t n)
+void jobstatus_now(char *buf, size_t n) { jobstatus_format_time((int64_t)time(NULL), buf, n); }
+
+void jobstatus_format_time(int64_t t, char *buf, size_t n)
 {
-    time_t t = time(NULL);
+    time_t tt = (time_t)t;
     struct tm tm;
-    gmtime_r(&t, &tm);
+    gmtime_r(&tt, &tm);
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+int64_t jobstatus_parse_time(const char *s)
+{
+    struct tm tm = {0};
+    const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+    if (!end) return -1;
+    if (*end == '.')
+        for (end++; *end >= '0' && *end <= '9'; end++) {}
+    if (strcmp(end, "Z")) return -1;
+    return (int64_t)timegm(&tm);
 }

@@ -13,6 +13,24 @@
  * the mean of their losses and .tokensPerSecond the sum of their rates. With no region
  * figures at all the three are left out (a merge patch keeps what the status had).
  *
+ * Whether those figures are current: per region progressTime, when its gateway last gave a
+ * valid answer (RFC 3339; kept from the old status like the figures), and the condition
+ * ProgressCurrent, evaluated against job_observed.progress_stale_s (progress_stale_s(): a
+ * region's answer older than that is stale) while the job is Running or Degraded:
+ *   True    GatewaysAnswering   every region answered within the last progress_stale_s;
+ *   False   GatewayUnreachable  some region's latest answer is older, or it never answered
+ *                               in progress_stale_s of being read; the message names each
+ *                               such region, its last answer and why its reads fail;
+ *   Unknown NoAnswerYet         no region stale, but some has not answered yet: read for
+ *                               less than progress_stale_s (a new job, a new leader, a
+ *                               gateway ready again) or never read at all (gateway not ready);
+ *   Unknown NotRunning          the job is not Running or Degraded (no gateway is read);
+ *   Unknown ProgressNotRead     the operator does not read the gateways (period 0).
+ * The figures themselves stay as they were: stale figures are still the latest known. The
+ * message names the regions and times, never an age, so that it does not change (and cause a
+ * write) while nothing happens; jobstatus_progress_due() says when time alone will change
+ * the condition, for the controller to look again then.
+ *
  * Phases: Failed once failures exceed runPolicy.backoffLimit or runPolicy.activeDeadlineSeconds
  * has passed since the job started, and Succeeded once every client
  * finished (both final); Suspended while spec.suspend; Running when every region has its
@@ -43,6 +61,12 @@ typedef struct region_observed {
     int has_progress;
     int64_t step;
     double loss, tokens_per_s;
+    /* For ProgressCurrent: when that answer was read (Unix seconds; 0: none known to this
+     * process, and the old status's progressTime counts), since when this process reads the
+     * gateway (Unix seconds; 0: it does not, e.g. the gateway is not ready) and how its reads
+     * fail now (NULL: they do not; progress_region.failing). */
+    int64_t progress_time, watched_since;
+    const char *failing;
 } region_observed;
 
 typedef struct job_observed {
@@ -52,6 +76,7 @@ typedef struct job_observed {
     int suspended;
     int deadline_exceeded; /* runPolicy.activeDeadlineSeconds has passed since startTime */
     int64_t generation;
+    int progress_stale_s;  /* progress_stale_s(); 0: the gateways are not read */
 } job_observed;
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,
@@ -74,7 +99,17 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
  * when old has the field. */
 int jobstatus_changed(const json_t *old, const json_t *new_status);
 
+/* The Unix second at which time alone changes the ProgressCurrent condition of status, the
+ * status jobstatus_build() made from obs at now (a region's figures go stale, a first answer
+ * becomes overdue); 0 when nothing is due. */
+int64_t jobstatus_progress_due(const job_observed *obs, const json_t *status, const char *now);
+
 /* "2026-11-22T01:02:03Z" for the current time. */
 void jobstatus_now(char *buf, size_t n);
+/* The same for Unix second t. */
+void jobstatus_format_time(int64_t t, char *buf, size_t n);
+/* An RFC 3339 UTC time as those ("...Z", a fraction of a second ignored) in Unix seconds,
+ * or -1. */
+int64_t jobstatus_parse_time(const char *s);
 
 #endif

@@ -47,7 +47,7 @@ int progress_parse_status(const char *body, size_t len, const char *job_id, prog
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o) return cirrus_fail(err, CIRRUS_ECORRUPT, "/status is not JSON: %s", je.text);
     int rc = 0;
-    progress_result r = {0, NAN, NAN};
+    progress_result r = {0, NAN, NAN, 0};
     const char *job = json_string_value(json_object_get(o, "job_id"));
     const json_t *step = json_object_get(o, "step");
     if (!json_is_object(o))
@@ -145,9 +145,10 @@ typedef struct target {
     char region[PROGRESS_REGION_MAX];
     char url[PROGRESS_URL_MAX];
     int64_t due_ms;   /* next read */
+    int64_t watched_s; /* registered at: Unix seconds */
     int has;          /* res is valid */
     progress_result res;
-    int dirty;        /* res changed since the last progress_drain */
+    int dirty;        /* news since the last progress_drain: an answer, a new way to fail */
     int failing;      /* 0, or the op_scrape kind its reads fail with (logged once a kind) */
 } target;
 
@@ -176,6 +177,7 @@ typedef struct scrape {
     int overflow;
     CURLcode result;
     long http;
+    int64_t done_s; /* when it finished: Unix seconds */
     char errbuf[CURL_ERROR_SIZE];
     /* the outcome */
     int rc;
@@ -269,6 +271,7 @@ static void scrape_all(progress *p, CURLM *multi, scrape *s, size_t n)
             curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&x);
             x->result = res;
             curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &x->http);
+            x->done_s = (int64_t)time(NULL);
             curl_multi_remove_handle(multi, e);
             curl_easy_cleanup(e);
             x->easy = NULL;
@@ -298,8 +301,6 @@ static target *find(progress *p, const char *key, const char *uid, const char *r
     return NULL;
 }
 
-static int same_number(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }
-
 /* Fold finished reads into the targets they were made for (under mu). */
 static void publish(progress *p, scrape *s, size_t n)
 {
@@ -321,11 +322,15 @@ static void publish(progress *p, scrape *s, size_t n)
         target *t = find(p, x->key, x->uid, x->region, x->url);
         if (!t) continue; /* forgotten meanwhile */
         if (x->rc) {
-            if (t->failing != (int)kind)
+            /* A gateway that starts failing, or fails in another way, is news too: the
+             * ProgressCurrent condition says how it fails. The same failure again is not. */
+            if (t->failing != (int)kind) {
                 log_warn("progress: %s region %s: %s: %s%s", t->key, t->region, t->url,
                          x->err.msg,
                          kind == OP_SCRAPE_WRONG_JOB ? " (a stale or wrong endpoint): ignored"
                                                      : "; the status keeps the last figures");
+                t->dirty = 1;
+            }
             t->failing = (int)kind;
             continue;
         }
@@ -333,12 +338,12 @@ static void publish(progress *p, scrape *s, size_t n)
             log_info("progress: %s region %s: %s answers again (step %lld)", t->key, t->region,
                      t->url, (long long)x->res.step);
         t->failing = 0;
-        if (!t->has || t->res.step != x->res.step || !same_number(t->res.loss, x->res.loss) ||
-            !same_number(t->res.tokens_per_s, x->res.tokens_per_s)) {
-            t->res = x->res;
-            t->has = 1;
-            t->dirty = 1;
-        }
+        /* New figures or not, the answer is news: its time is the status's progressTime,
+         * which tells the user the gateway still answers (at most a write per period). */
+        t->res = x->res;
+        t->res.read_s = x->done_s;
+        t->has = 1;
+        t->dirty = 1;
     }
 }
 
@@ -497,7 +502,8 @@ int progress_watch(progress *p, const char *key, const char *uid, int n,
         snprintf(t->uid, sizeof t->uid, "%s", uid);
         snprintf(t->region, sizeof t->region, "%s", tg[k].region);
         snprintf(t->url, sizeof t->url, "%s", tg[k].url);
-        t->res = (progress_result){0, NAN, NAN};
+        t->res = (progress_result){0, NAN, NAN, 0};
+        t->watched_s = (int64_t)time(NULL);
         if (job_due < 0) {
             job_due = now_ms();
             wake = 1;
@@ -519,20 +525,48 @@ void progress_clear(progress *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-int progress_get(progress *p, const char *uid, const char *region, progress_result *out)
+/* How a read fails, in words for the status (ProgressCurrent's message). */
+static const char *failing_name(int kind)
 {
-    if (!p || !uid || !region) return 0;
-    int found = 0;
+    switch (kind) {
+    case OP_SCRAPE_ERROR: return "unreachable";
+    case OP_SCRAPE_INVALID: return "invalid /status";
+    case OP_SCRAPE_WRONG_JOB: return "another job's /status";
+    default: return NULL;
+    }
+}
+
+void progress_region_get(progress *p, const char *uid, const char *region, progress_region *out)
+{
+    memset(out, 0, sizeof *out);
+    out->res = (progress_result){0, NAN, NAN, 0};
+    if (!p || !uid || !region) return;
     pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < p->n && !found; i++) {
+    for (size_t i = 0; i < p->n; i++) {
         const target *t = &p->t[i];
-        if (t->has && !strcmp(t->uid, uid) && !strcmp(t->region, region)) {
-            *out = t->res;
-            found = 1;
-        }
+        if (strcmp(t->uid, uid) || strcmp(t->region, region)) continue;
+        out->watched = 1;
+        out->watched_s = t->watched_s;
+        out->answered = t->has;
+        if (t->has) out->res = t->res;
+        out->failing = failing_name(t->failing);
+        break;
     }
     pthread_mutex_unlock(&p->mu);
-    return found;
+}
+
+int progress_get(progress *p, const char *uid, const char *region, progress_result *out)
+{
+    progress_region r;
+    progress_region_get(p, uid, region, &r);
+    if (r.answered) *out = r.res;
+    return r.answered;
+}
+
+int progress_stale_s(const progress *p)
+{
+    if (!p || !p->started || p->period_s <= 0) return 0;
+    return PROGRESS_STALE_PERIODS * p->period_s + (int)(PROGRESS_TIMEOUT_MS / 1000) + 1;
 }
 
 void progress_drain(progress *p, void (*fn)(void *ctx, const char *key), void *ctx)

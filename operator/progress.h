@@ -13,13 +13,25 @@
  * An answer counts only if it is a JSON object whose job_id is the SwarmJob's uid (the
  * operator passes the uid as every trainer's --job; a gateway of another job, a stale
  * endpoint, is ignored), with an integer step >= 0 and loss and tokens_per_s each a finite
- * number >= 0 or null (none yet). Anything else keeps the last valid answer, is logged when
- * a gateway starts failing (or fails in another way: unreachable, invalid, another job's)
- * and when it answers again, and is counted in the operator's /metrics.
+ * number >= 0 or null (none yet). Anything else keeps the last valid answer, is logged and
+ * announces the job (progress_drain) when a gateway starts failing (or fails in another way:
+ * unreachable, invalid, another job's), is logged when it answers again, and is counted in
+ * the operator's /metrics.
  *
- * A job's gateways are read together, at most once per period: a job gets new figures, and
- * so a status write, at most once per period. resolve entries ("HOST:PORT:ADDRESS", as
- * curl's --resolve) pin host names to addresses for these requests only.
+ * A job's gateways are read together, at most once per period. Every valid answer is
+ * stamped with the wall-clock second it was read (the status's regions[].progressTime) and
+ * announces its job, even with the same figures: the job's status is written at most once
+ * per period, and its progressTime shows the gateway still answers while training stalls.
+ * resolve entries ("HOST:PORT:ADDRESS", as curl's --resolve) pin host names to addresses
+ * for these requests only.
+ *
+ * Staleness (the SwarmJob's ProgressCurrent condition, jobstatus.h): a region's figures are
+ * current while its latest valid answer is at most progress_stale_s() old: three periods,
+ * plus a read's time limit, plus 1 s because the times are kept in whole seconds. Three,
+ * because one or two reads in a row failing is routine (a gateway process restarting, a
+ * read on a loaded node running into its 2 s limit) and must not flap the condition, while
+ * a third in a row says something is wrong; and the user learns of it within about three
+ * periods (33 s at the default 10 s).
  */
 #ifndef CIRRUS_OPERATOR_PROGRESS_H
 #define CIRRUS_OPERATOR_PROGRESS_H
@@ -39,10 +51,13 @@
 #define PROGRESS_REGION_MAX 64
 #define PROGRESS_URL_MAX 512
 
+#define PROGRESS_STALE_PERIODS 3
+
 typedef struct progress_result {
     int64_t step;        /* >= 0 */
     double loss;         /* finite and >= 0, or NAN: none reported yet */
     double tokens_per_s; /* finite and >= 0, or NAN: none reported yet */
+    int64_t read_s;      /* when it was read, Unix seconds (the reader sets it; parsing: 0) */
 } progress_result;
 
 /* Parse a gateway's /status body (len bytes) into out. 0; CIRRUS_EMISMATCH when its job_id
@@ -88,6 +103,27 @@ void progress_clear(progress *p);
 /* The latest valid answer of region's gateway for the job with this uid: 1 and *out, or 0
  * when there is none. */
 int progress_get(progress *p, const char *uid, const char *region, progress_result *out);
+
+/* What the reader knows of one region of a job: enough to tell whether its figures are
+ * current (jobstatus.h's ProgressCurrent). */
+typedef struct progress_region {
+    int watched;           /* its gateway is read (registered with progress_watch) */
+    int64_t watched_s;     /* since when, Unix seconds */
+    int answered;          /* res is its latest valid answer (res.read_s: when) */
+    progress_result res;
+    const char *failing;   /* NULL, or how its latest read failed: "unreachable" (no
+                              connection, a timeout, an HTTP error), "invalid /status",
+                              "another job's /status" */
+} progress_region;
+
+/* *out for region of the job with this uid (all zero when it is not watched). */
+void progress_region_get(progress *p, const char *uid, const char *region,
+                         progress_region *out);
+
+/* Seconds after which a region's latest answer is stale: PROGRESS_STALE_PERIODS periods +
+ * the read's 2 s limit + 1 s (whole seconds). 0 when the gateways are not read (p NULL,
+ * period 0). */
+int progress_stale_s(const progress *p);
 
 /* Call fn(ctx, key) once for each job whose figures changed since the last call (fn runs
  * without the lock held). */

@@ -4,7 +4,8 @@
 #   * kubectl apply -f manifests/ works, twice (the second time changes nothing), and the
 #     operator Deployment rolls out (kwok runs no container: valid and schedulable is all);
 #   * the sample SwarmJob and a minimal one are accepted and defaulted; `kubectl get sj` shows
-#     the printer columns, filled from a status written as the operator's ServiceAccount;
+#     the printer columns, filled from a status written as the operator's ServiceAccount, whose
+#     schema is enforced (a negative step, an unknown phase, a progressTime not a date-time);
 #   * invalid SwarmJobs are refused at apply, each with an error that names the field;
 #   * model, pipeline stages and region names cannot change after creation; scaling can;
 #   * RBAC: the operator's ServiceAccount can do what it needs and nothing much else.
@@ -12,29 +13,17 @@
 # Last line: "crd: N passed, N failed"; exits non-zero if anything failed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=tests/operator/lib.sh
+source "$root/tests/operator/lib.sh"
 sample=$root/manifests/samples/swarmjob.yaml
 NS=cirrus-crd-test
 SA=system:serviceaccount:cirrus-system:cirrus-operator
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
-not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
-check() { # DESCRIPTION COMMAND...: ok if the command succeeds
-    local what=$1; shift
-    if "$@" >/dev/null 2>&1; then ok "$what"; else not_ok "$what"; fi
-}
-check_not() { # DESCRIPTION COMMAND...: ok if the command fails
-    local what=$1; shift
-    if "$@" >/dev/null 2>&1; then not_ok "$what"; else ok "$what"; fi
-}
-expect_eq() { # DESCRIPTION EXPECTED ACTUAL
-    if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi
-}
 k() { kubectl "$@"; }
 sj_get() { k get sj -n "$NS" "$1" -o jsonpath="{$2}"; }
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() { k delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1; }
 trap cleanup EXIT
-fail_fast() { not_ok "$*"; echo "crd: $pass passed, $fail failed"; exit 1; }
+fail_fast() { not_ok "$*"; checks_summary crd; exit 1; }
 
 # ---- manifests/ ----------------------------------------------------------------------------
 
@@ -123,6 +112,11 @@ expect_eq "status.regions[0] step, loss, tokensPerSecond" "120 3.25 5120.5" \
     "$(sj_get tiny-bible '.status.regions[0].step} {.status.regions[0].loss} {.status.regions[0].tokensPerSecond')"
 out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p '[{"op":"replace","path":"/status/regions/0/step","value":-1}]' 2>&1)
 if [[ $? -ne 0 && "$out" == *regions*step* ]]; then ok "negative status.regions[].step refused"; else not_ok "status.regions[0].step -1: $out"; fi
+check "status.regions[].progressTime takes an RFC 3339 time" \
+    k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p '[{"op":"add","path":"/status/regions/0/progressTime","value":"2026-01-02T03:04:05Z"}]'
+expect_eq "status.regions[0].progressTime" "2026-01-02T03:04:05Z" "$(sj_get tiny-bible '.status.regions[0].progressTime')"
+out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p '[{"op":"replace","path":"/status/regions/0/progressTime","value":"yesterday"}]' 2>&1)
+if [[ $? -ne 0 && "$out" == *regions*progressTime* ]]; then ok "status.regions[].progressTime not a date-time refused"; else not_ok "status.regions[0].progressTime yesterday: $out"; fi
 out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p '{"status":{"phase":"Exploded"}}' 2>&1)
 if [[ $? -ne 0 && "$out" == *status.phase* ]]; then ok "unknown status.phase refused"; else not_ok "status.phase Exploded: $out"; fi
 check_not "operator ServiceAccount cannot change a SwarmJob's spec" \
@@ -282,5 +276,5 @@ cannot create leases.coordination.k8s.io -n default
 cannot get leases.coordination.k8s.io/kube-controller-manager -n kube-system
 cannot update leases.coordination.k8s.io/some-other-lease -n cirrus-system
 
-echo "crd: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+checks_summary crd
+exit

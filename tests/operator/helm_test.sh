@@ -12,20 +12,15 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/operator/lib.sh
+source "$here/lib.sh"
 chart=$root/helm/cirrus
 REL=cirrus-helm-test
 NS=cirrus-helm-test
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
-not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
-finish() { echo "helm: $pass passed, $fail failed"; [[ $fail -eq 0 ]]; exit; }
+finish() { checks_summary helm; exit; }
 run() { # DESCRIPTION COMMAND...: ok if it succeeds, else FAIL with its output
     local what=$1 out; shift
     if out=$("$@" 2>&1); then ok "$what"; else not_ok "$what: $(tail -5 <<<"$out")"; fi
-}
-expect_eq() {
-    if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi
 }
 
 if ! HELM=$("$here/helm_install.sh"); then

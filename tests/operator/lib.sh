@@ -1,5 +1,36 @@
-# Set-up shared by the operator's end-to-end tests (sourced, not run).
+# shellcheck shell=bash
+# What the operator's end-to-end tests share (sourced, not run): the checks and their tally,
+# and the set-up.
 #
+# ---- checks ----------------------------------------------------------------------------------
+# Each check prints one line, "  ok   WHAT" or "  FAIL WHAT", and counts it in $pass or $fail:
+#   ok WHAT / not_ok WHAT              a check decided by the caller
+#   check WHAT COMMAND...              ok if COMMAND succeeds (its output hidden)
+#   check_not WHAT COMMAND...          ok if COMMAND fails
+#   expect_eq WHAT EXPECTED ACTUAL     ok if equal (the line shows both when not)
+#   checks_summary NAME                prints "NAME: N passed, N failed"; status 1 if any
+#                                      failed, so a test ends with `checks_summary NAME; exit`
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
+not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
+check() {
+    local what=$1; shift
+    if "$@" >/dev/null 2>&1; then ok "$what"; else not_ok "$what"; fi
+}
+check_not() {
+    local what=$1; shift
+    if "$@" >/dev/null 2>&1; then not_ok "$what"; else ok "$what"; fi
+}
+expect_eq() {
+    if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi
+}
+checks_summary() {
+    echo "$1: $pass passed, $fail failed"
+    ((fail == 0))
+}
+
+# ---- set-up ----------------------------------------------------------------------------------
 # operator_install_and_kubeconfig OUT: applies manifests/ (CRD, RBAC, the operator's
 # ServiceAccount), waits until the CRD is Established, removes a Lease an earlier run's
 # standby may hold, and writes to OUT a kubeconfig that authenticates as the operator's
@@ -32,7 +63,7 @@ KUBECONFIG
 }
 
 # check_valgrind_clean WORKDIR: under OPERATOR_VALGRIND=1, one check that the valgrind logs
-# WORKDIR/valgrind.* are empty (no invalid access, no leak). Uses the test's ok/not_ok.
+# WORKDIR/valgrind.* are empty (no invalid access, no leak).
 check_valgrind_clean() {
     [[ "${OPERATOR_VALGRIND:-0}" == 1 ]] || return 0
     if cat "$1"/valgrind.* 2>/dev/null | grep -q .; then

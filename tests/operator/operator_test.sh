@@ -30,13 +30,6 @@ cluster=$root/tests/cluster/cluster.sh
 NS=cirrus-op-test-$$
 JOB=tiny-bible
 work=$(mktemp -d)
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); printf '  ok   %s\n' "$*"; }
-not_ok() { fail=$((fail + 1)); printf '  FAIL %s\n' "$*"; }
-expect_eq() { if [[ "$2" == "$3" ]]; then ok "$1 = $2"; else not_ok "$1: expected '$2', got '$3'"; fi; }
-check() { local what=$1; shift; if "$@" >/dev/null 2>&1; then ok "$what"; else not_ok "$what"; fi; }
-check_not() { local what=$1; shift; if "$@" >/dev/null 2>&1; then not_ok "$what"; else ok "$what"; fi; }
 k() { kubectl "$@"; }
 kn() { kubectl -n "$NS" "$@"; }
 now() { date +%s.%N; }
@@ -83,8 +76,8 @@ finish() {
         echo "--- pods"
         kn get pods -o wide --no-headers 2>&1 | head -60
     fi
-    echo "operator: $pass passed, $fail failed"
-    exit $((fail > 0))
+    checks_summary operator
+    exit
 }
 fail_fast() { not_ok "$*"; finish; }
 

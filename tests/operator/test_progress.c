@@ -1,7 +1,10 @@
 /* progress: the gateways' /status parsed and judged (right job, types, finite, non-negative),
  * --resolve values checked, the status's step / loss / tokensPerSecond built from the
- * regions' figures, and the reader thread against a scripted gateway on loopback reached
- * through --resolve: figures published and announced, another job's status ignored, a hung
+ * regions' figures, the ProgressCurrent condition and regions[].progressTime on fixed clocks
+ * (answers ageing past progress_stale_s, first answers awaited, a restarted operator, a
+ * gateway not ready, another job's answers), and the reader thread against a scripted
+ * gateway on loopback reached through --resolve: figures published and announced (with the
+ * time they were read, again when they did not change), another job's status ignored, a hung
  * gateway neither blocking the caller nor the shutdown. No cluster needed
  * (`operator-tests progress`). */
 #include <math.h>
@@ -48,7 +51,7 @@ TEST(progress_parse_valid)
 
 TEST(progress_parse_wrong_job)
 {
-    progress_result r = {42, 1, 1};
+    progress_result r = {42, 1, 1, 0};
     ASSERT_EQ(parse("{\"job_id\":\"wrong\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}", &r),
               CIRRUS_EMISMATCH);
     ASSERT_EQ(r.step, 42); /* untouched */
@@ -89,7 +92,7 @@ TEST(progress_parse_invalid)
         "{\"job_id\":\"" UID "\",\"job_id\":\"" UID "\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        progress_result r = {42, 1, 1};
+        progress_result r = {42, 1, 1, 0};
         int rc = parse(bad[i], &r);
         if (rc != CIRRUS_ECORRUPT) TEST_FAIL("'%s': rc %d, wanted CIRRUS_ECORRUPT", bad[i], rc);
         ASSERT_EQ(r.step, 42);
@@ -244,6 +247,250 @@ TEST(progress_status_figures)
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
 }
 
+/* ---- ProgressCurrent and progressTime, on fixed clocks -------------------------------------- */
+
+#define T0 1795309200 /* 2026-11-22T01:00:00Z */
+
+static const char *at(int64_t offset_s)
+{
+    static char buf[8][32];
+    static int k;
+    char *b = buf[k++ % 8];
+    jobstatus_format_time(T0 + offset_s, b, sizeof buf[0]);
+    return b;
+}
+
+static const char *pcond(const json_t *st, const char *field)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(st, "conditions"), i, c)
+    {
+        if (!strcmp(json_string_value(json_object_get(c, "type")), "ProgressCurrent"))
+            return json_string_value(json_object_get(c, field));
+    }
+    return NULL;
+}
+
+/* The condition's status, reason and message equal these. */
+#define ASSERT_PCOND(st, status, reason, message)                                           \
+    do {                                                                                   \
+        const char *s_ = pcond(st, "status"), *r_ = pcond(st, "reason"),                   \
+                   *m_ = pcond(st, "message");                                             \
+        if (!s_ || !r_ || !m_ || strcmp(s_, status) || strcmp(r_, reason) ||             \
+            strcmp(m_, message))                                                           \
+            TEST_FAIL("ProgressCurrent: wanted %s %s '%s', got %s %s '%s'", status, reason,  \
+                      message, s_ ? s_ : "-", r_ ? r_ : "-", m_ ? m_ : "-");                 \
+    } while (0)
+
+#define ANSWERING "every region's gateway answered within the last 33 s"
+
+static void answered(region_observed *r, int64_t step, double loss, int64_t read_at)
+{
+    figures(r, step, loss, 100.0);
+    r->progress_time = T0 + read_at;
+    r->failing = NULL;
+}
+
+static const char *progress_time(const json_t *st, int i)
+{
+    return json_string_value(json_object_get(region_of(st, i), "progressTime"));
+}
+
+TEST(progress_time_format)
+{
+    char b[32];
+    jobstatus_format_time(T0, b, sizeof b);
+    ASSERT(!strcmp(b, "2026-11-22T01:00:00Z"));
+    ASSERT_EQ(jobstatus_parse_time("2026-11-22T01:00:00Z"), T0);
+    ASSERT_EQ(jobstatus_parse_time("2026-11-22T01:00:07.250Z"), T0 + 7);
+    ASSERT_EQ(jobstatus_parse_time("1970-01-01T00:00:00Z"), 0);
+    static const char *const bad[] = {"", "2026-11-22", "2026-11-22T01:00:00",
+                                      "2026-11-22T01:00:00+02:00", "2026-11-22T01:00:00Zx",
+                                      "yesterday"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (jobstatus_parse_time(bad[i]) != -1) TEST_FAIL("'%s' parsed", bad[i]);
+    ASSERT_EQ(jobstatus_parse_time(NULL), -1);
+    /* 3 periods + the read's 2 s limit + 1 s; none when not reading. */
+    ASSERT_EQ(progress_stale_s(NULL), 0);
+    progress *p = NULL;
+    cirrus_error err;
+    progress_options o = {.period_s = 0};
+    ASSERT_OK(progress_new(&o, &p, &err));
+    ASSERT_EQ(progress_stale_s(p), 0);
+    progress_free(p);
+    o.period_s = 10;
+    ASSERT_OK(progress_new(&o, &p, &err));
+    ASSERT_EQ(progress_stale_s(p), 33);
+    progress_free(p);
+}
+
+TEST(progress_current_condition)
+{
+    /* Two regions read every 10 s: an answer older than 33 s is stale. */
+    job_observed o = {.backoff_limit = 4, .generation = 2, .progress_stale_s = 33};
+    region(&o, "r1");
+    region(&o, "r2");
+    region_observed *r1 = &o.regions[0], *r2 = &o.regions[1];
+    r1->watched_since = r2->watched_since = T0;
+    /* Read since T0, no answer yet: Unknown; due when the first answers are overdue. */
+    json_t *a = jobstatus_build(&o, NULL, at(0));
+    ASSERT(!strcmp(json_string_value(json_object_get(a, "phase")), "Running"));
+    ASSERT_PCOND(a, "Unknown", "NoAnswerYet",
+                 "waiting for a first /status from regions r1, r2");
+    ASSERT(!strcmp(pcond(a, "lastTransitionTime"), at(0)));
+    ASSERT(!progress_time(a, 0) && !progress_time(a, 1));
+    ASSERT_EQ(jobstatus_progress_due(&o, a, at(0)), T0 + 34);
+    /* r1 answers, r2's reads fail: still Unknown (r2 has until T0+33), r2's cause named. */
+    answered(r1, 100, 3.5, 1);
+    r2->failing = "unreachable";
+    json_t *b = jobstatus_build(&o, a, at(1));
+    ASSERT_PCOND(b, "Unknown", "NoAnswerYet",
+                 "waiting for a first /status from region r2 (unreachable)");
+    ASSERT(!strcmp(pcond(b, "lastTransitionTime"), at(0)));
+    ASSERT(!strcmp(progress_time(b, 0), "2026-11-22T01:00:01Z"));
+    /* Both answered: True, since T0+2. */
+    answered(r2, 90, 3.7, 2);
+    json_t *c = jobstatus_build(&o, b, at(2));
+    ASSERT_PCOND(c, "True", "GatewaysAnswering", ANSWERING);
+    ASSERT(!strcmp(pcond(c, "lastTransitionTime"), at(2)));
+    ASSERT(!strcmp(progress_time(c, 1), "2026-11-22T01:00:02Z"));
+    ASSERT_EQ(jobstatus_progress_due(&o, c, at(2)), T0 + 1 + 34); /* r1's answer ages first */
+    /* r1's gateway stops answering; r2 goes on. At T0+34 r1's answer is 33 s old: still
+     * current (two missed reads of three are tolerated); nothing to write but r2's news. */
+    r1->failing = "unreachable";
+    answered(r2, 95, 3.6, 30);
+    json_t *d = jobstatus_build(&o, c, at(34));
+    ASSERT_PCOND(d, "True", "GatewaysAnswering", ANSWERING);
+    ASSERT(!strcmp(pcond(d, "lastTransitionTime"), at(2)));
+    ASSERT_EQ(jobstatus_progress_due(&o, d, at(34)), T0 + 35);
+    /* One second later it is stale: False, naming r1, its last answer and why; r1's figures
+     * and progressTime stay as they were. */
+    json_t *e = jobstatus_build(&o, d, at(35));
+    ASSERT_PCOND(e, "False", "GatewayUnreachable",
+                 "no valid /status for over 33 s from region r1 "
+                 "(last answer 2026-11-22T01:00:01Z; unreachable)");
+    ASSERT(!strcmp(pcond(e, "lastTransitionTime"), at(35)));
+    ASSERT(jobstatus_changed(d, e));
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(e, 0), "step")), 100);
+    ASSERT_NEAR(json_real_value(json_object_get(region_of(e, 0), "loss")), 3.5, 0);
+    ASSERT(!strcmp(progress_time(e, 0), "2026-11-22T01:00:01Z"));
+    ASSERT_EQ(json_integer_value(json_object_get(e, "step")), 95);
+    /* Nothing new for a long while: the message holds no age, so nothing to write; only r2's
+     * answer can still age (r1 is stale already). */
+    json_t *e2 = jobstatus_build(&o, e, at(50));
+    ASSERT(!jobstatus_changed(e, e2));
+    ASSERT_EQ(jobstatus_progress_due(&o, e, at(35)), T0 + 30 + 34);
+    /* Both stale, r2 failing otherwise: both named. */
+    r2->failing = "invalid /status";
+    json_t *e3 = jobstatus_build(&o, e2, at(100));
+    ASSERT_PCOND(e3, "False", "GatewayUnreachable",
+                 "no valid /status for over 33 s from regions "
+                 "r1 (last answer 2026-11-22T01:00:01Z; unreachable), "
+                 "r2 (last answer 2026-11-22T01:00:30Z; invalid /status)");
+    ASSERT(!strcmp(pcond(e3, "lastTransitionTime"), at(35)));
+    ASSERT_EQ(jobstatus_progress_due(&o, e3, at(100)), 0);
+    /* The gateways answer again: True. */
+    answered(r1, 120, 3.4, 101);
+    answered(r2, 110, 3.5, 101);
+    json_t *f = jobstatus_build(&o, e3, at(101));
+    ASSERT_PCOND(f, "True", "GatewaysAnswering", ANSWERING);
+    ASSERT(!strcmp(pcond(f, "lastTransitionTime"), at(101)));
+    ASSERT(!strcmp(progress_time(f, 0), at(101)));
+
+    /* A restarted operator (or a new leader) knows no answer: the status's progressTime
+     * counts. r2's (T0+101) is current at T0+120; r1's is kept at T0+101 too but its gateway
+     * was registered again at T0+119: fresh. At T0+140 r1 has not answered this process:
+     * it has until 33 s after it began reading it (T0+119), so Unknown, not False. */
+    job_observed fresh = o;
+    for (int i = 0; i < 2; i++) {
+        fresh.regions[i].has_progress = 0;
+        fresh.regions[i].progress_time = 0;
+        fresh.regions[i].failing = NULL;
+        fresh.regions[i].watched_since = T0 + 119;
+    }
+    json_t *g = jobstatus_build(&fresh, f, at(120));
+    ASSERT_PCOND(g, "True", "GatewaysAnswering", ANSWERING);
+    ASSERT(!jobstatus_changed(f, g));
+    ASSERT(!strcmp(progress_time(g, 0), at(101)));
+    fresh.regions[1].has_progress = 1;
+    fresh.regions[1].progress_time = T0 + 140;
+    json_t *h = jobstatus_build(&fresh, g, at(140));
+    ASSERT_PCOND(h, "Unknown", "NoAnswerYet", "waiting for a first /status from region r1");
+    ASSERT_EQ(jobstatus_progress_due(&fresh, h, at(140)), T0 + 119 + 34);
+    json_t *h2 = jobstatus_build(&fresh, h, at(153));
+    ASSERT_PCOND(h2, "False", "GatewayUnreachable",
+                 "no valid /status for over 33 s from region r1 "
+                 "(last answer 2026-11-22T01:01:41Z)");
+
+    /* r2's gateway pod is not ready (not read) while r1 answers: r2's figures go stale from
+     * its last answer, and the message says why. */
+    job_observed deg = o;
+    answered(&deg.regions[0], 130, 3.3, 160);
+    deg.regions[1].ready[0] = 0;
+    deg.regions[1].gateway_ready = 0;
+    deg.regions[1].has_progress = 0;
+    deg.regions[1].watched_since = 0;
+    deg.regions[1].failing = NULL;
+    json_t *i1 = jobstatus_build(&deg, f, at(160));
+    ASSERT(!strcmp(json_string_value(json_object_get(i1, "phase")), "Degraded"));
+    ASSERT_PCOND(i1, "False", "GatewayUnreachable",
+                 "no valid /status for over 33 s from region r2 "
+                 "(last answer 2026-11-22T01:01:41Z; gateway not ready)");
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(i1, 1), "step")), 110);
+
+    /* A region never read and never answered (its gateway never ready): nothing to go stale,
+     * Unknown; nothing due. */
+    job_observed never = {.backoff_limit = 4, .generation = 1, .progress_stale_s = 33};
+    region(&never, "r1");
+    region(&never, "r2");
+    never.regions[0].watched_since = T0;
+    answered(&never.regions[0], 5, 4.0, 1);
+    never.regions[1].gateway_ready = 0;
+    json_t *j = jobstatus_build(&never, NULL, at(500));
+    ASSERT(!strcmp(json_string_value(json_object_get(j, "phase")), "Degraded"));
+    /* r1's answer at T0+1 is long stale too. */
+    ASSERT_PCOND(j, "False", "GatewayUnreachable",
+                 "no valid /status for over 33 s from region r1 "
+                 "(last answer 2026-11-22T01:00:01Z)");
+    answered(&never.regions[0], 6, 4.0, 499);
+    json_t *j2 = jobstatus_build(&never, j, at(500));
+    ASSERT_PCOND(j2, "Unknown", "NoAnswerYet",
+                 "waiting for a first /status from region r2 (gateway not ready)");
+    ASSERT_EQ(jobstatus_progress_due(&never, j2, at(500)), T0 + 499 + 34);
+
+    /* A gateway that answers for another job is read but never answers validly. */
+    job_observed other = {.backoff_limit = 4, .generation = 1, .progress_stale_s = 6};
+    region(&other, "r1");
+    other.regions[0].watched_since = T0;
+    other.regions[0].failing = "another job's /status";
+    json_t *k = jobstatus_build(&other, NULL, at(6));
+    ASSERT_PCOND(k, "Unknown", "NoAnswerYet",
+                 "waiting for a first /status from region r1 (another job's /status)");
+    ASSERT_EQ(jobstatus_progress_due(&other, k, at(6)), T0 + 7);
+    json_t *k2 = jobstatus_build(&other, k, at(7));
+    ASSERT_PCOND(k2, "False", "GatewayUnreachable",
+                 "no valid /status for over 6 s from region r1 "
+                 "(no answer; another job's /status)");
+
+    /* Not running: Unknown, nothing due; not reading (period 0): Unknown. */
+    job_observed stopped = o;
+    stopped.suspended = 1;
+    json_t *l = jobstatus_build(&stopped, f, at(200));
+    ASSERT_PCOND(l, "Unknown", "NotRunning",
+                 "the job is Suspended: its gateways are stopped, the figures are the last read");
+    ASSERT_EQ(jobstatus_progress_due(&stopped, l, at(200)), 0);
+    ASSERT(!strcmp(progress_time(l, 0), at(101))); /* kept */
+    job_observed unread = o;
+    unread.progress_stale_s = 0;
+    json_t *m = jobstatus_build(&unread, f, at(200));
+    ASSERT_PCOND(m, "Unknown", "ProgressNotRead",
+                 "the operator does not read the gateways' /status (--progress-period-s 0)");
+    ASSERT_EQ(jobstatus_progress_due(&unread, m, at(200)), 0);
+    json_t *all[] = {a, b, c, d, e, e2, e3, f, g, h, h2, i1, j, j2, k, k2, l, m};
+    for (size_t n = 0; n < sizeof all / sizeof *all; n++) json_decref(all[n]);
+}
+
 /* ---- the reader thread against a scripted gateway ----------------------------------------- */
 
 static double now_s(void)
@@ -305,18 +552,43 @@ TEST_T(progress_reader_thread, 60)
     ASSERT_OK(progress_watch(p, "ns/job", UID, 2, t));
     /* A new job is read at once, through --resolve. */
     double t0 = now_s();
+    int64_t wall0 = (int64_t)time(NULL);
     ASSERT(wait_step(p, "r1", 10, 5, &r));
     ASSERT_LT(now_s() - t0, 0.9);
     ASSERT_NEAR(r.loss, 4.5, 0);
     ASSERT_NEAR(r.tokens_per_s, 100, 0);
+    ASSERT(wall0 <= r.read_s && r.read_s <= (int64_t)time(NULL));
     ASSERT(!progress_get(p, UID, "r2", &r));
+    /* Both were read in the same round: r2's failure is known with r1's answer. */
+    progress_region pr;
+    progress_region_get(p, UID, "r1", &pr);
+    ASSERT(pr.watched && pr.answered && !pr.failing && pr.res.step == 10);
+    ASSERT(wall0 <= pr.watched_s && pr.watched_s <= pr.res.read_s);
+    progress_region_get(p, UID, "r2", &pr);
+    ASSERT(pr.watched && !pr.answered && pr.failing && !strcmp(pr.failing, "unreachable"));
+    progress_region_get(p, UID, "r3", &pr);
+    ASSERT(!pr.watched && !pr.answered && !pr.failing);
     drained = 0;
     progress_drain(p, on_key, NULL);
     ASSERT_EQ(drained, 1);
     ASSERT(!strcmp(drained_key, "ns/job"));
     progress_drain(p, on_key, NULL);
     ASSERT_EQ(drained, 1); /* announced once */
-    /* Next period: another job's status, ignored (the figures stay); then ours again. */
+    /* Next period: another job's status, ignored (the figures stay) and named as the cause;
+     * then ours again. */
+    double w0 = now_s();
+    while (tk_fake_served(f) < 2 && now_s() - w0 < 5) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    int named = 0;
+    while (!named && now_s() - w0 < 5) {
+        progress_region_get(p, UID, "r1", &pr);
+        named = pr.failing && !strcmp(pr.failing, "another job's /status");
+        if (pr.res.step == 20) break; /* the next read came first: too late to see it */
+    }
+    ASSERT(named);
+    ASSERT_EQ(pr.res.step, 10);
     ASSERT(wait_step(p, "r1", 20, 5, &r));
     ASSERT_NEAR(r.loss, 4.0, 0);
     ASSERT(!progress_get(p, "another-job", "r1", &r));
@@ -361,6 +633,60 @@ TEST_T(progress_reader_thread, 60)
     double s0 = now_s();
     progress_free(p);
     ASSERT_LT(now_s() - s0, 0.5);
+    tk_fake_stop(f);
+}
+
+/* The same figures again are news too: their read time moves (progressTime), and the job is
+ * announced; when the gateway then fails, the figures and their time stay. */
+TEST_T(progress_same_figures, 30)
+{
+    static const char ok1[] =
+        "{\"job_id\":\"" UID "\",\"step\":10,\"loss\":4.5,\"tokens_per_s\":100}";
+    tk_fake *f = tk_fake_new();
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, ok1, 0);
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, ok1, 0);
+    /* then HTTP 500 ("no route") for ever */
+    int port = tk_fake_run(f);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/status", port);
+    progress *p = NULL;
+    cirrus_error err;
+    progress_options o = {.period_s = 1};
+    ASSERT_OK(progress_new(&o, &p, &err));
+    progress_target t[] = {{"r1", url}};
+    ASSERT_OK(progress_watch(p, "ns/job", UID, 1, t));
+    progress_result r;
+    ASSERT(wait_step(p, "r1", 10, 5, &r));
+    int64_t first = r.read_s;
+    drained = 0;
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 1);
+    double w0 = now_s();
+    while (tk_fake_served(f) < 2 && now_s() - w0 < 5) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    progress_result r2 = r;
+    while (r2.read_s == first && now_s() - w0 < 5) ASSERT(progress_get(p, UID, "r1", &r2));
+    ASSERT_LT(first, r2.read_s); /* read a period (1 s) later */
+    ASSERT_EQ(r2.step, 10);
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 2);
+    /* The third read gets HTTP 500: unreachable, and the second answer stays. That it fails
+     * is news (the condition says how); the same failure again is not. */
+    progress_region pr = {0};
+    while (!pr.failing && now_s() - w0 < 8) progress_region_get(p, UID, "r1", &pr);
+    ASSERT(pr.failing && !strcmp(pr.failing, "unreachable"));
+    ASSERT(pr.answered && pr.res.step == 10 && pr.res.read_s == r2.read_s);
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 3);
+    progress_stats st;
+    progress_get_stats(p, &st);
+    while (st.errors < 2 && now_s() - w0 < 8) progress_get_stats(p, &st);
+    ASSERT_EQ(st.errors, 2);
+    progress_drain(p, on_key, NULL);
+    ASSERT_EQ(drained, 3);
+    progress_free(p);
     tk_fake_stop(f);
 }
 
