@@ -1225,6 +1225,101 @@ TEST_T(coordinator_step_notice_ids_survive_restart, 10)
     coordinator_stop(co);
 }
 
+typedef struct held_arrive {
+    coord_client *c;
+    coord_step_sync q;
+    coord_step_state st;
+    double ms; /* how long the answer took */
+} held_arrive;
+
+static void *held_arrive_main(void *arg)
+{
+    held_arrive *h = arg;
+    double t0 = now_ms();
+    h->st = step_sync(h->c, h->q);
+    h->ms = now_ms() - t0;
+    return NULL;
+}
+
+/* An ARRIVE with wait_ms is answered when what its client waits for is there, not before
+ * and not much after: the leader's once every client is counted, a follower's once the
+ * step is applied or a notice for it is posted; with nothing happening, after wait_ms.
+ * Only an ARRIVE may wait, and at most COORD_STEP_WAIT_MAX_MS. */
+TEST_T(coordinator_step_barrier_holds_arrivals, 15)
+{
+    coordinator *co = start(2);
+    coord_client *lead = client_at(coordinator_port(co));
+    coord_client *follow = client_at(coordinator_port(co));
+    coord_client *other = client_at(coordinator_port(co));
+
+    /* The leader waits for the follower, which comes 300 ms later. */
+    held_arrive h = {.c = lead, .q = step_req(COORD_STEP_ARRIVE, 1, 0, 2, 2, 1.0, 0)};
+    h.q.wait_ms = 2000;
+    pthread_t th;
+    ASSERT(pthread_create(&th, NULL, held_arrive_main, &h) == 0);
+    sleep_ms(300);
+    coord_step_state st = arrive(follow, 1, 1, 2, 3, 2.0, 0);
+    pthread_join(th, NULL);
+    ASSERT_EQ(h.st.arrived, 2);
+    ASSERT_EQ(h.st.microbatches, 5);
+    ASSERT(h.ms >= 250 && h.ms < 1000);
+
+    /* The follower waits for APPLIED, 300 ms later. */
+    h = (held_arrive){.c = follow, .q = step_req(COORD_STEP_ARRIVE, 1, 1, 2, 3, 2.0, 0)};
+    h.q.wait_ms = 2000;
+    ASSERT(pthread_create(&th, NULL, held_arrive_main, &h) == 0);
+    sleep_ms(300);
+    step_sync(lead, step_req(COORD_STEP_APPLIED, 1, 0, 2, 0, 0, 0));
+    pthread_join(th, NULL);
+    ASSERT_EQ(h.st.applied_step, 1);
+    ASSERT(h.ms >= 250 && h.ms < 1000);
+
+    /* At step 2 the follower waits; a notice posted 300 ms later wakes it, listed. */
+    h = (held_arrive){.c = follow, .q = step_req(COORD_STEP_ARRIVE, 2, 1, 2, 3, 2.0, 0)};
+    h.q.wait_ms = 2000;
+    ASSERT(pthread_create(&th, NULL, held_arrive_main, &h) == 0);
+    sleep_ms(300);
+    step_sync(other, redo_req(2, 1, "127.0.0.1:5000"));
+    pthread_join(th, NULL);
+    ASSERT_EQ(h.st.n_notices, 1);
+    ASSERT(h.ms >= 250 && h.ms < 1000);
+
+    /* Already there: answered at once. Nothing coming: answered after wait_ms. */
+    h = (held_arrive){.c = follow, .q = step_req(COORD_STEP_ARRIVE, 1, 1, 2, 3, 2.0, 0)};
+    h.q.wait_ms = 2000;
+    held_arrive_main(&h);
+    ASSERT(h.ms < 200);
+    h = (held_arrive){.c = lead, .q = step_req(COORD_STEP_ARRIVE, 3, 0, 2, 2, 1.0, 0)};
+    h.q.wait_ms = 400;
+    held_arrive_main(&h);
+    ASSERT_EQ(h.st.arrived, 1);
+    ASSERT(h.ms >= 350 && h.ms < 1500);
+    (void)st;
+
+    coord_client_close(lead);
+    coord_client_close(follow);
+    coord_client_close(other);
+    coordinator_stop(co);
+
+    /* The checks: an APPLIED that asks to wait, and too long a wait, are malformed. */
+    coord_step_sync bad = step_req(COORD_STEP_APPLIED, 1, 0, 1, 0, 0, 0);
+    bad.wait_ms = 10;
+    wire_writer w;
+    wire_writer_init(&w, 256);
+    coord_put_step_sync(&w, &bad);
+    coord_step_sync back;
+    cirrus_error err = {0};
+    ASSERT_EQ(coord_get_step_sync(w.data, w.len, &back, &err), CIRRUS_ECORRUPT);
+    ASSERT(strstr(err.msg, "only an ARRIVE may wait"));
+    wire_writer_free(&w);
+    bad = step_req(COORD_STEP_ARRIVE, 1, 0, 1, 0, 0, 0);
+    bad.wait_ms = COORD_STEP_WAIT_MAX_MS + 1;
+    wire_writer_init(&w, 256);
+    coord_put_step_sync(&w, &bad);
+    ASSERT_EQ(coord_get_step_sync(w.data, w.len, &back, &err), CIRRUS_ECORRUPT);
+    wire_writer_free(&w);
+}
+
 /* Encode q into w (reset first). */
 static void put_step(wire_writer *w, coord_step_sync q)
 {
@@ -1373,10 +1468,12 @@ static coord_step_state sample_state(void)
 
 TEST_T(coordinator_step_proto_round_trip, 5)
 {
-    /* Request: every op, every truncation refused, trailing bytes refused. */
+    /* Request: every op, every truncation refused (but that of the optional wait_ms as a
+     * whole: a request without it waits 0 ms), trailing bytes refused. */
     coord_step_sync reqs[3] = {step_req(COORD_STEP_ARRIVE, 12, 3, 64, 7, -2.5, 5),
                                step_req(COORD_STEP_APPLIED, 1, 0, 1, 0, 0, 0),
                                redo_req(0xffffffffffull, 1023, "host-a.example:65535")};
+    reqs[0].wait_ms = COORD_STEP_WAIT_MAX_MS;
     for (int k = 0; k < 3; k++) {
         wire_writer w;
         wire_writer_init(&w, 1024);
@@ -1393,9 +1490,16 @@ TEST_T(coordinator_step_proto_round_trip, 5)
         ASSERT_EQ(back.redo_seen, reqs[k].redo_seen);
         ASSERT_EQ(back.stage, reqs[k].stage);
         ASSERT(!strcmp(back.addr, reqs[k].addr));
+        ASSERT_EQ(back.wait_ms, reqs[k].wait_ms);
         for (size_t cut = 0; cut < w.len; cut++) {
-            ASSERT_EQ(coord_get_step_sync(w.data, cut, &back, &err), CIRRUS_ECORRUPT);
-            ASSERT(strstr(err.msg, "truncated STEP_SYNC") != NULL);
+            int rc = coord_get_step_sync(w.data, cut, &back, &err);
+            if (cut == w.len - 4) {
+                ASSERT_OK(rc);
+                ASSERT_EQ(back.wait_ms, 0);
+            } else {
+                ASSERT_EQ(rc, CIRRUS_ECORRUPT);
+                ASSERT(strstr(err.msg, cut < w.len - 4 ? "truncated STEP_SYNC" : "trailing"));
+            }
         }
         wire_put_bytes(&w, "x", 1);
         ASSERT_EQ(coord_get_step_sync(w.data, w.len, &back, &err), CIRRUS_ECORRUPT);
@@ -1415,7 +1519,7 @@ TEST_T(coordinator_step_proto_round_trip, 5)
         wire_writer_init(&w, 1024);
         coord_step_sync q = redo_req(1, 0, "h:1");
         coord_put_step_sync(&w, &q);
-        w.len -= 2 + 3; /* drop the addr and write a long one */
+        w.len -= 4 + 2 + 3; /* drop wait_ms and the addr, and write a long addr */
         char longaddr[101];
         memset(longaddr, 'a', 100);
         longaddr[100] = '\0';

@@ -252,6 +252,7 @@ void coord_put_step_sync(wire_writer *w, const coord_step_sync *s)
     wire_put_u64(w, s->redo_seen);
     wire_put_u32(w, s->stage);
     wire_put_str(w, s->addr);
+    wire_put_u32(w, s->wait_ms);
 }
 
 /* A REDO names the peer that lost the work; the other ops name none, so an address there
@@ -289,6 +290,10 @@ static int step_sync_ok(const coord_step_sync *s, cirrus_error *err)
     if (!isfinite(s->loss_sum))
         return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC loss_sum %g is not finite",
                            s->loss_sum);
+    if (s->wait_ms > COORD_STEP_WAIT_MAX_MS || (s->wait_ms && s->op != COORD_STEP_ARRIVE))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "STEP_SYNC wait_ms %u (op %u): only an "
+                           "ARRIVE may wait, at most %d ms", s->wait_ms, s->op,
+                           COORD_STEP_WAIT_MAX_MS);
     /* The REDO stage is the coordinator's to check (against its n_stages): a stage it
      * does not have is a mistake, answered CIRRUS_EINVAL, not a broken stream. */
     return step_addr_ok(s, err);
@@ -309,6 +314,7 @@ int coord_get_step_sync(const void *p, size_t n, coord_step_sync *s, cirrus_erro
     s->stage = wire_get_u32(&r);
     int rc;
     if ((rc = get_str_field(&r, s->addr, sizeof s->addr, "STEP_SYNC", "addr", err))) return rc;
+    if (r.len - r.pos >= 4) s->wait_ms = wire_get_u32(&r); /* optional: 0 when absent */
     if ((rc = finish(&r, "STEP_SYNC", err))) return rc;
     return step_sync_ok(s, err);
 }

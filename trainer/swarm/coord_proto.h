@@ -75,6 +75,7 @@ enum coord_role { COORD_ROLE_STAGE = 1, COORD_ROLE_CLIENT = 2 };
 #define COORD_MAX_CLIENTS 64       /* pipeline clients of one job in the step barrier */
 #define COORD_MAX_NOTICES 16       /* REDO notices in one STEP_SYNC_OK */
 #define COORD_NOTICE_KEEP 64       /* REDO notices the coordinator remembers (newest) */
+#define COORD_STEP_WAIT_MAX_MS 2000 /* the longest an ARRIVE may ask its answer to be held */
 
 typedef struct coord_registration {
     uint16_t role;                   /* enum coord_role */
@@ -144,6 +145,9 @@ typedef struct coord_step_sync {
     uint64_t redo_seen;              /* the newest REDO notice id this client acted on */
     uint32_t stage;                  /* REDO: the stage of addr (< n_stages); else ignored */
     char addr[COORD_NAME_MAX + 1];   /* REDO: "host:port", non-empty; else empty */
+    uint32_t wait_ms;                /* ARRIVE: hold the answer until what this client waits
+                                      * for is there, at most this long (0: answer at once;
+                                      * <= COORD_STEP_WAIT_MAX_MS); 0 for the other ops */
 } coord_step_sync;
 
 typedef struct coord_step_notice {

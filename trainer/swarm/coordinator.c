@@ -76,6 +76,7 @@ struct coordinator {
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t conn_ended;
+    pthread_cond_t barrier_changed; /* on CLOCK_MONOTONIC; broadcast on every barrier change */
     uint32_t conns;
     member *members; /* [max_peers], sorted by id (ids only grow; removal keeps order) */
     size_t n_members;
@@ -508,6 +509,38 @@ static void step_state(const step_barrier *b, uint64_t t, uint64_t redo_seen,
     step_count(b, t, st);
 }
 
+/* What an ARRIVE with wait_ms waits for: the leader (client 0), every client counted at t;
+ * a follower, t applied or a notice it has not acted on. */
+static int step_awaited(const coord_step_sync *q, const coord_step_state *st)
+{
+    if (q->client_index == 0) return st->arrived >= q->n_clients;
+    return st->applied_step >= q->step || st->n_notices > 0;
+}
+
+/* Hold an ARRIVE's answer (co->mu held) until what it waits for is there, its wait_ms is
+ * up or the coordinator stops; *st is the state then. The clients wait at the barrier this
+ * way instead of polling it: an answer goes out as soon as the change it waits for is
+ * made (every barrier change broadcasts barrier_changed), and no request is made in
+ * between. Waits in slices of COORD_POLL_MS to see the stop flag. */
+static void step_hold(coordinator *co, const coord_step_sync *q, coord_step_state *st)
+{
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    const int64_t end_ns = (int64_t)end.tv_sec * 1000000000 + end.tv_nsec +
+                           (int64_t)q->wait_ms * 1000000;
+    while (!step_awaited(q, st) && !atomic_load(&co->stopping)) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t now_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+        if (now_ns >= end_ns) break;
+        int64_t until = now_ns + (int64_t)COORD_POLL_MS * 1000000;
+        if (until > end_ns) until = end_ns;
+        struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+        pthread_cond_timedwait(&co->barrier_changed, &co->mu, &ts);
+        step_state(&co->barrier, q->step, q->redo_seen, st);
+    }
+}
+
 static int on_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_writer *reply,
                         outcome *oc)
 {
@@ -526,8 +559,10 @@ static int on_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_writ
     else if (q.op == COORD_STEP_APPLIED) step_applied(co, q.step);
     else step_redo(co, &q);
     if (!rc) {
+        pthread_cond_broadcast(&co->barrier_changed);
         coord_step_state st;
         step_state(&co->barrier, q.step, q.redo_seen, &st);
+        if (q.wait_ms) step_hold(co, &q, &st);
         coord_put_step_state(reply, &st);
     }
     pthread_mutex_unlock(&co->mu);
@@ -849,6 +884,11 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     atomic_init(&co->stopping, 0);
     pthread_mutex_init(&co->mu, NULL);
     pthread_cond_init(&co->conn_ended, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&co->barrier_changed, &ca);
+    pthread_condattr_destroy(&ca);
     co->members = calloc(f.max_peers, sizeof *co->members);
     if (!co->members) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %u members", f.max_peers);
@@ -893,6 +933,7 @@ void coordinator_stop(coordinator *co)
     if (co->http) http_status_stop(co->http);
     if (co->lfd >= 0) close(co->lfd);
     pthread_cond_destroy(&co->conn_ended);
+    pthread_cond_destroy(&co->barrier_changed);
     pthread_mutex_destroy(&co->mu);
     free(co->members);
     rebalance_destroy(co->rb);

@@ -296,22 +296,21 @@ static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
     e->n_lost++;
 }
 
+/* How long an ARRIVE asks the coordinator to hold its answer until what this client waits
+ * for is there (the barrier's clients wait this way rather than polling); well inside the
+ * call's own 5 s limit. */
+#define BARRIER_HOLD_MS 1000
+
 static int barrier_call(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
                         cirrus_error *err)
 {
     coord_step_sync req = {.op = op, .step = e->step, .client_index = (uint32_t)e->index,
                            .n_clients = (uint32_t)e->n_clients, .microbatches = (uint32_t)e->mine,
                            .loss_sum = e->loss_sum, .redo_seen = e->redo_seen,
-                           .stage = stage};
+                           .stage = stage,
+                           .wait_ms = op == COORD_STEP_ARRIVE ? BARRIER_HOLD_MS : 0};
     snprintf(req.addr, sizeof req.addr, "%s", addr ? addr : "");
     return coord_client_step_sync(e->coord, &req, 5000, &e->barrier, err);
-}
-
-/* Sleep a little longer each time while waiting at the barrier (0.2 ms to 5 ms). */
-static void barrier_pause(int *us)
-{
-    usleep((useconds_t)*us);
-    *us = *us * 2 > 5000 ? 5000 : *us * 2;
 }
 
 /* A barrier call that fails for want of the coordinator (it restarts, the network blips)
@@ -321,12 +320,11 @@ static void barrier_pause(int *us)
 static int barrier_call_until(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
                               double deadline, cirrus_error *err)
 {
-    int warned = 0;
-    for (int us = 200;; barrier_pause(&us)) {
+    for (int warned = 0;; warned = 1) {
         int rc = barrier_call(e, op, stage, addr, err);
         if (!rc || rc == CIRRUS_EINVAL || now_s() > deadline) return rc;
-        if (!warned++) log_warn("step barrier: %s; trying again", err->msg);
-        if (us < 100000) us = 100000; /* the coordinator is away: ask every 0.1-0.2 s */
+        if (!warned) log_warn("step barrier: %s; trying again", err->msg);
+        usleep(100000); /* the coordinator is away: ask every 0.1 s */
     }
 }
 
@@ -377,7 +375,7 @@ static int leader_gather(pipe_exec *e, cirrus_error *err)
                  (unsigned long long)e->step, e->lost[i].addr, e->lost[i].stage);
     }
     e->n_lost = 0;
-    for (int us = 200;; barrier_pause(&us)) {
+    for (;;) { /* each ARRIVE is held until every client is counted, or for 1 s */
         int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (!rc) rc = repost_forgotten(e, deadline, err);
         if (rc) return rc;
@@ -431,7 +429,7 @@ static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
 static int follower_wait(pipe_exec *e, cirrus_error *err)
 {
     const double deadline = now_s() + BARRIER_TIMEOUT_S;
-    for (int us = 200;; barrier_pause(&us)) {
+    for (;;) { /* each ARRIVE is held until the step is applied or there is news, or 1 s */
         int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (rc) return rc;
         if (e->barrier.applied_step >= e->step) return 0;
@@ -444,7 +442,6 @@ static int follower_wait(pipe_exec *e, cirrus_error *err)
                 rc = pipeline_peer_reported_lost(e->p, (int)n->stage, n->addr, err);
             if (rc) return rc;
             e->redo_seen = n->id;
-            us = 200; /* arrive again at once */
         }
         if (now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
