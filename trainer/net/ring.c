@@ -49,6 +49,14 @@ typedef struct ring {
     uint64_t calls;         /* tags frames so a stale chunk can never be mistaken */
     float *scratch;         /* a reduce-scatter chunk as received, before it is added */
     size_t scratch_cap;     /* in floats */
+    /* The sender thread lives as long as the ring (a thread per call cost tens of
+     * microseconds, which small buffers feel); it sends `call` and then clears it. */
+    pthread_t sender;
+    int sender_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct ring_call *call; /* the call to send; NULL: none (set and cleared under mu) */
+    int quit;
 } ring;
 
 /* Shared between the receiving (calling) thread and the sender thread of one call. */
@@ -139,6 +147,25 @@ static void *ring_sender(void *arg)
     return NULL;
 }
 
+/* The sender thread: send each call's chunks as ring_allreduce_sum posts it. */
+static void *ring_sender_main(void *arg)
+{
+    ring *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->call && !r->quit) pthread_cond_wait(&r->cv, &r->mu);
+        if (r->quit) break;
+        ring_call *c = r->call;
+        pthread_mutex_unlock(&r->mu);
+        ring_sender(c);
+        pthread_mutex_lock(&r->mu);
+        r->call = NULL;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
 static int ring_receive(ring_call *c, cirrus_error *err)
 {
     ring *r = c->r;
@@ -207,18 +234,26 @@ static int ring_allreduce_sum(collective *base, float *data, size_t n, cirrus_er
     r->calls++;
     pthread_mutex_init(&c.mu, NULL);
     pthread_cond_init(&c.cv, NULL);
-    pthread_t sender;
     int rc;
-    if (pthread_create(&sender, NULL, ring_sender, &c) != 0) {
-        rc = cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the sender thread");
-        goto out;
+    if (!r->sender_started) {
+        if (pthread_create(&r->sender, NULL, ring_sender_main, r) != 0) {
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the sender thread");
+            goto out;
+        }
+        r->sender_started = 1;
     }
+    pthread_mutex_lock(&r->mu);
+    r->call = &c;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
     rc = ring_receive(&c, err);
     pthread_mutex_lock(&c.mu);
     if (rc) c.failed = 1;
     pthread_cond_broadcast(&c.cv);
     pthread_mutex_unlock(&c.mu);
-    pthread_join(sender, NULL);
+    pthread_mutex_lock(&r->mu); /* the sender is done with c once it clears the call */
+    while (r->call) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
     if (!rc && c.send_rc) {
         rc = c.send_rc;
         if (err) *err = c.send_err;
@@ -234,6 +269,15 @@ out:
 static void ring_destroy(collective *base)
 {
     ring *r = (ring *)base;
+    if (r->sender_started) {
+        pthread_mutex_lock(&r->mu);
+        r->quit = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->sender, NULL);
+    }
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
     net_close(r->left);
     net_close(r->right);
     free(r->scratch);
@@ -319,6 +363,8 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
     ring *r = calloc(1, sizeof *r);
     if (!r) return cirrus_fail(err, CIRRUS_ENOMEM, "ring: out of memory");
     r->base.ops = &ring_ops;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
     r->base.rank = rank;
     r->base.world = world;
     r->opt = *opt;
@@ -333,7 +379,7 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
                    .timeout_ms = r->opt.timeout_ms, .job_id = opt->job_id};
     pthread_t dialer;
     if (pthread_create(&dialer, NULL, ring_dial_right, &d) != 0) {
-        free(r);
+        ring_destroy(&r->base);
         return cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the dialer thread");
     }
     int rc = 0;
