@@ -40,7 +40,8 @@ static float evaluate(const train_executor *ex, const data_corpus *corpus, int B
                       uint64_t seed, int32_t *x, int32_t *y)
 {
     data_loader *val = NULL;
-    if (data_loader_create(&val, corpus, DATA_VAL, B, T, 0, 1, seed, NULL)) return -1.0f;
+    if (!ex->eval || data_loader_create(&val, corpus, DATA_VAL, B, T, 0, 1, seed, NULL))
+        return -1.0f;
     uint64_t avail = data_loader_batches_per_epoch(val);
     if ((uint64_t)n > avail) n = (int)avail;
     double sum = 0.0;
@@ -268,20 +269,24 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     res->seconds = now_s() - t0;
     res->step = step;
     res->val_loss = evaluate(ex, &corpus, B, T, o->eval_batches, o->seed, x, y);
-    if (metrics) {
-        fprintf(metrics, "{\"step\":%llu,\"final\":true,\"val_loss\":%.6g}\n",
-                (unsigned long long)step, res->val_loss);
+    /* A validation loss below 0 is none (not evaluated here, or the evaluation failed). */
+    char v6[32] = "null", v9[32] = "null", vt[32] = "none";
+    if (res->val_loss >= 0) {
+        snprintf(v6, sizeof v6, "%.6g", res->val_loss);
+        snprintf(v9, sizeof v9, "%.9g", res->val_loss);
+        snprintf(vt, sizeof vt, "%.4f", res->val_loss);
     }
+    if (metrics)
+        fprintf(metrics, "{\"step\":%llu,\"final\":true,\"val_loss\":%s}\n",
+                (unsigned long long)step, v6);
     if (!o->quiet) {
         if (o->json)
-            printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%.9g,"
+            printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%s,"
                    "\"tokens\":%.0f,\"seconds\":%.3f}\n",
-                   (unsigned long long)step, res->loss, res->val_loss, res->tokens,
-                   res->seconds);
+                   (unsigned long long)step, res->loss, v9, res->tokens, res->seconds);
         else
-            printf("done: %llu steps, train loss %.4f, val loss %.4f, %.0f tokens in %.1fs\n",
-                   (unsigned long long)step, res->loss, res->val_loss, res->tokens,
-                   res->seconds);
+            printf("done: %llu steps, train loss %.4f, val loss %s, %.0f tokens in %.1fs\n",
+                   (unsigned long long)step, res->loss, vt, res->tokens, res->seconds);
         fflush(stdout);
     }
     rc = 0;

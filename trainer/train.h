@@ -19,7 +19,9 @@ typedef struct train_executor {
     /* Forward, backward and optimizer step of one batch. */
     int (*step)(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                 float lr, uint64_t step, float *loss, cirrus_error *err);
-    /* Mean loss of one batch, nothing kept. */
+    /* Mean loss of one batch, nothing kept. NULL: this executor does not evaluate (a
+     * follower of several clients: the leader evaluates the shared model), and the
+     * validation loss is reported as none. */
     int (*eval)(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
                 cirrus_error *err);
     /* The whole model's parameters and AdamW moments (gpt_num_params() floats each), for a

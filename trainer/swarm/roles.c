@@ -27,6 +27,7 @@
 #include "pipeline.h"
 #include "stage_peer.h"
 #include "stage_proto.h"
+#include "step_share.h"
 
 #define PIPE_TIMEOUT_MS 60000
 
@@ -69,7 +70,7 @@ int roles_cmd_stage(int argc, char **argv)
     model_flags mf = {.preset = "tiny"};
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
-    const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1";
+    const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1", *name = NULL;
     char ring_default[STAGE_ADDR_MAX];
     uint64_t seed = 1337;
     float slowdown = 1.0f, stall_s = 0.0f;
@@ -93,6 +94,10 @@ int roles_cmd_stage(int argc, char **argv)
         {ROLE_FLAG_STAGE_INDEX, FLAG_INT, &stage_index, 0, 63, "this stage's index, for the coordinator",
          0},
         {ROLE_FLAG_ADVERTISE, FLAG_STR, &advertise, 0, 0, "host clients reach this peer at", 0},
+        {ROLE_FLAG_NAME, FLAG_STR, &name, 0, 0,
+         "its name at the coordinator, kept by a replacement (the operator gives the Pod's); "
+         "default: made of the stage, host and port",
+         0},
         {"slowdown", FLAG_FLOAT, &slowdown, 1, 1000,
          "tests and benchmarks only: be F times slower (sleep (F-1) x the compute time "
          "after each forward and backward; default 1)",
@@ -122,9 +127,14 @@ int roles_cmd_stage(int argc, char **argv)
         flags_usage(flags, NFLAGS(flags));
         return 0;
     }
+    if (name && (!name[0] || !coord_name_ok(name))) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--name must be 1..%d characters of [A-Za-z0-9._:-]",
+                    COORD_NAME_MAX);
+        return cli_fail_input("stage", &err);
+    }
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
                             .slowdown_cpu = slowdown_cpu, .act_slots = act_slots,
-                            .stall_at = stall_at, .stall_s = stall_s};
+                            .stall_at = stall_at, .stall_s = stall_s, .name = name};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",
@@ -197,33 +207,17 @@ int roles_cmd_stage(int argc, char **argv)
 
 /* ---- the client: the training loop of train.c, with the model on the stage peers ---- */
 
-/* A peer lost during a step whose stage had not summed its gradients yet. */
-typedef struct lost_peer {
-    int stage;
-    char addr[STAGE_ADDR_MAX];
-} lost_peer;
-
 typedef struct pipe_exec {
     pipeline *p;
     int micro; /* sequences per microbatch; a step's batch is split into B / micro of them */
     coord_client *coord; /* NULL: no coordinator to report to */
     double t_last;
-    /* Several clients share each step (--clients): this one runs microbatches
-     * [first, first + mine) of it and meets the others at the coordinator's step barrier.
-     * Client 0, the leader, runs the optimizer step; the others follow. */
+    /* Several clients share each step (--clients): this one runs a contiguous run of its
+     * microbatches and meets the others at the coordinator's step barrier (step_share.c).
+     * Client 0, the leader, runs the optimizer step. */
     int index, n_clients;
-    int first, mine;
+    step_share share;          /* with n_clients > 1 */
     uint64_t exit_mid_step;    /* tests: die half-way through this step's share (0: never) */
-    uint64_t step;
-    double loss_sum;           /* this client's share of the step's losses */
-    uint64_t redo_seen;        /* the newest of the leader's notices acted on */
-    lost_peer lost[PIPE_MAX_STAGES * PIPE_MAX_PEERS]; /* the leader's, not yet announced */
-    int n_lost;
-    /* The leader's notices of this step, to post again should the coordinator restart and
-     * forget them (stage COORD_ALL_STAGES: the step restarted, which supersedes the rest). */
-    lost_peer posted[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
-    int n_posted;
-    coord_step_state barrier;  /* the barrier's latest answer */
 } pipe_exec;
 
 static double now_s(void)
@@ -249,8 +243,9 @@ static void report_step(pipe_exec *e, uint64_t step, float loss, int tokens)
 
 /* Between steps: peers the coordinator knows and this client does not (replacements of
  * lost peers, new capacity, peers that moved to another stage) join their stage. */
-static void admit_new_peers(pipe_exec *e, uint64_t step)
+static void admit_new_peers(void *ctx, uint64_t step)
 {
+    pipe_exec *e = ctx;
     const uint64_t joined = pipeline_get_counters(e->p)->peers_joined;
     if (!e->coord) return;
     coord_peer_info *peers = NULL;
@@ -274,181 +269,6 @@ static void admit_new_peers(pipe_exec *e, uint64_t step)
                  (unsigned long long)step);
 }
 
-/* ---- several clients: the step barrier ----
- * Every client runs its share of a step's microbatches and ARRIVEs at the coordinator's
- * barrier. The leader waits until all have, sums the stages' gradients, steps, and says
- * APPLIED; the followers wait for that. A peer the leader loses while its stage is unsummed
- * may hold any client's gradients: the leader posts it (REDO) and waits until every
- * follower has redone its own backwards there and arrived again. */
-
-#define BARRIER_TIMEOUT_S 300.0
-
-/* The leader hears of every peer it loses (pipeline_on_peer_lost). */
-static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
-{
-    pipe_exec *e = ctx;
-    if (!unsummed || e->index != 0 || e->n_lost >= (int)(sizeof e->lost / sizeof e->lost[0]))
-        return;
-    for (int i = 0; i < e->n_lost; i++)
-        if (e->lost[i].stage == stage && strcmp(e->lost[i].addr, addr) == 0) return;
-    e->lost[e->n_lost].stage = stage;
-    snprintf(e->lost[e->n_lost].addr, sizeof e->lost[0].addr, "%s", addr);
-    e->n_lost++;
-}
-
-/* How long an ARRIVE asks the coordinator to hold its answer until what this client waits
- * for is there (the barrier's clients wait this way rather than polling); well inside the
- * call's own 5 s limit. */
-#define BARRIER_HOLD_MS 1000
-
-static int barrier_call(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
-                        cirrus_error *err)
-{
-    coord_step_sync req = {.op = op, .step = e->step, .client_index = (uint32_t)e->index,
-                           .n_clients = (uint32_t)e->n_clients, .microbatches = (uint32_t)e->mine,
-                           .loss_sum = e->loss_sum, .redo_seen = e->redo_seen,
-                           .stage = stage,
-                           .wait_ms = op == COORD_STEP_ARRIVE ? BARRIER_HOLD_MS : 0};
-    snprintf(req.addr, sizeof req.addr, "%s", addr ? addr : "");
-    return coord_client_step_sync(e->coord, &req, 5000, &e->barrier, err);
-}
-
-/* A barrier call that fails for want of the coordinator (it restarts, the network blips)
- * is tried again until `deadline` (seconds, now_s()); its barrier state is rebuilt by the
- * clients' next calls. Only a refusal (CIRRUS_EINVAL: this client does not fit the job)
- * ends the wait at once. */
-static int barrier_call_until(pipe_exec *e, uint8_t op, uint32_t stage, const char *addr,
-                              double deadline, cirrus_error *err)
-{
-    for (int warned = 0;; warned = 1) {
-        int rc = barrier_call(e, op, stage, addr, err);
-        if (!rc || rc == CIRRUS_EINVAL || now_s() > deadline) return rc;
-        if (!warned) log_warn("step barrier: %s; trying again", err->msg);
-        usleep(100000); /* the coordinator is away: ask every 0.1 s */
-    }
-}
-
-/* The leader posts a notice for the other clients (REDO): a lost peer's backwards, or the
- * whole step again. The call carries the newest id the leader posted, so a restarted
- * coordinator numbers a re-posted notice past every id a follower has acted on. */
-static int post_notice(pipe_exec *e, uint32_t stage, const char *addr, int again, double deadline,
-                       cirrus_error *err)
-{
-    int rc = barrier_call_until(e, COORD_STEP_REDO, stage, addr, deadline, err);
-    if (rc) return rc;
-    e->redo_seen = e->barrier.latest_notice;
-    if (again) return 0;
-    if (stage == COORD_ALL_STAGES) e->n_posted = 0; /* a restart redoes everything */
-    if (e->n_posted < (int)(sizeof e->posted / sizeof e->posted[0])) {
-        e->posted[e->n_posted].stage = (int)stage;
-        snprintf(e->posted[e->n_posted].addr, sizeof e->posted[0].addr, "%s", addr);
-        e->n_posted++;
-    }
-    return 0;
-}
-
-/* The barrier's answer shows no notice as new as the leader's last: the coordinator
- * restarted and forgot this step's notices, and followers that had not acted on them would
- * be counted as if they had. Post them again (a follower that already acted on one does it
- * again harmlessly: a lost peer is lost once; a restart is detected and done again). */
-static int repost_forgotten(pipe_exec *e, double deadline, cirrus_error *err)
-{
-    if (!e->n_posted || e->barrier.latest_notice >= e->redo_seen) return 0;
-    log_warn("step %llu: the coordinator forgot %d notice(s) (it restarted?): posting them "
-             "again", (unsigned long long)e->step, e->n_posted);
-    for (int i = 0; i < e->n_posted; i++) {
-        int rc = post_notice(e, (uint32_t)e->posted[i].stage, e->posted[i].addr, 1, deadline, err);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/* The leader: announce the peers lost with their stage unsummed, then wait until every
- * client has arrived having acted on them. */
-static int leader_gather(pipe_exec *e, cirrus_error *err)
-{
-    const double deadline = now_s() + BARRIER_TIMEOUT_S;
-    for (int i = 0; i < e->n_lost; i++) {
-        int rc = post_notice(e, (uint32_t)e->lost[i].stage, e->lost[i].addr, 0, deadline, err);
-        if (rc) return rc;
-        log_info("step %llu: peer %s of stage %d lost; the other clients redo its backwards",
-                 (unsigned long long)e->step, e->lost[i].addr, e->lost[i].stage);
-    }
-    e->n_lost = 0;
-    for (;;) { /* each ARRIVE is held until every client is counted, or for 1 s */
-        int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
-        if (!rc) rc = repost_forgotten(e, deadline, err);
-        if (rc) return rc;
-        if (e->barrier.arrived == (uint32_t)e->n_clients) return 0;
-        if (now_s() > deadline)
-            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu: %u of %d clients finished "
-                               "their share within %.0f s", (unsigned long long)e->step,
-                               e->barrier.arrived, e->n_clients, BARRIER_TIMEOUT_S);
-    }
-}
-
-/* This client's share of the step, run again from scratch (the step restarts). */
-static int redo_share(pipe_exec *e, cirrus_error *err)
-{
-    float losses[PIPE_MAX_MICRO];
-    int rc = pipeline_redo_step(e->p, losses, err);
-    e->loss_sum = 0.0;
-    for (int m = 0; !rc && m < e->mine; m++) e->loss_sum += losses[m];
-    return rc;
-}
-
-/* The peers hold more of the step than it has: a client died half-way through its share
- * and its replacement ran the share again. Which gradients are whose cannot be told apart,
- * so the step starts again: every peer drops its gradients, every client runs its whole
- * share once more, and every stage sums from scratch. */
-static int leader_restart_step(pipe_exec *e, int stage, int excess, cirrus_error *err)
-{
-    log_warn("step %llu: stage %d's peers hold %d microbatch(es) more than the step has (a "
-             "client died half-way?): the step starts again", (unsigned long long)e->step,
-             stage, excess);
-    int rc = pipeline_take_over(e->p, err);
-    if (!rc) rc = post_notice(e, COORD_ALL_STAGES, "restart", 0, now_s() + BARRIER_TIMEOUT_S,
-                              err);
-    if (rc) return rc;
-    e->n_lost = 0; /* the restart redoes everything */
-    if ((rc = redo_share(e, err)) || (rc = leader_gather(e, err))) return rc;
-    return PIPELINE_STEP_RESTARTED;
-}
-
-/* pipeline_step_sync.settle: before a stage sums, every client's share must be whole. */
-static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
-{
-    pipe_exec *e = ctx;
-    if (missing < 0) return leader_restart_step(e, stage, -missing, err);
-    if (missing > 0) /* a follower admitted a peer this client has not: admit it too */
-        admit_new_peers(e, e->step);
-    return e->n_lost || missing ? leader_gather(e, err) : 0;
-}
-
-/* A follower: wait until the leader has applied the step, redoing what it asks. */
-static int follower_wait(pipe_exec *e, cirrus_error *err)
-{
-    const double deadline = now_s() + BARRIER_TIMEOUT_S;
-    for (;;) { /* each ARRIVE is held until the step is applied or there is news, or 1 s */
-        int rc = barrier_call_until(e, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
-        if (rc) return rc;
-        if (e->barrier.applied_step >= e->step) return 0;
-        for (uint32_t i = 0; i < e->barrier.n_notices; i++) {
-            const coord_step_notice *n = &e->barrier.notices[i];
-            if (n->id <= e->redo_seen) continue;
-            if (n->stage == COORD_ALL_STAGES) /* the step restarts: the whole share again */
-                rc = redo_share(e, err);
-            else
-                rc = pipeline_peer_reported_lost(e->p, (int)n->stage, n->addr, err);
-            if (rc) return rc;
-            e->redo_seen = n->id;
-        }
-        if (now_s() > deadline)
-            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
-                               (unsigned long long)e->step, BARRIER_TIMEOUT_S);
-    }
-}
-
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
@@ -463,43 +283,36 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
                            "%d clients", M, e->n_clients);
     admit_new_peers(e, step);
     /* This client's share: a contiguous run of the step's microbatches. */
-    e->first = e->index * M / e->n_clients;
-    e->mine = (e->index + 1) * M / e->n_clients - e->first;
-    e->step = step;
-    e->n_lost = 0;
-    e->n_posted = 0;
-    const size_t off = (size_t)e->first * e->micro * T;
+    const int first = e->index * M / e->n_clients;
+    const int mine = (e->index + 1) * M / e->n_clients - first;
+    const size_t off = (size_t)first * e->micro * T;
+    const uint64_t first_id = (id - 1) * (uint64_t)M + (uint64_t)first + 1;
     if (e->exit_mid_step == step) { /* tests: a pod preempted half-way through its share */
-        pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1, 1,
-                              e->micro, T, x + off, y + off, losses, err);
+        pipeline_microbatches(e->p, first_id, 1, e->micro, T, x + off, y + off, losses, err);
         log_warn("exiting half-way through step %llu (--exit-mid-step)",
                  (unsigned long long)step);
         _exit(137);
     }
-    int rc = pipeline_microbatches(e->p, (id - 1) * (uint64_t)M + (uint64_t)e->first + 1,
-                                   e->mine, e->micro, T, x + off, y + off, losses, err);
+    if (e->n_clients > 1) step_share_begin(&e->share, step, mine);
+    int rc = pipeline_microbatches(e->p, first_id, mine, e->micro, T, x + off, y + off, losses,
+                                   err);
     if (rc) return rc;
-    e->loss_sum = 0.0;
-    for (int m = 0; m < e->mine; m++) e->loss_sum += losses[m]; /* in order: reproducible */
+    double loss_sum = 0.0;
+    for (int m = 0; m < mine; m++) loss_sum += losses[m]; /* in order: reproducible */
     if (e->n_clients == 1) {
         rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
-        *loss = (float)(e->loss_sum / M);
+        *loss = (float)(loss_sum / M);
     } else if (e->index == 0) {
-        pipeline_step_sync sync = {M, leader_settle, e};
-        if (!(rc = leader_gather(e, err)))
-            rc = pipeline_step_shared(e->p, lr, 1.0f / (float)M, step, &sync, err);
-        const double total = e->barrier.loss_sum; /* every client's share, from the gather */
-        /* Best effort: if the coordinator is away, the leader's next ARRIVE says it too. */
-        cirrus_error why;
-        if (!rc && barrier_call_until(e, COORD_STEP_APPLIED, 0, NULL, now_s() + 30.0, &why))
-            log_warn("step %llu: could not say it was applied: %s", (unsigned long long)step,
-                     why.msg);
+        double total = 0.0;
+        e->share.loss_sum = loss_sum;
+        rc = step_share_lead(&e->share, M, lr, 1.0f / (float)M, &total, err);
         *loss = (float)(total / M);
     } else {
-        if (!(rc = follower_wait(e, err))) pipeline_step_skip(e->p, step);
-        *loss = (float)(e->loss_sum / e->mine); /* this client's share */
+        e->share.loss_sum = loss_sum;
+        rc = step_share_follow(&e->share, err);
+        *loss = (float)(e->share.loss_sum / mine); /* this client's share (as last redone) */
     }
-    if (!rc) report_step(e, step, *loss, e->mine * e->micro * T);
+    if (!rc) report_step(e, step, *loss, mine * e->micro * T);
     return rc;
 }
 
@@ -774,8 +587,8 @@ static int run_client(const char *cmd, train_options *o, const char *job,
     pe = (pipe_exec){.p = p, .micro = micro, .coord = cc, .index = share->index,
                      .n_clients = share->n_clients,
                      .exit_mid_step = (uint64_t)share->exit_mid_step};
-    pipeline_on_peer_lost(p, note_lost_peer, &pe);
-    pipeline_set_follower(p, share->index > 0);
+    if (share->n_clients > 1)
+        step_share_init(&pe.share, p, cc, share->index, share->n_clients, admit_new_peers, &pe);
     if (pipeline_align_peers(p, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         if (pe.coord) coord_client_leave(pe.coord, 1000, NULL);
@@ -783,7 +596,10 @@ static int run_client(const char *cmd, train_options *o, const char *job,
         pipeline_close(p);
         return 1;
     }
-    train_executor ex = {&pe, pipe_step, pipe_eval, pipe_gather, pipe_describe, pipe_first_step};
+    /* Only the leader evaluates: the clients share one model, and a follower's validation
+     * passes would only load the peers. */
+    train_executor ex = {&pe, pipe_step, share->index == 0 ? pipe_eval : NULL, pipe_gather,
+                         pipe_describe, pipe_first_step};
     o->executor = &ex;
     int rc = cli_run_training(cmd, o);
     pipeline_log_routing(p);

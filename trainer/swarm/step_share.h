@@ -1,0 +1,71 @@
+/* step_share: several clients of a region sharing each optimizer step (`client --clients C
+ * --client-index I`, `local --clients C`).
+ *
+ * Every client runs its share of a step's microbatches and ARRIVEs at the coordinator's
+ * step barrier (STEP_SYNC, docs/PROTOCOL.md). Client 0, the leader, waits until all have,
+ * sums the stages' gradients expecting every microbatch, steps, and says APPLIED; the
+ * followers wait for that. A peer the leader loses while its stage is unsummed may hold any
+ * client's gradients: the leader posts it (REDO) and waits until every follower has redone
+ * its own backwards there and arrived again. If the peers hold more of the step than it
+ * has (a client died half-way through its share and its replacement ran it again), the
+ * leader starts the step again: RESET on every peer, a REDO for all stages, every client
+ * reruns its share. The barrier's calls ride out a coordinator restart, and the leader
+ * posts again the notices a restarted coordinator no longer has.
+ */
+#ifndef CIRRUS_STEP_SHARE_H
+#define CIRRUS_STEP_SHARE_H
+
+#include <stdint.h>
+
+#include "../../common/cerr.h"
+#include "coord_proto.h"
+#include "pipeline.h"
+#include "stage_proto.h"
+
+/* A peer named in a notice: lost during a step whose stage had not summed its gradients
+ * yet (stage COORD_ALL_STAGES in `posted`: the step restarted). */
+typedef struct share_peer {
+    int stage;
+    char addr[STAGE_ADDR_MAX];
+} share_peer;
+
+typedef struct step_share {
+    pipeline *p;
+    coord_client *coord;
+    int index, n_clients;      /* this client, of how many; client 0 is the leader */
+    /* Between steps, the peers the coordinator lists and the client lacks join (the
+     * leader admits them mid-step when a stage is short of microbatches). */
+    void (*admit)(void *ctx, uint64_t step);
+    void *admit_ctx;
+    uint64_t step;             /* the step being shared */
+    int mine;                  /* microbatches of it this client runs */
+    double loss_sum;           /* their losses, summed in order */
+    uint64_t redo_seen;        /* the newest notice acted on (the leader's: posted) */
+    share_peer lost[PIPE_MAX_STAGES * PIPE_MAX_PEERS]; /* the leader's, not yet posted */
+    int n_lost;
+    /* The leader's notices of this step, to post again should the coordinator restart and
+     * forget them (a restart notice supersedes the rest). */
+    share_peer posted[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
+    int n_posted;
+    coord_step_state barrier;  /* the barrier's latest answer */
+} step_share;
+
+/* Set up s for client `index` of `n_clients` (2 or more) and hook it to the pipeline: the
+ * leader hears of every peer it loses, and the followers become followers. */
+void step_share_init(step_share *s, pipeline *p, coord_client *coord, int index, int n_clients,
+                     void (*admit)(void *ctx, uint64_t step), void *admit_ctx);
+
+/* A new step: this client will run `mine` of its microbatches. */
+void step_share_begin(step_share *s, uint64_t step, int mine);
+
+/* After this client's share (s->loss_sum set). The leader: wait for every client, sum every
+ * stage expecting `microbatches`, take the optimizer step (lr, grad_scale as
+ * pipeline_step) and say APPLIED; *total_loss is the sum of every client's losses. May
+ * return PIPELINE_STEP_RESTARTED's outcome as pipeline_step_shared does. */
+int step_share_lead(step_share *s, int microbatches, float lr, float grad_scale,
+                    double *total_loss, cirrus_error *err);
+
+/* A follower: wait until the leader has applied the step, redoing what it is asked to. */
+int step_share_follow(step_share *s, cirrus_error *err);
+
+#endif
