@@ -24,6 +24,7 @@
 #define ROLE_FLAG_ADVERTISE "advertise"     /* stage: host clients reach the peer at */
 #define ROLE_FLAG_COORDINATOR "coordinator" /* stage, client: the gateway, HOST:PORT */
 #define ROLE_FLAG_STAGE_INDEX "stage-index" /* stage: its stage, 0-based */
+#define ROLE_FLAG_NAME "name"               /* stage: its name at the coordinator (the Pod's) */
 #define ROLE_FLAG_RING_ADDR "ring-addr"     /* stage: HOST:PORT for the stage's gradient ring */
 #define ROLE_FLAG_RING_FD "ring-fd"         /* stage: inherited socket listening at ring-addr */
 #define ROLE_FLAG_HTTP_PORT "http-port"     /* gateway: /status and /metrics port */

@@ -546,6 +546,9 @@ static int build_peer(const job_view *v, const region_view *r, const char *coord
     arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
     argf(args, ROLE_ARG(ROLE_FLAG_SERVE), "%d:%d", l0, l1);
     argf(args, ROLE_ARG(ROLE_FLAG_STAGE_INDEX), "%d", s);
+    /* Named after its Pod, which a replacement keeps: the gateway recognises a replaced
+     * peer that rebalancing had moved and sends it to that stage again. */
+    arg(args, ROLE_ARG(ROLE_FLAG_NAME), "$(POD_NAME)");
     argf(args, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_STAGE);
     arg(args, ROLE_ARG(ROLE_FLAG_ADVERTISE), "$(POD_IP)");
     argf(args, ROLE_ARG(ROLE_FLAG_RING_ADDR), "$(POD_IP):%d", ROLE_PORT_RING);

@@ -85,6 +85,9 @@ expect sample_truncated_ckpt 2 'truncated|short|size' -- "$bin" sample --ckpt "$
 "$bin" bench --layers 1 --width 32 --heads 2 --context 16 --batch 2 --steps 1 --json >"$tmp/bench" 2>"$tmp/err"
 check bench_json python3 -c "import json,sys; d=json.load(open('$tmp/bench')); assert d['tokens_per_s'] > 0 and d['sgemm_gflops'] > 0 and 'ratio' in d"
 
+# A stage peer's name at the coordinator must be a valid member name.
+expect stage_bad_name 2 '--name must be' -- "$bin" stage --serve 0:1 --name 'bad name!'
+
 # A region's client cannot resume yet: refused up front, not after training.
 expect local_resume_refused 2 'resume' -- "$bin" local --stages 2 "${tiny[@]}" --steps 2 --ckpt "$tmp/ck" --resume
 

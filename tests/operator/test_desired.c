@@ -204,6 +204,7 @@ TEST(desired_sample_pods)
     assert_str(str_at(l, CIRRUS_LABEL_INDEX), "1", "index label");
     assert_str(arg_of(p, "--serve"), "2:4", "--serve");
     assert_str(arg_of(p, "--stage-index"), "1", "--stage-index");
+    assert_str(arg_of(p, "--name"), "$(POD_NAME)", "--name"); /* kept by a replacement */
     assert_str(arg_of(p, "--listen"), "0.0.0.0:7500", "peer --listen");
     assert_str(arg_of(p, "--advertise"), "$(POD_IP)", "--advertise");
     assert_str(arg_of(p, "--ring-addr"), "$(POD_IP):7501", "--ring-addr");

@@ -422,6 +422,54 @@ TEST_T(coordinator_heartbeat_updates_stats, 10)
     coordinator_stop(co);
 }
 
+/* A peer moved by rebalancing and then replaced under the same name (the operator names a
+ * peer after its Pod, which a replacement keeps) comes back at its original stage: the
+ * coordinator tells it at once to move where its predecessor had been moved, both when it
+ * registers fresh and when it registers while its predecessor's entry is still there. A
+ * name that never moved gets no instruction. */
+TEST_T(coordinator_replaced_moved_peer_moves_again, 10)
+{
+    coordinator *co = start(3);
+    coord_registered a;
+    coord_stats s = {.loss = NAN, .fwd_throughput = 5};
+    uint32_t ins = 0;
+    int rereg = 0;
+    cirrus_error err = {0};
+    coord_client *pa = join(co, stage_reg("job-r1-stage0-0", 0, 0, 3, 7001, 10), &a);
+    ASSERT_OK(coordinator_set_instruction(co, a.peer_id, 2));
+    coord_registration moved = stage_reg("job-r1-stage0-0", 2, 6, 8, 7001, 10);
+    ASSERT_OK(coord_client_register(pa, &moved, T_MS, NULL, &err));
+    heartbeat(pa, &s, &ins, &rereg);
+    ASSERT_EQ(ins, COORD_NO_INSTRUCTION);
+
+    /* Replaced before its predecessor expired: same name, original stage. */
+    coord_client *pb = join(co, stage_reg("job-r1-stage0-0", 0, 0, 3, 7002, 10), NULL);
+    heartbeat(pb, &s, &ins, &rereg);
+    ASSERT_EQ(ins, 2);
+    /* It moves: the instruction is done. */
+    moved.port = 7002;
+    ASSERT_OK(coord_client_register(pb, &moved, T_MS, NULL, &err));
+    heartbeat(pb, &s, &ins, &rereg);
+    ASSERT_EQ(ins, COORD_NO_INSTRUCTION);
+    ASSERT_OK(coord_client_leave(pb, T_MS, &err));
+
+    /* Replaced after its predecessor left: a fresh registration, told the same. */
+    coord_client *pc = join(co, stage_reg("job-r1-stage0-0", 0, 0, 3, 7003, 10), NULL);
+    heartbeat(pc, &s, &ins, &rereg);
+    ASSERT_EQ(ins, 2);
+
+    /* Another peer of stage 0 never moved: nothing for it. */
+    coord_client *pd = join(co, stage_reg("job-r1-stage0-1", 0, 0, 3, 7004, 10), NULL);
+    heartbeat(pd, &s, &ins, &rereg);
+    ASSERT_EQ(ins, COORD_NO_INSTRUCTION);
+
+    coord_client_close(pa);
+    coord_client_close(pb);
+    coord_client_close(pc);
+    coord_client_close(pd);
+    coordinator_stop(co);
+}
+
 /* A member that heartbeats every interval from its own thread. */
 typedef struct beater {
     coord_client *c;

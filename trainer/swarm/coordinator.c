@@ -36,6 +36,16 @@ typedef struct member {
     int64_t instructed_ms; /* when the instruction was given */
 } member;
 
+/* A stage peer that moved (it re-registered at the stage it was told to move to), by name.
+ * A peer's name outlives its process where names are stable (the operator names each peer
+ * after its Pod, which a replacement keeps): a replaced peer that comes back at its
+ * original stage is told to move again at once, rather than the swarm waiting a
+ * rebalancing period to find the same imbalance. */
+typedef struct moved_peer {
+    char name[COORD_NAME_MAX + 1];
+    uint32_t stage;
+} moved_peer;
+
 /* One client's latest ARRIVE at the step barrier. */
 typedef struct step_slot {
     uint64_t step; /* 0: never arrived */
@@ -92,6 +102,8 @@ struct coordinator {
     size_t n_rb_ids;
     uint64_t moves, withdrawn;
     coord_move recent[COORD_RECENT_MOVES]; /* a ring: the latest at (n_moves - 1) % size */
+    moved_peer *moved; /* [max_peers] a ring: the stage each moved peer (by name) went to */
+    size_t n_moved;    /* entries ever written; the latest at (n_moved - 1) % max_peers */
     step_barrier barrier;
 };
 
@@ -155,6 +167,23 @@ static void remove_member(coordinator *co, member *m)
     size_t i = (size_t)(m - co->members);
     memmove(&co->members[i], &co->members[i + 1], (co->n_members - i - 1) * sizeof *m);
     co->n_members--;
+}
+
+static moved_peer *find_moved(coordinator *co, const char *name)
+{
+    size_t kept = co->n_moved < co->o.max_peers ? co->n_moved : co->o.max_peers;
+    for (size_t i = 0; i < kept; i++)
+        if (!strcmp(co->moved[i].name, name)) return &co->moved[i];
+    return NULL;
+}
+
+/* Remember where a named stage peer moved (the oldest entry goes when the table is full). */
+static void remember_move(coordinator *co, const char *name, uint32_t stage)
+{
+    moved_peer *mv = find_moved(co, name);
+    if (!mv) mv = &co->moved[co->n_moved++ % co->o.max_peers];
+    snprintf(mv->name, sizeof mv->name, "%s", name);
+    mv->stage = stage;
 }
 
 static void reap_expired(coordinator *co, int64_t now)
@@ -260,7 +289,23 @@ static int on_register(coordinator *co, const uint8_t *p, uint32_t n, wire_write
     }
     m->reg = r;
     m->last_seen_ms = now;
-    if (m->instruction == r.stage) m->instruction = COORD_NO_INSTRUCTION; /* it moved */
+    if (m->instruction == r.stage) { /* it moved */
+        m->instruction = COORD_NO_INSTRUCTION;
+        if (r.name[0]) remember_move(co, r.name, r.stage);
+    }
+    moved_peer *mv = r.role == COORD_ROLE_STAGE && r.name[0] &&
+                             m->instruction == COORD_NO_INSTRUCTION
+                         ? find_moved(co, r.name)
+                         : NULL;
+    if (mv && mv->stage != r.stage && mv->stage < co->o.n_stages) {
+        /* A replacement of a peer that had moved (registering fresh, or under its
+         * predecessor's entry before that expired): it starts where the predecessor was
+         * first put; send it where the swarm had moved it. */
+        m->instruction = mv->stage;
+        m->instructed_ms = now;
+        log_info("peer '%s' had moved to stage %u before it was replaced: it is told to move "
+                 "there again", r.name, mv->stage);
+    }
     co->registrations++;
     wire_put_u32(reply, m->id);
     wire_put_u32(reply, co->o.heartbeat_ms);
@@ -890,7 +935,8 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     pthread_cond_init(&co->barrier_changed, &ca);
     pthread_condattr_destroy(&ca);
     co->members = calloc(f.max_peers, sizeof *co->members);
-    if (!co->members) {
+    co->moved = calloc(f.max_peers, sizeof *co->moved);
+    if (!co->members || !co->moved) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %u members", f.max_peers);
         goto fail;
     }
@@ -936,6 +982,7 @@ void coordinator_stop(coordinator *co)
     pthread_cond_destroy(&co->barrier_changed);
     pthread_mutex_destroy(&co->mu);
     free(co->members);
+    free(co->moved);
     rebalance_destroy(co->rb);
     free(co->rb_ids);
     free(co);

@@ -21,6 +21,7 @@
 
 #define PEER_IO_TIMEOUT_MS 60000
 #define PEER_REPLY_LIMIT (256u << 20)
+#define PEER_MAX_MEMBERS 64               /* peers of a stage in one AVERAGE */
 #define PEER_RING_TIMEOUT_MS 10000        /* AVERAGE without a limit (older clients) */
 #define PEER_RING_TIMEOUT_MAX_MS 600000u  /* the largest limit a client may ask for */
 
@@ -59,7 +60,11 @@ typedef struct peer {
     float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
-    char ring_members[64 * STAGE_ADDR_MAX]; /* the member list the ring was built for */
+    char ring_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX]; /* the list the ring was built for */
+    /* An AVERAGE's member list as parsed (under mu; per peer, as several peers may share a
+     * process: the tests run them as threads). */
+    char avg_addrs[PEER_MAX_MEMBERS][STAGE_ADDR_MAX], avg_hosts[PEER_MAX_MEMBERS][STAGE_ADDR_MAX];
+    char avg_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX];
     float *pack;               /* gradients packed for the all-reduce */
     float *backup;             /* the packed gradients from before the last round */
     size_t pack_count;
@@ -188,9 +193,9 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
                              const char **why)
 {
     const stage_peer_options *o = p->opt;
-    enum { MAX_MEMBERS = 64 };
-    static char addrs[MAX_MEMBERS][STAGE_ADDR_MAX], hosts[MAX_MEMBERS][STAGE_ADDR_MAX];
-    static char members[MAX_MEMBERS * STAGE_ADDR_MAX]; /* under the peer's lock */
+    enum { MAX_MEMBERS = PEER_MAX_MEMBERS };
+    char(*addrs)[STAGE_ADDR_MAX] = p->avg_addrs, (*hosts)[STAGE_ADDR_MAX] = p->avg_hosts;
+    char *members = p->avg_members;
     const char *host_ptr[MAX_MEMBERS];
     int ports[MAX_MEMBERS];
     members[0] = '\0';
@@ -1078,8 +1083,11 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
     p->move_to = -1;
     /* Its name at the coordinator stays the one it started with, also after a move:
      * registering again under it keeps the peer's id (and clears the instruction). */
-    snprintf(p->name, sizeof p->name, "stage%d-%s-%d", o->stage_index,
-             o->advertise_host ? o->advertise_host : "", o->advertise_port);
+    if (o->name && o->name[0])
+        snprintf(p->name, sizeof p->name, "%s", o->name);
+    else
+        snprintf(p->name, sizeof p->name, "stage%d-%s-%d", o->stage_index,
+                 o->advertise_host ? o->advertise_host : "", o->advertise_port);
     stage_kit kit;
     if ((rc = kit_build(p, o->l0, o->l1, &kit, err))) return rc;
     kit_swap(p, &kit); /* kit now holds the empty start: nothing to free */

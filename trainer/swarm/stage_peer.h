@@ -45,6 +45,9 @@ typedef struct stage_peer_options {
     int stage_index;
     const char *advertise_host;
     int advertise_port;
+    /* Its name at the coordinator (a valid name, coord_name_ok); NULL or "": one made of the
+     * stage, host and port. A stable name (the Pod's) lets a replacement be recognised. */
+    const char *name;
     /* Tests and benchmarks: after each forward and backward the peer sleeps (slowdown - 1)
      * times its compute time, so it is `slowdown` times slower as a whole (<= 1: none). */
     double slowdown;
