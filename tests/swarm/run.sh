@@ -350,6 +350,65 @@ for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 wait 2>/dev/null
 pids=()
 
+# 6d. A moved peer replaced: four peers started by hand with names (as the operator names
+#     them after their Pods), 3 on stage 0 and 1 on stage 1 of two equal stages, each 8x
+#     slower on its own CPU time, so stage 1 is the bottleneck; the gateway rebalances every
+#     2 s and moves one stage-0 peer to stage 1. That peer is then killed and started again
+#     as its Pod would be: same name, its original stage 0. The gateway remembers the move
+#     and tells it at once to go to stage 1 again, which it does; training goes on.
+gport=$(python3 "$(dirname "$0")/free_port.py")
+mmodel=(--layers 4 --width 64 --heads 4 --context 32)
+"$bin" gateway --job jobM --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 4 \
+    --rebalance-period-s 2 2>"$tmp/gateway-m.err" &
+pids+=($!)
+declare -A peer_pid # by name
+start_named_peer() { # NAME STAGE
+    local serve=0:2; [ "$2" = 1 ] && serve=2:4
+    OMP_NUM_THREADS=1 "$bin" stage --serve "$serve" "${mmodel[@]}" --batch 2 --job jobM \
+        --listen 127.0.0.1:0 --coordinator "127.0.0.1:$gport" --stage-index "$2" --name "$1" \
+        --slowdown 8 --slowdown-cpu 2>>"$tmp/peer-$1.err" &
+    peer_pid[$1]=$!
+    pids+=($!)
+}
+# shellcheck disable=SC2086 # each spec is two words: NAME STAGE
+for spec in "m0 0" "m1 0" "m2 0" "m3 1"; do start_named_peer $spec; done
+OMP_NUM_THREADS=1 "$bin" client --job jobM --coordinator "127.0.0.1:$gport" "${mmodel[@]}" \
+    --batch 8 --microbatch 2 --steps 100000 --log-every 100 --wait-peers-s 10 \
+    >"$tmp/client-m.out" 2>"$tmp/client-m.err" &
+client_m=$!
+pids+=($client_m)
+moved=
+for _ in $(seq 300); do # the first move: a stage-0 peer re-registers at stage 1
+    moved=$(sed -nE "s/.*re-registered peer [0-9]+ '(m[012])': stage 1,.*/\1/p" "$tmp/gateway-m.err" | head -1)
+    [ -n "$moved" ] && break
+    sleep 0.1
+done
+told=0 back=0
+if [ -n "$moved" ]; then
+    kill -9 "${peer_pid[$moved]}" 2>/dev/null
+    wait "${peer_pid[$moved]}" 2>/dev/null
+    start_named_peer "$moved" 0
+    for _ in $(seq 300); do
+        grep -q "'$moved' had moved to stage 1 before it was replaced" "$tmp/gateway-m.err" && told=1
+        [ "$(grep -cE "registered peer [0-9]+ '$moved': stage 1," "$tmp/gateway-m.err")" -ge 2 ] && back=1
+        [ "$told" = 1 ] && [ "$back" = 1 ] && break
+        sleep 0.1
+    done
+fi
+sleep 1
+client_alive=0; kill -0 "$client_m" 2>/dev/null && client_alive=1
+kill "$client_m" 2>/dev/null
+echo "    moved: ${moved:-none}; replaced and told to move again: $told; back at stage 1: $back"
+if [ -n "$moved" ] && [ "$told" = 1 ] && [ "$back" = 1 ] && [ "$client_alive" = 1 ]; then
+    ok replaced_moved_peer_returns_to_its_stage
+else
+    bad replaced_moved_peer_returns_to_its_stage
+    tail -n 5 "$tmp/gateway-m.err" "$tmp/client-m.err"
+fi
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+wait 2>/dev/null
+pids=()
+
 # 7. Heterogeneous peers: stage 0 has a peer 3x slower than the others (--slow-peer, a test
 #    flag: it sleeps twice its compute time after each request). Round robin gives it half
 #    of stage 0's microbatches, and every step waits for it; the wiring measures each

@@ -64,8 +64,8 @@ static int barrier_call_until(step_share *sh, uint8_t op, uint32_t stage, const 
 /* The leader posts a notice for the other clients (REDO): a lost peer's backwards, or the
  * whole step again. The call carries the newest id the leader posted, so a restarted
  * coordinator numbers a re-posted notice past every id a follower has acted on. */
-static int post_notice(step_share *sh, uint32_t stage, const char *addr, int again, double deadline,
-                       cirrus_error *err)
+static int post_notice(step_share *sh, uint32_t stage, const char *addr, int again,
+                       double deadline, cirrus_error *err)
 {
     int rc = barrier_call_until(sh, COORD_STEP_REDO, stage, addr, deadline, err);
     if (rc) return rc;
@@ -90,7 +90,8 @@ static int repost_forgotten(step_share *sh, double deadline, cirrus_error *err)
     log_warn("step %llu: the coordinator forgot %d notice(s) (it restarted?): posting them "
              "again", (unsigned long long)sh->step, sh->n_posted);
     for (int i = 0; i < sh->n_posted; i++) {
-        int rc = post_notice(sh, (uint32_t)sh->posted[i].stage, sh->posted[i].addr, 1, deadline, err);
+        int rc = post_notice(sh, (uint32_t)sh->posted[i].stage, sh->posted[i].addr, 1,
+                             deadline, err);
         if (rc) return rc;
     }
     return 0;
@@ -102,7 +103,8 @@ static int leader_gather(step_share *sh, cirrus_error *err)
 {
     const double deadline = now_s() + BARRIER_TIMEOUT_S;
     for (int i = 0; i < sh->n_lost; i++) {
-        int rc = post_notice(sh, (uint32_t)sh->lost[i].stage, sh->lost[i].addr, 0, deadline, err);
+        int rc = post_notice(sh, (uint32_t)sh->lost[i].stage, sh->lost[i].addr, 0, deadline,
+                             err);
         if (rc) return rc;
         log_info("step %llu: peer %s of stage %d lost; the other clients redo its backwards",
                  (unsigned long long)sh->step, sh->lost[i].addr, sh->lost[i].stage);
@@ -181,7 +183,6 @@ static int follower_wait(step_share *sh, cirrus_error *err)
                                (unsigned long long)sh->step, BARRIER_TIMEOUT_S);
     }
 }
-
 
 void step_share_init(step_share *sh, pipeline *p, coord_client *coord, int index, int n_clients,
                      void (*admit)(void *ctx, uint64_t step), void *admit_ctx)
