@@ -7,8 +7,9 @@
  * followers wait for that. A peer the leader loses while its stage is unsummed may hold any
  * client's gradients: the leader posts it (REDO) and waits until every follower has redone
  * its own backwards there and arrived again. If the peers hold more of the step than it
- * has (a client died half-way through its share and its replacement ran it again), the
- * leader starts the step again: RESET on every peer, a REDO for all stages, every client
+ * has (a client died half-way through its share and its replacement ran it again, or a
+ * follower redid a backward it had given up on at a hung peer the leader kept, which did
+ * it after all), the leader starts the step again: RESET on every peer, a REDO for all stages, every client
  * reruns its share. The barrier's calls ride out a coordinator restart, and the leader
  * posts again the notices a restarted coordinator no longer has.
  */
