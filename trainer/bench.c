@@ -2,11 +2,13 @@
 #include "bench.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "../common/rng.h"
+#include "model/cpu_gemm.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
 
@@ -51,8 +53,10 @@ static int step_shapes(const gpt_config *cfg, int N, gemm_shape *s)
     return n;
 }
 
-/* GFLOP/s of sgemm alone over the step's shapes, best of a few repetitions. */
-static double sgemm_ceiling(const gpt_config *cfg, int N, int reps)
+/* GFLOP/s of sgemm alone over the step's shapes, best of a few repetitions: OpenBLAS
+ * threading each product itself (tiled = 0, the reference), or Cirrus's fixed tiles
+ * (cpu_sgemm, what the model runs). */
+static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
 {
     gemm_shape *s = malloc(sizeof *s * (size_t)(12 * cfg->n_layer + 3));
     if (!s) return 0.0;
@@ -68,17 +72,23 @@ static double sgemm_ceiling(const gpt_config *cfg, int N, int reps)
     float *a = calloc(maxa, sizeof(float)), *b = calloc(maxa, sizeof(float)),
           *c = calloc(maxa, sizeof(float));
     double best = 1e30;
+    if (!tiled) cpu_gemm_blas_threads(omp_get_max_threads());
     for (int r = 0; a && b && c && r < reps; r++) {
         double t0 = now_s();
         for (int i = 0; i < n; i++) {
             int lda = s[i].ta == CblasNoTrans ? s[i].k : s[i].m;
             int ldb = s[i].tb == CblasNoTrans ? s[i].n : s[i].k;
-            cblas_sgemm(CblasRowMajor, s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, 1.0f, a, lda,
-                        b, ldb, 1.0f, c, s[i].n);
+            if (tiled)
+                cpu_sgemm(s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, 1.0f, a, lda, b, ldb, 1.0f, c,
+                          s[i].n);
+            else
+                cblas_sgemm(CblasRowMajor, s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, 1.0f, a,
+                            lda, b, ldb, 1.0f, c, s[i].n);
         }
         double dt = now_s() - t0;
         best = dt < best ? dt : best;
     }
+    if (!tiled) cpu_gemm_blas_threads(1);
     free(a);
     free(b);
     free(c);
@@ -134,7 +144,8 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     r->tokens_per_s = (double)steps * B * T / dt;
     r->model_flops_per_token = bench_flops_per_token(cfg, T);
     r->model_gflops = r->tokens_per_s * r->model_flops_per_token / 1e9;
-    r->sgemm_gflops = sgemm_ceiling(cfg, B * T, 5);
+    r->sgemm_gflops = sgemm_ceiling(cfg, B * T, 5, 0);
+    r->tiled_gflops = sgemm_ceiling(cfg, B * T, 5, 1);
 out:
     adamw_destroy(&opt);
     gpt_stage_destroy(st);

@@ -4,6 +4,9 @@
  * reports tokens/s and model FLOP/s; then times OpenBLAS sgemm alone on exactly the matrix
  * shapes (and transpositions) of that step's linear layers and LM head, forward and
  * backward. The ratio says how close the whole trainer gets to its matrix-multiply ceiling.
+ * The ceiling is OpenBLAS threading each product itself; the same products in the fixed
+ * tiles the model uses (cpu_gemm.h, for results independent of the thread count) are timed
+ * too, so the cost of that determinism is visible.
  */
 #ifndef CIRRUS_BENCH_H
 #define CIRRUS_BENCH_H
@@ -14,7 +17,8 @@ typedef struct bench_result {
     double tokens_per_s;
     double model_flops_per_token; /* forward + backward, attention included */
     double model_gflops;          /* achieved */
-    double sgemm_gflops;          /* ceiling on the same shapes */
+    double sgemm_gflops;          /* ceiling on the same shapes: OpenBLAS's own threading */
+    double tiled_gflops;          /* the same shapes in cpu_sgemm's fixed tiles */
     double phase_ms[3];           /* per step: forward, backward, optimizer */
 } bench_result;
 

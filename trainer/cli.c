@@ -1,6 +1,7 @@
 /* cli: see cli.h. */
 #include "cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -27,8 +28,25 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
     return gpt_config_validate(cfg, err);
 }
 
-int cli_run_training(const char *cmd, const train_options *o)
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
 {
+    (void)sig;
+    stop_signal = 1;
+}
+
+int cli_run_training(const char *cmd, const train_options *opts)
+{
+    /* SIGTERM (a preempted pod's notice, `kill`) or SIGINT ends the run after the step in
+     * progress, with a checkpoint if there is a checkpoint directory. */
+    train_options run = *opts;
+    const train_options *o = &run;
+    run.stop = &stop_signal;
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     if (!o->json)
         printf("cirrus: training %d layers x %d wide (%d heads, %zu params) on %s, "
                "%d steps of %d x %d tokens\n",

@@ -57,7 +57,8 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
         {"ckpt-every", FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
          "steps between checkpoints (default: only at the end)", 0}
 
-/* Print the banner, run train_run() and map its result to an exit code. */
+/* Print the banner, run train_run() and map its result to an exit code. SIGTERM or SIGINT
+ * ends the run after the step in progress (with a checkpoint if o->ckpt_dir), exit 0. */
 int cli_run_training(const char *cmd, const train_options *o);
 
 #endif

@@ -131,14 +131,16 @@ static int cmd_bench(int argc, char **argv)
     if (json)
         printf("{\"blas_kernel\":\"%s\",\"layers\":%d,\"width\":%d,\"heads\":%d,\"batch\":%d,\"seq\":%d,"
                "\"params\":%zu,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,"
-               "\"sgemm_gflops\":%.2f,\"ratio\":%.3f}\n",
+               "\"sgemm_gflops\":%.2f,\"tiled_sgemm_gflops\":%.2f,\"ratio\":%.3f}\n",
                blas_kernel_name(), cfg.n_layer, cfg.n_embd, cfg.n_head, batch, seq, gpt_num_params(&cfg),
-               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, ratio);
+               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, r.tiled_gflops, ratio);
     else
         printf("model %dL x %d (%d heads, %zu params), batch %d x %d: %.0f tokens/s, "
-               "%.1f model GFLOP/s; sgemm on the same shapes %.1f GFLOP/s (%s); ratio %.2f\n",
+               "%.1f model GFLOP/s; sgemm on the same shapes %.1f GFLOP/s (%s), in fixed tiles "
+               "%.1f; ratio %.2f\n",
                cfg.n_layer, cfg.n_embd, cfg.n_head, gpt_num_params(&cfg), batch, seq,
-               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, blas_kernel_name(), ratio);
+               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, blas_kernel_name(),
+               r.tiled_gflops, ratio);
     if (!json)
         printf("  per step: forward %.1f ms, backward %.1f ms, optimizer %.1f ms\n",
                r.phase_ms[0], r.phase_ms[1], r.phase_ms[2]);

@@ -253,13 +253,22 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             t_last = t;
             last_step = step + 1;
         }
-        int ckpt_due = o->ckpt_dir && (last || (o->ckpt_every > 0 &&
-                                                (step + 1) % (uint64_t)o->ckpt_every == 0));
+        const int stopping = !last && o->stop && *o->stop;
+        int ckpt_due = o->ckpt_dir && (last || stopping ||
+                                       (o->ckpt_every > 0 &&
+                                        (step + 1) % (uint64_t)o->ckpt_every == 0));
         if (ckpt_due) {
             ckpt_meta meta = {.cfg = o->model, .step = step + 1,
                               .data_pos = data_loader_tell(train), .rng_state = o->seed,
                               .seed = o->seed, .span = all};
             if ((rc = save_checkpoint(o, ex, &model, &opt, &meta, err))) goto out;
+        }
+        if (stopping) {
+            if (!o->quiet)
+                log_info("asked to stop: ending after step %llu%s", (unsigned long long)(step + 1),
+                         o->ckpt_dir ? ", checkpoint written" : "");
+            step++;
+            break;
         }
         if (o->stop_after > 0 && ran >= o->stop_after) {
             step++;

@@ -8,6 +8,7 @@
 #ifndef CIRRUS_TRAIN_H
 #define CIRRUS_TRAIN_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "model/gpt.h"
@@ -56,6 +57,9 @@ typedef struct train_options {
     const char *metrics; /* append one JSON line per step to this file (NULL: none) */
     int stop_after;     /* stop (as if killed) after this many steps of this run; 0: never */
     const train_executor *executor; /* NULL: the model lives in this process */
+    /* Set (by a signal handler) to end training after the step in progress, writing a
+     * checkpoint if ckpt_dir is set; NULL: never. The run then ends as a finished one. */
+    const volatile sig_atomic_t *stop;
 } train_options;
 
 /* Sensible defaults for everything; the caller sets model, data and steps. */

@@ -85,6 +85,63 @@ expect sample_truncated_ckpt 2 'truncated|short|size' -- "$bin" sample --ckpt "$
 "$bin" bench --layers 1 --width 32 --heads 2 --context 16 --batch 2 --steps 1 --json >"$tmp/bench" 2>"$tmp/err"
 check bench_json python3 -c "import json,sys; d=json.load(open('$tmp/bench')); assert d['tokens_per_s'] > 0 and d['sgemm_gflops'] > 0 and 'ratio' in d"
 
+# Training is bit-identical for any thread count: every step's loss and the checkpoint's
+# bytes with 1, 2 and 3 threads (more threads than this machine's cores change nothing).
+# Then the same under every OpenBLAS kernel this CPU can execute, each against itself: the
+# kernels round differently from one another, but none may depend on the thread count.
+det=(--layers 3 --width 64 --heads 4 --context 32 --batch 4 --steps 25 --log-every 1 --eval-batches 4 --json)
+losses() { sed 's/,"tokens_per_s"[^}]*//; s/,"seconds"[^}]*//' "$1"; }
+# same_for_threads NAME [ENV...]: 1, 2 and 3 threads give the same losses and checkpoint.
+same_for_threads() {
+    local name=$1 t ok=1
+    shift
+    for t in 1 2 3; do
+        env "$@" OMP_NUM_THREADS=$t "$bin" train "${det[@]}" --ckpt "$tmp/det$t" \
+            >"$tmp/det$t.json" 2>"$tmp/det$t.err" || { ok=0; tail -2 "$tmp/det$t.err"; }
+    done
+    for t in 2 3; do
+        if ! cmp -s <(losses "$tmp/det1.json") <(losses "$tmp/det$t.json") ||
+            ! cmp -s "$tmp/det1/cirrus.ckpt" "$tmp/det$t/cirrus.ckpt"; then
+            ok=0; echo "    $name: $t threads differ from 1:"
+            diff <(losses "$tmp/det1.json") <(losses "$tmp/det$t.json") | head -4 | sed 's/^/    /'
+        fi
+    done
+    [ "$(grep -c '"step"' "$tmp/det1.json")" -eq 26 ] || ok=0
+    rm -rf "$tmp"/det*
+    check "$name" test "$ok" = 1
+}
+same_for_threads train_bit_identical_for_1_2_3_threads
+flags=" $(grep -m1 '^flags' /proc/cpuinfo) "
+has() { local f; for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+kernels=(Prescott)
+has avx && kernels+=(Sandybridge)
+has avx2 fma && kernels+=(Haswell Zen)
+has avx512f avx512bw avx512vl avx512dq && kernels+=(SkylakeX)
+echo "cli: OpenBLAS kernels this CPU executes: ${kernels[*]}"
+for k in "${kernels[@]}"; do
+    # The kernel asked for must be the one that runs, or the check proves nothing.
+    got=$(OPENBLAS_CORETYPE=$k "$bin" bench --layers 1 --width 32 --heads 2 --context 16 --batch 2 \
+        --steps 1 --json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['blas_kernel'])")
+    check "openblas_kernel_${k}_selected" test "$got" = "$k"
+    same_for_threads "train_bit_identical_for_1_2_3_threads_kernel_$k" OPENBLAS_CORETYPE="$k"
+done
+
+# SIGTERM (a preempted pod's notice) ends training after the step in progress: exit 0, the
+# final line, a checkpoint at that step, from which --resume carries on.
+"$bin" train "${tiny[@]}" --steps 1000000 --warmup 10 --json --ckpt "$tmp/term" \
+    >"$tmp/term.out" 2>"$tmp/term.err" &
+term_pid=$!
+for _ in $(seq 600); do grep -q '"step"' "$tmp/term.out" && break; sleep 0.1; done
+kill -TERM "$term_pid"
+wait "$term_pid"
+term_rc=$?
+term_step=$(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d['final']; print(d['step'])" "$tmp/term.out" 2>/dev/null)
+check train_sigterm_exits_0 test "$term_rc" -eq 0
+check train_sigterm_final_line_before_the_last_step test "${term_step:-0}" -gt 0 -a "${term_step:-0}" -lt 1000000
+"$bin" train "${tiny[@]}" --steps $((${term_step:-0} + 2)) --warmup 10 --json --ckpt "$tmp/term" --resume \
+    >"$tmp/term2.out" 2>"$tmp/term2.err"
+check train_sigterm_checkpoint_resumes grep -q "resumed from .* at step ${term_step:-x}\$" "$tmp/term2.err"
+
 # A stage peer's name at the coordinator must be a valid member name.
 expect stage_bad_name 2 '--name must be' -- "$bin" stage --serve 0:1 --name 'bad name!'
 

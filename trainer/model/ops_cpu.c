@@ -1,10 +1,10 @@
-/* ops_cpu: layer kernels on the CPU. Matrix products go to OpenBLAS (sgemm); the rest are
- * OpenMP loops. Attention runs one (batch, head) pair per thread and calls sgemm inside the
- * parallel region, where the OpenMP build of OpenBLAS runs single-threaded. */
-#include <cblas.h>
+/* ops_cpu: layer kernels on the CPU. Matrix products go to OpenBLAS through cpu_sgemm
+ * (tiles fixed by the shape, see cpu_gemm.h); the rest are OpenMP loops. Attention runs one
+ * (batch, head) pair per thread and calls OpenBLAS, single-threaded, inside that thread. */
 #include <math.h>
 #include <string.h>
 
+#include "cpu_gemm.h"
 #include "ops.h"
 
 /* Column block for row reductions (bias and LayerNorm parameter gradients): each thread owns
@@ -110,7 +110,7 @@ void ops_matmul_forward(float *out, const float *base, const float *inp, const f
         const float *r = base ? base + (size_t)n * OC : NULL;
         for (int c = 0; c < OC; c++) o[c] = (r ? r[c] : 0.0f) + (bias ? bias[c] : 0.0f);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC,
+    cpu_sgemm(CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC,
                 1.0f, out, OC);
 }
 
@@ -132,9 +132,9 @@ void ops_matmul_backward(float *dinp, int accumulate, float *dw, float *dbias,
                          const float *dout, const float *inp, const float *w, int N, int IC,
                          int OC)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC,
+    cpu_sgemm(CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC,
                 accumulate ? 1.0f : 0.0f, dinp, IC);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
+    cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC,
                 1.0f, dw, IC);
     if (dbias) column_sums_add(dbias, dout, N, OC);
 }
@@ -145,6 +145,7 @@ void ops_attention_forward(float *out, float *att, const float *qkv, int B, int 
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int C3 = 3 * C;
+    cpu_gemm_init();
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         const int b = bh / NH, h = bh % NH;
@@ -170,6 +171,7 @@ void ops_attention_backward(float *dqkv, float *datt, const float *dout, const f
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int C3 = 3 * C;
+    cpu_gemm_init();
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         const int b = bh / NH, h = bh % NH;
@@ -230,15 +232,15 @@ void ops_crossentropy_backward(float *dlogits, const float *probs, const int32_t
 
 void ops_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f,
+    cpu_sgemm(CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f,
                 logits, V);
 }
 
 void ops_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                        const float *wte, int N, int C, int V)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C,
+    cpu_sgemm(CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C,
                 0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C,
+    cpu_sgemm(CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C,
                 1.0f, dwte, C);
 }
