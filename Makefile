@@ -29,7 +29,7 @@ DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev 
             libmicrohttpd-dev jq curl valgrind
 
 COMMON_SRC  := $(wildcard common/*.c)
-TRAINER_SRC := $(filter-out trainer/main.c,$(shell find trainer -name '*.c' | sort))
+TRAINER_SRC := $(filter-out trainer/cmd/main.c,$(shell find trainer -name '*.c' | sort))
 LIB_SRC     := $(COMMON_SRC) $(TRAINER_SRC)
 TEST_SRC    := $(wildcard tests/unit/*.c)
 # The operator: operator/*.c plus common/; its tests run against the real control plane.
@@ -60,9 +60,9 @@ $(ASAN_BUILD)/obj/%.o: %.c Makefile
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(ASAN_FLAGS) -c $< -o $@
 
 # ops_vecmath.c alone uses -ffast-math: it lets GCC call glibc's vectorised tanhf/expf.
-$(BUILD)/obj/trainer/model/ops_vecmath.o $(ASAN_BUILD)/obj/trainer/model/ops_vecmath.o: CFLAGS += -ffast-math
+$(BUILD)/obj/trainer/model/cpu/ops_vecmath.o $(ASAN_BUILD)/obj/trainer/model/cpu/ops_vecmath.o: CFLAGS += -ffast-math
 
-$(BIN)/cirrus-trainer: $(call obj,$(BUILD),trainer/main.c) $(LIB_OBJ)
+$(BIN)/cirrus-trainer: $(call obj,$(BUILD),trainer/cmd/main.c) $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
@@ -79,7 +79,7 @@ $(BIN)/unit-tests: $(TEST_OBJ) $(LIB_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS)
 
 # The trainer under the sanitizers: the chaos test runs a region of it (tests/swarm/chaos.sh).
-$(ASAN_BUILD)/bin/cirrus-trainer: $(call obj,$(ASAN_BUILD),trainer/main.c) $(ASAN_LIB_OBJ)
+$(ASAN_BUILD)/bin/cirrus-trainer: $(call obj,$(ASAN_BUILD),trainer/cmd/main.c) $(ASAN_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_FLAGS) $^ -o $@ $(LDLIBS)
 

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "../common/rng.h"
-#include "model/cpu_gemm.h"
+#include "model/cpu/cpu_gemm.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
 

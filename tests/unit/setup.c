@@ -1,6 +1,6 @@
 /* Set-up of the trainer's unit-test binary: run OpenBLAS's proper kernel (see
- * trainer/blas_kernel.h), as cirrus-trainer itself does. */
-#include "../../trainer/blas_kernel.h"
+ * trainer/model/cpu/blas_kernel.h), as cirrus-trainer itself does. */
+#include "../../trainer/model/cpu/blas_kernel.h"
 
 void test_setup(char **argv);
 

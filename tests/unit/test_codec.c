@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../../common/cerr.h"
-#include "../../trainer/net/codec_q8.h"
+#include "../../trainer/codec/q8.h"
 #include "test.h"
 
 typedef int (*enc_fn)(uint8_t *, const float *, size_t);

@@ -1,4 +1,4 @@
-/* Tests of the region coordinator (trainer/swarm/coordinator, coord_proto, http_status)
+/* Tests of the region coordinator (trainer/swarm/coord/coordinator, proto/coord_msg, coord/http_status)
  * over real sockets on 127.0.0.1: registration and listing, heartbeats, expiry, a
  * coordinator restart, /status parsed with jansson field by field, /metrics line by line,
  * malformed requests that must drop only their own connection, and HTTP errors. */
@@ -17,7 +17,7 @@
 #include <jansson.h>
 
 #include "../../trainer/net/conn.h"
-#include "../../trainer/swarm/coordinator.h"
+#include "../../trainer/swarm/coord/coordinator.h"
 #include "test.h"
 
 #define JOB "job-coord"

@@ -6,7 +6,7 @@
 
 #include "../../common/cerr.h"
 #include "../../common/rng.h"
-#include "../../trainer/swarm/deadline.h"
+#include "../../trainer/swarm/policy/deadline.h"
 #include "test.h"
 
 static deadline_estimator *make(int window, int min_samples)

@@ -361,7 +361,7 @@ TEST(ops_attention_gradient_check)
     }
 }
 
-/* OpenBLAS's kernel is chosen per CPU (see trainer/blas_kernel.h); check the chosen one
+/* OpenBLAS's kernel is chosen per CPU (see trainer/model/cpu/blas_kernel.h); check the chosen one
  * computes correct products on the shapes and transpositions the model uses, including
  * sizes that are not multiples of any vector width. Reference in double. */
 #include <cblas.h>

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../../common/rng.h"
-#include "../../trainer/model/cpu_gemm.h"
+#include "../../trainer/model/cpu/cpu_gemm.h"
 #include "../../trainer/model/ops.h"
 #include "test.h"
 

@@ -7,7 +7,7 @@
 
 #include "../../common/cerr.h"
 #include "../../common/rng.h"
-#include "../../trainer/swarm/rebalance.h"
+#include "../../trainer/swarm/policy/rebalance.h"
 #include "test.h"
 
 static rebalance_state *make(int n_stages, double min_gain, int min_peers, int hold)

@@ -10,10 +10,10 @@
 #include "../../trainer/model/stage.h"
 #include "../../trainer/net/conn.h"
 #include "../../trainer/optim/adamw.h"
-#include "../../trainer/swarm/coordinator.h"
-#include "../../trainer/swarm/pipeline.h"
-#include "../../trainer/swarm/stage_peer.h"
-#include "../../trainer/swarm/stage_proto.h"
+#include "../../trainer/swarm/coord/coordinator.h"
+#include "../../trainer/swarm/client/pipeline.h"
+#include "../../trainer/swarm/peer/stage_peer.h"
+#include "../../trainer/swarm/proto/stage_msg.h"
 #include "test.h"
 
 enum { B = 2, T = 8, STEPS = 3 };

@@ -6,7 +6,7 @@
 
 #include "../../common/cerr.h"
 #include "../../common/rng.h"
-#include "../../trainer/swarm/wiring.h"
+#include "../../trainer/swarm/policy/wiring.h"
 #include "test.h"
 
 static wiring *make(enum wiring_policy pol, int n_peers, uint64_t seed)

@@ -1,4 +1,4 @@
-/* codec_q8: blockwise 8-bit quantisation of activations and their gradients.
+/* q8 (codec_q8_*): blockwise 8-bit quantisation of activations and their gradients.
  *
  * Each block of CODEC_Q8_BLOCK floats becomes a little-endian fp32 scale (absmax / 127)
  * followed by CODEC_Q8_BLOCK int8 values round(x / scale); the last block may be short.

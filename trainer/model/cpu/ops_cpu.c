@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cpu_gemm.h"
-#include "ops.h"
+#include "../ops.h"
 
 /* Column block for row reductions (bias and LayerNorm parameter gradients): each thread owns
  * whole columns, so the summation order is fixed whatever the thread count. */

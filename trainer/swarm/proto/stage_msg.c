@@ -1,10 +1,10 @@
-/* stage_proto: activation payload helpers. See stage_proto.h. */
-#include "stage_proto.h"
+/* stage_msg: activation payload helpers. See stage_msg.h. */
+#include "stage_msg.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../net/codec_q8.h"
+#include "../../codec/q8.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "raw f32 activations are sent in host order, which the wire defines as little-endian"

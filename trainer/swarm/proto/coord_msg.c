@@ -1,6 +1,6 @@
-/* coord_proto: coordinator message encoding, decoding and the member-side client. See
- * coord_proto.h and docs/PROTOCOL.md. */
-#include "coord_proto.h"
+/* coord_msg: coordinator message encoding, decoding and the member-side client. See
+ * coord_msg.h and docs/PROTOCOL.md. */
+#include "coord_msg.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,8 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../net/conn.h"
-#include "wiring.h"
+#include "../../net/conn.h"
+#include "../policy/wiring.h"
 
 /* ---- validation helpers ---- */
 

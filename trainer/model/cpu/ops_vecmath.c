@@ -12,7 +12,7 @@
  */
 #include <math.h>
 
-#include "ops.h"
+#include "../ops.h"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f

@@ -18,10 +18,10 @@
 
 #include <stdint.h>
 
-#include "../../common/cerr.h"
-#include "coord_proto.h"
+#include "../../../common/cerr.h"
+#include "../proto/coord_msg.h"
 #include "pipeline.h"
-#include "stage_proto.h"
+#include "../proto/stage_msg.h"
 
 /* A peer named in a notice: lost during a step whose stage had not summed its gradients
  * yet (stage COORD_ALL_STAGES in `posted`: the step restarted). */

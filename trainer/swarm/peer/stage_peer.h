@@ -4,7 +4,7 @@
  * the same weights), keeps the layers [l0, l1) it serves, and answers forward / stateless
  * backward requests, gradient averaging with the other peers of its stage (a TCP ring
  * all-reduce), the tied-embedding gradient exchange, gradient sums and optimizer steps
- * (stage_proto.h). One thread per connection; requests are served one at a time
+ * (proto/stage_msg.h). One thread per connection; requests are served one at a time
  * under a lock (the model is one). A malformed request drops that connection only.
  *
  * Rebalancing: a heartbeat may tell the peer to move to another stage. It leaves between
@@ -21,8 +21,8 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "../model/gpt.h"
-#include "../optim/adamw.h"
+#include "../../model/gpt.h"
+#include "../../optim/adamw.h"
 
 typedef struct stage_peer_options {
     const char *job_id;

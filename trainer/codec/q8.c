@@ -1,4 +1,4 @@
-/* codec_q8: blockwise 8-bit quantisation (see codec_q8.h), in the style of ggml's Q8_0.
+/* q8: blockwise 8-bit quantisation (see q8.h), in the style of ggml's Q8_0.
  *
  * Encoded block (4 + len bytes, len = CODEC_Q8_BLOCK except for a short last block):
  *
@@ -50,7 +50,7 @@
  *   encode  ~15 GB/s  (14.7-15.4; in L2, 256 KiB: ~19 GB/s)   reference: 0.77 GB/s
  *   decode  ~20.5 GB/s (20.2-21.3; in L2, 256 KiB: ~31 GB/s)  reference: 8.0 GB/s
  */
-#include "codec_q8.h"
+#include "q8.h"
 
 #include <float.h>
 #include <math.h>

@@ -5,7 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../common/log.h"
+#include "../../../common/log.h"
 
 static double now_s(void)
 {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../common/rng.h"
+#include "../../../common/rng.h"
 
 /* Clocks only grow; past this, every clock of the stage is shifted down so that adding a
  * small cost to a huge clock never rounds to nothing. */

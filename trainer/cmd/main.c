@@ -4,7 +4,7 @@
  *   cirrus-trainer sample  generate text from a checkpoint
  *   cirrus-trainer bench   training throughput vs the sgemm ceiling
  *   cirrus-trainer bench-collective   all-reduce bandwidth of the TCP ring
- *   cirrus-trainer stage | client | local   SWARM roles (swarm/roles.c)
+ *   cirrus-trainer stage | client | local   SWARM roles (cmd/roles.c)
  *
  * Exit codes: 0 success, 1 runtime failure, 2 bad input (flags, files, checkpoints).
  */
@@ -12,17 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/log.h"
-#include "bench.h"
-#include "bench_collective.h"
-#include "blas_kernel.h"
-#include "ckpt/checkpoint.h"
+#include "../../common/log.h"
+#include "../bench.h"
+#include "../bench_collective.h"
+#include "../model/cpu/blas_kernel.h"
+#include "../ckpt/checkpoint.h"
 #include "cli.h"
-#include "../common/flags.h"
-#include "model/gpt.h"
-#include "sample.h"
-#include "swarm/roles.h"
-#include "train.h"
+#include "../../common/flags.h"
+#include "../model/gpt.h"
+#include "../sample.h"
+#include "roles.h"
+#include "../train.h"
 
 static int cmd_train(int argc, char **argv)
 {

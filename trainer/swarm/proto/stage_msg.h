@@ -1,4 +1,4 @@
-/* stage_proto: the messages between pipeline clients and stage peers (wire types 64..127).
+/* stage_msg: the messages between pipeline clients and stage peers (wire types 64..127).
  *
  * All payloads are built with wire_writer and parsed with wire_reader (little-endian,
  * bounds-checked). Every request is answered by the type + 1 with the same request id, or
@@ -46,8 +46,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../common/cerr.h"
-#include "../net/wire.h"
+#include "../../../common/cerr.h"
+#include "../../net/wire.h"
 
 enum stage_msg {
     STAGE_FORWARD = 64,

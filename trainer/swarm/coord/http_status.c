@@ -12,8 +12,8 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "../../common/log.h"
-#include "../net/conn.h"
+#include "../../../common/log.h"
+#include "../../net/conn.h"
 
 #define HTTP_CONNECTION_LIMIT 64
 #define HTTP_CONNECTION_TIMEOUT_S 10

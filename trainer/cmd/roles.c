@@ -20,14 +20,14 @@
 
 #include "../../common/log.h"
 #include "../../common/role_args.h"
-#include "../cli.h"
+#include "cli.h"
 #include "../net/conn.h"
 #include "../optim/adamw.h"
-#include "coordinator.h"
-#include "pipeline.h"
-#include "stage_peer.h"
-#include "stage_proto.h"
-#include "step_share.h"
+#include "../swarm/coord/coordinator.h"
+#include "../swarm/client/pipeline.h"
+#include "../swarm/peer/stage_peer.h"
+#include "../swarm/proto/stage_msg.h"
+#include "../swarm/client/step_share.h"
 
 #define PIPE_TIMEOUT_MS 60000
 

@@ -12,12 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../common/log.h"
-#include "../model/stage.h"
-#include "../net/collective.h"
-#include "../net/conn.h"
-#include "coord_proto.h"
-#include "stage_proto.h"
+#include "../../../common/log.h"
+#include "../../model/stage.h"
+#include "../../net/collective.h"
+#include "../../net/conn.h"
+#include "../proto/coord_msg.h"
+#include "../proto/stage_msg.h"
 
 #define PEER_IO_TIMEOUT_MS 60000
 #define PEER_REPLY_LIMIT (256u << 20)
@@ -280,7 +280,7 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
     return 0;
 }
 
-/* Floats [off, off + count) of this peer's state (stage_proto.h: its optimizer segments'
+/* Floats [off, off + count) of this peer's state (proto/stage_msg.h: its optimizer segments'
  * parameters, then AdamW m, then v), appended to w. */
 static void put_state_range(peer *p, wire_writer *w, uint64_t off, uint64_t count)
 {

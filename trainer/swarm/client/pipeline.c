@@ -19,11 +19,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../common/log.h"
-#include "../net/conn.h"
-#include "deadline.h"
-#include "stage_proto.h"
-#include "wiring.h"
+#include "../../../common/log.h"
+#include "../../net/conn.h"
+#include "../policy/deadline.h"
+#include "../proto/stage_msg.h"
+#include "../policy/wiring.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
 

@@ -40,7 +40,7 @@
 
 #include <stdint.h>
 
-#include "../../common/cerr.h"
+#include "../../../common/cerr.h"
 
 typedef struct rebalance_config {
     double min_gain;     /* required relative gain of the minimum stage throughput; 0.10 */

@@ -24,7 +24,7 @@
 #ifndef CIRRUS_DEADLINE_H
 #define CIRRUS_DEADLINE_H
 
-#include "../../common/cerr.h"
+#include "../../../common/cerr.h"
 
 typedef struct deadline_config {
     int window;       /* latencies kept (ring buffer), 1..4096; default 64 */

@@ -22,7 +22,7 @@
 
 #include <stdint.h>
 
-#include "../../common/cerr.h"
+#include "../../../common/cerr.h"
 
 typedef struct wiring wiring;
 

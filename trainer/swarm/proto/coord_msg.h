@@ -1,4 +1,4 @@
-/* coord_proto: the messages between the region coordinator and its members (wire types
+/* coord_msg: the messages between the region coordinator and its members (wire types
  * 16..63), and the client side of them.
  *
  * Stage peers and pipeline clients register with the coordinator, heartbeat with their
@@ -42,8 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../common/cerr.h"
-#include "../net/wire.h"
+#include "../../../common/cerr.h"
+#include "../../net/wire.h"
 
 enum coord_msg {
     COORD_REGISTER = 16,

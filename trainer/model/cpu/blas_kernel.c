@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/log.h"
+#include "../../../common/log.h"
 
 char *openblas_get_corename(void); /* OpenBLAS extension, not in cblas.h */
 

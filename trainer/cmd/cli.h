@@ -3,11 +3,11 @@
 #ifndef CIRRUS_CLI_H
 #define CIRRUS_CLI_H
 
-#include "../common/cerr.h"
-#include "../common/flags.h"
-#include "../common/role_args.h"
-#include "model/gpt.h"
-#include "train.h"
+#include "../../common/cerr.h"
+#include "../../common/flags.h"
+#include "../../common/role_args.h"
+#include "../model/gpt.h"
+#include "../train.h"
 
 #define EXIT_BAD_INPUT 2
 

@@ -1,5 +1,5 @@
 /* coordinator: membership by registration and heartbeats, served over the wire protocol.
- * See coordinator.h; the messages are in coord_proto.h, HTTP in http_status.c. */
+ * See coordinator.h; the messages are in proto/coord_msg.h, HTTP in http_status.c. */
 #include "coordinator.h"
 
 #include <errno.h>
@@ -13,11 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../common/log.h"
-#include "../../common/rng.h"
-#include "../net/conn.h"
+#include "../../../common/log.h"
+#include "../../../common/rng.h"
+#include "../../net/conn.h"
 #include "http_status.h"
-#include "rebalance.h"
+#include "../policy/rebalance.h"
 
 #define COORD_IO_TIMEOUT_MS 5000 /* a frame that started arriving, or a reply, must finish */
 #define COORD_POLL_MS 100        /* how often idle threads look at the stop flag */

@@ -12,8 +12,8 @@
 
 #include <stdint.h>
 
-#include "../model/gpt.h"
-#include "wiring.h"
+#include "../../model/gpt.h"
+#include "../policy/wiring.h"
 
 #define PIPE_MAX_STAGES 64
 #define PIPE_MAX_PEERS 16

@@ -1,7 +1,7 @@
 /* coordinator: the region coordinator of a SWARM job — who is alive, at which stage, how
  * fast — and the job's /status and /metrics.
  *
- * Stage peers and pipeline clients register over the wire protocol (coord_proto.h), then
+ * Stage peers and pipeline clients register over the wire protocol (proto/coord_msg.h), then
  * heartbeat; a member that misses its heartbeats for expire_ms is forgotten. Clients ask
  * for the live peers of each stage and report training totals. Nothing is kept on disk:
  * after a restart the coordinator has a new epoch, members see "unknown peer" and
@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../common/cerr.h"
-#include "coord_proto.h"
+#include "../../../common/cerr.h"
+#include "../proto/coord_msg.h"
 
 #define COORD_DEFAULT_HEARTBEAT_MS 1000
 #define COORD_DEFAULT_MAX_PEERS 4096
