@@ -32,6 +32,12 @@ TEST(cpu_gemm_tiling_covers_the_output)
         ASSERT(tile * count >= len && tile * (count - 1) < len);
         if (count > 1) ASSERT_EQ(tile % 16, 0);
     }
+    /* The small model's shapes at batch 8 x 256 and 4 x 64 split evenly over 2, 4, 8. */
+    int by_rows, tile, count;
+    cpu_gemm_tiling(2048, 1152, &by_rows, &tile, &count);
+    ASSERT(by_rows && tile == 128 && count == 16);
+    cpu_gemm_tiling(256, 1152, &by_rows, &tile, &count);
+    ASSERT(!by_rows && tile == 144 && count == 8);
 }
 
 /* Row-major reference in double. */
@@ -49,7 +55,8 @@ static double ref_entry(const float *a, const float *b, int ta, int tb, int M, i
  * checked. */
 TEST(cpu_sgemm_matches_reference)
 {
-    const int shapes[][3] = {{300, 70, 33}, {70, 300, 33}, {129, 129, 5}, {40, 17, 300}};
+    const int shapes[][3] = {{300, 70, 33}, {70, 300, 33}, {600, 40, 9}, {40, 600, 9},
+                             {129, 129, 5}, {40, 17, 300}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         for (int tr = 0; tr < 4; tr++) {

@@ -4,12 +4,14 @@
 #include <omp.h>
 #include <pthread.h>
 
-/* Tiles are at least TILE_MIN wide (a product narrower than that is not worth splitting),
- * at most TILE_MAX_COUNT per product (enough for 16 cores; each tile packs its share of one
- * operand and all of the other, so more tiles cost more packing), and a multiple of
- * TILE_ALIGN elements, which covers every x86 kernel's unrolling (4 to 16) so that only a
- * product's last tile has an edge. */
-#define TILE_MIN 64
+/* Tiles are at least TILE_MIN wide (below that, a tile's fixed costs, a call and packing
+ * all of the other operand, outweigh its work), at most TILE_MAX_COUNT per product (enough
+ * for 16 cores), as many as a power of two (so they split evenly over 2, 4, 8 or 16
+ * threads; rounding their width up may leave one fewer), and a multiple of TILE_ALIGN elements wide, which covers every x86 kernel's
+ * unrolling (4 to 16) so that only a product's last tile has an edge. Measured on the small
+ * model (docs/BENCHMARKS.md): 64-wide tiles, up to 16, cost 6-18% against OpenBLAS threading
+ * a product itself; these settings cost 0-5%. */
+#define TILE_MIN 128
 #define TILE_MAX_COUNT 16
 #define TILE_ALIGN 16
 
@@ -39,9 +41,9 @@ void cpu_gemm_tiling(int M, int N, int *by_rows, int *tile, int *count)
     /* Split the longer side of the output: more, wider tiles. */
     *by_rows = M >= N;
     const int len = *by_rows ? M : N;
-    int n = len / TILE_MIN;
-    if (n > TILE_MAX_COUNT) n = TILE_MAX_COUNT;
-    if (n < 1) n = 1;
+    /* A power of two: the tiles then split evenly over 2, 4, 8 or 16 threads. */
+    int n = 1;
+    while (n * 2 <= TILE_MAX_COUNT && len / (n * 2) >= TILE_MIN) n *= 2;
     int t = (len + n - 1) / n;
     t = (t + TILE_ALIGN - 1) / TILE_ALIGN * TILE_ALIGN;
     if (t < 1) t = 1;
