@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "net/collective.h"
+#include "net/ring.h"
 #include "net/conn.h"
 
 static double now_s(void)

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "../../common/rng.h"
-#include "../../trainer/net/collective.h"
+#include "../../trainer/net/ring.h"
 #include "../../trainer/net/conn.h"
 #include "test.h"
 

@@ -36,22 +36,4 @@ static inline void collective_destroy(collective *c)
 {
     if (c) c->ops->destroy(c);
 }
-
-/* ---- the TCP ring ---- */
-
-typedef struct ring_options {
-    const char *job_id;    /* handshake: ranks of another job are refused */
-    int timeout_ms;        /* deadline for connecting and for each chunk */
-    size_t chunk_bytes;    /* pipelining granularity (default 1 MiB) */
-} ring_options;
-
-/* Build rank `rank` of a ring of `world` ranks. listen_fd is this rank's listening socket
- * (bound before the ranks learn each other's addresses); hosts/ports give every rank's
- * address. Rank r connects to rank (r+1) % world and accepts from (r-1+world) % world. */
-int ring_create(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
-                const int *ports, const ring_options *opt, cirrus_error *err);
-/* From the next all-reduce on: give up after timeout_ms without progress (ring_options'
- * timeout_ms at creation). The stage's client learns the right figure as training goes. */
-void ring_set_timeout(collective *ring, int timeout_ms);
-
 #endif

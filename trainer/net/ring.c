@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "collective.h"
+#include "ring.h"
 #include "conn.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -14,7 +14,7 @@
 
 #include "../../../common/log.h"
 #include "../../model/stage.h"
-#include "../../net/collective.h"
+#include "../../net/ring.h"
 #include "../../net/conn.h"
 #include "../proto/coord_msg.h"
 #include "../proto/stage_msg.h"
