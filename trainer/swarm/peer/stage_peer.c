@@ -253,7 +253,7 @@ static void put_state_range(peer *p, wire_writer *w, uint64_t off, uint64_t coun
         const uint64_t len = s < p->adam.n_seg ? p->adam.seg[s].count : n;
         if (off < at + len) {
             const uint64_t from = off - at, take = len - from < count ? len - from : count;
-            wire_put_bytes(w, src + from, sizeof(float) * take);
+            stage_msg_put_state_floats(w, src + from, take);
             off += take;
             count -= take;
         }

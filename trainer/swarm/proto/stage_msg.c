@@ -309,6 +309,11 @@ void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n)
     wire_put_u64(w, n);
 }
 
+void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count)
+{
+    wire_put_bytes(w, x, (size_t)count * sizeof(float));
+}
+
 int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice *s)
 {
     s->steps = wire_get_u64(r);

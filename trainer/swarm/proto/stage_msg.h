@@ -119,7 +119,7 @@ int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
  * requests HEAD_GRAD, SUMSQ, INFO, RESET; most replies) are checked with
  * stage_msg_get_empty. */
 
-#define STAGE_MB_HEAD_SIZE 24             /* FORWARD/BACKWARD bytes before the input */
+#define STAGE_MB_HEAD_SIZE 20             /* FORWARD/BACKWARD bytes before the input */
 #define STAGE_AVERAGE_MAX_MEMBERS 64      /* ring members named in one AVERAGE */
 #define STAGE_RING_MS_DEFAULT 10000u      /* AVERAGE without ring_ms (older clients) */
 #define STAGE_RING_MS_MAX 600000u         /* the longest ring_ms a client may ask for */
@@ -239,6 +239,7 @@ typedef struct stage_state_slice {
 } stage_state_slice;
 
 void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n);
+void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count);
 int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice *s);
 
 /* SYNC: the donor's "host:port". */
