@@ -124,7 +124,7 @@ TEST(stage_msg_microbatch_round_trip)
 
 TEST(stage_msg_microbatch_refused)
 {
-    int32_t tok[MB_N] = {0}, tok_out[MB_N], tgt_out[MB_N];
+    int32_t tok[4 * MB_N] = {0}, tok_out[MB_N], tgt_out[MB_N]; /* room for a B or T too big */
     float hid_out[MB_N * MB_C], gout_out[MB_N * MB_C];
     const stage_mb_dest first = {.max_B = MB_B, .max_T = MB_T, .C = MB_C, .first = 1,
                                  .tokens = tok_out, .targets = tgt_out, .hidden = hid_out,
@@ -529,7 +529,7 @@ static int one_call(uint16_t answer_type, uint64_t answer_id, const wire_writer 
     int rc = rpc_await(cli, STAGE_SYNC, 7, T_MS, "peer", reply, err);
     /* The reply stays readable until the next receive on cli: copy what the test needs. */
     static uint8_t copy[256];
-    if (!rc) {
+    if (!rc && reply->len) {
         ASSERT(reply->len <= sizeof copy);
         memcpy(copy, reply->data, reply->len);
         wire_reader_init(reply, copy, reply->len);
