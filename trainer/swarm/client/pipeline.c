@@ -22,8 +22,9 @@
 #include "../../../common/log.h"
 #include "../../net/conn.h"
 #include "../policy/deadline.h"
-#include "../proto/stage_msg.h"
 #include "../policy/wiring.h"
+#include "../proto/rpc.h"
+#include "../proto/stage_msg.h"
 
 #define PIPE_REPLY_LIMIT (256u << 20)
 
@@ -62,7 +63,6 @@ struct pipeline {
     stage_link link[PIPE_MAX_STAGES];
     float *acts[PIPE_MAX_STAGES + 1]; /* acts[s]: input of stage s (s >= 1) */
     float *tied;                      /* V*C */
-    uint8_t *bytes_x, *bytes_y;       /* tokens and targets as bytes */
     uint64_t next_id;                 /* request ids */
     uint64_t round;                   /* AVERAGE rounds */
     mb_record mb[PIPE_MAX_MICRO];
@@ -76,6 +76,7 @@ struct pipeline {
      * and sent with each round, so a member that hangs makes the others' ring give up
      * then too; the round is repeated without it. */
     deadline_estimator *avg_deadline[PIPE_MAX_STAGES];
+    stage_average avg;                /* the AVERAGE being sent (large: kept off the stack) */
     char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
     int n_dead;
     /* Which peer of a stage serves the next microbatch (swarm/wiring.c): least loaded by
@@ -116,51 +117,38 @@ static int alive_count(const pipeline *p, int s)
 }
 
 /* A transport failure, or a peer that left the stage (rebalancing): the peer is gone as
- * far as this client is concerned. */
+ * far as this client is concerned. A refusal is not (rpc.h maps none to a fault) except
+ * "moved": the peer serves another stage now. */
 static int is_peer_fault(int rc)
 {
-    return rc == CIRRUS_ECLOSED || rc == CIRRUS_ETIMEDOUT || rc == CIRRUS_EIO ||
-           rc == CIRRUS_ETRUNC || rc == CIRRUS_ECORRUPT || rc == STAGE_MOVED;
+    return rpc_is_fault(rc) || rc == STAGE_MOVED;
+}
+
+/* "stage S peer ADDR", naming the other end in messages. */
+static const char *peer_name(const pipeline *p, int s, int k, char out[STAGE_ADDR_MAX + 32])
+{
+    snprintf(out, STAGE_ADDR_MAX + 32, "stage %d peer %s", s, p->link[s].peer[k].addr);
+    return out;
 }
 
 static int send_to(pipeline *p, int s, int k, uint16_t type, uint64_t id, const wire_writer *w,
                    cirrus_error *err)
 {
-    if (w->failed) return cirrus_fail(err, CIRRUS_ENOMEM, "request to stage %d too large", s);
+    char who[STAGE_ADDR_MAX + 32];
     if (!peer_alive(p, s, k)) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d peer %d is gone", s, k);
-    int rc = net_send_frame(p->link[s].peer[k].c, type, id, w->data, (uint32_t)w->len,
-                            p->timeout_ms);
-    return rc ? cirrus_fail(err, rc, "stage %d peer %s: send: %s", s, p->link[s].peer[k].addr,
-                            cirrus_strerror(rc))
-              : 0;
+    return rpc_send(p->link[s].peer[k].c, type, id, w, p->timeout_ms, peer_name(p, s, k, who),
+                    err);
 }
 
 /* Wait for peer k of stage s to answer request id of `type` (with type + 1). A refusal
- * comes back as CIRRUS_EMISMATCH-or-its-code with the peer's message; never a fault. */
+ * comes back with the peer's code as rpc.h maps it, and its message. */
 static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wire_reader *r,
                        int timeout_ms, cirrus_error *err)
 {
-    wire_header h;
-    const uint8_t *payload;
+    char who[STAGE_ADDR_MAX + 32];
     if (!peer_alive(p, s, k)) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d peer %d is gone", s, k);
-    int rc = net_recv_frame(p->link[s].peer[k].c, &h, &payload, timeout_ms, err);
-    if (rc) return rc;
-    if (h.type == WIRE_ERROR) {
-        wire_reader e;
-        wire_reader_init(&e, payload, h.payload_len);
-        int code = (int)wire_get_u32(&e);
-        char msg[200] = "?";
-        wire_get_str(&e, msg, sizeof msg);
-        /* A refusal, not a fault; except "moved": the peer serves another stage now. */
-        if (code >= 0 || (is_peer_fault(code) && code != STAGE_MOVED)) code = CIRRUS_EINVAL;
-        return cirrus_fail(err, code, "stage %d peer %s refused: %s", s,
-                           p->link[s].peer[k].addr, msg);
-    }
-    if (h.type != type + 1 || h.request_id != id)
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %s: unexpected reply type %u",
-                           s, p->link[s].peer[k].addr, h.type);
-    wire_reader_init(r, payload, h.payload_len);
-    return 0;
+    return rpc_await(p->link[s].peer[k].c, type, id, timeout_ms, peer_name(p, s, k, who), r,
+                     err);
 }
 
 static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
@@ -289,28 +277,19 @@ static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirru
 
 /* ---- microbatches ---- */
 
-static void put_bytes_of(wire_writer *w, uint8_t *tmp, const int32_t *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++) tmp[i] = (uint8_t)t[i];
-    wire_put_bytes(w, tmp, n);
-}
-
-/* The FORWARD/BACKWARD head and input for stage s. */
+/* The FORWARD (grad_out NULL) or BACKWARD request for stage s: the first stage gets the
+ * tokens, the others their input activations; the last the targets. */
 static void put_microbatch(pipeline *p, wire_writer *w, int s, uint64_t id, int B, int T,
-                           int keep, const int32_t *x, const int32_t *y, const float *in)
+                           int keep, const int32_t *x, const int32_t *y, const float *in,
+                           const float *grad_out)
 {
-    const size_t n = (size_t)B * T;
     const int last = s == p->n - 1;
-    wire_put_u64(w, id);
-    wire_put_u32(w, (uint32_t)B);
-    wire_put_u32(w, (uint32_t)T);
-    const uint8_t flags[4] = {(uint8_t)keep, (uint8_t)p->codec, (uint8_t)(last && y), 0};
-    wire_put_bytes(w, flags, 4);
-    if (s == 0)
-        put_bytes_of(w, p->bytes_x, x, n);
-    else
-        stage_put_floats(w, in, n * p->cfg.n_embd, p->codec);
-    if (last && y) put_bytes_of(w, p->bytes_y, y, n);
+    const stage_microbatch m = {
+        .id = id, .B = (uint32_t)B, .T = (uint32_t)T, .keep = (uint8_t)keep,
+        .codec = (uint8_t)p->codec, .has_targets = (uint8_t)(last && y),
+        .tokens = s == 0 ? x : NULL, .hidden = s == 0 ? NULL : in,
+        .targets = last ? y : NULL, .grad_out = last ? NULL : grad_out};
+    stage_msg_put_microbatch(w, &m, (size_t)p->cfg.n_embd);
 }
 
 /* Run a request on stage s, on `prefer` if it is alive, else on the peer the wiring picks
@@ -348,18 +327,15 @@ static int forward_stage(pipeline *p, int s, uint64_t id, int B, int T, int keep
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
-    put_microbatch(p, &w, s, id, B, T, keep, x, y, p->acts[s]);
+    put_microbatch(p, &w, s, id, B, T, keep, x, y, p->acts[s], NULL);
     /* A training forward books its backward on the same peer too (it comes back there, to
      * the kept activations): the wiring charges both at once. */
     const double charge = keep ? B * (1.0 + WIRING_BACKWARD_COST) : B;
     int rc = on_stage(p, s, -1, STAGE_FORWARD, B, charge, &w, &r, served, err);
     wire_writer_free(&w);
     if (rc) return rc;
-    if (s == p->n - 1)
-        *loss = wire_get_f32(&r);
-    else if (stage_get_floats(&r, p->acts[s + 1], n, p->codec))
-        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
-    if (wire_reader_done(&r))
+    if (s == p->n - 1 ? stage_msg_get_loss(&r, loss)
+                      : stage_msg_get_acts(&r, p->acts[s + 1], n, p->codec))
         return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad forward reply", s);
     return 0;
 }
@@ -467,11 +443,8 @@ static int reassign_tasks_of(pipeline *p, int s, int k, cirrus_error *err)
 static void put_task(pipeline *p, wire_writer *w, const task *t)
 {
     const mb_record *mb = &p->mb[t->m];
-    const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
     put_microbatch(p, w, t->s, mb->id, mb->B, mb->T, t->type == STAGE_FORWARD, mb->x, mb->y,
-                   mb->in[t->s]);
-    if (t->type == STAGE_BACKWARD && t->s != p->n - 1)
-        stage_put_floats(w, mb->gout[t->s], n, p->codec);
+                   mb->in[t->s], t->type == STAGE_BACKWARD ? mb->gout[t->s] : NULL);
 }
 
 /* Put task t on the wire to its peer, under the stage's learned deadline once the peer is
@@ -519,17 +492,15 @@ static int task_read_reply(pipeline *p, const task *t, wire_reader *r, cirrus_er
     mb_record *mb = &p->mb[t->m];
     const size_t n = (size_t)mb->B * mb->T * p->cfg.n_embd;
     const int last = t->s == p->n - 1;
-    if (t->type == STAGE_FORWARD) {
-        if (last)
-            mb->loss = wire_get_f32(r);
-        else if (stage_get_floats(r, mb->in[t->s + 1], n, p->codec))
-            r->failed = 1;
-    } else if (t->s > 0) {
-        /* A redo's grad_in is read (the reply must be well formed) and dropped. */
-        if (stage_get_floats(r, t->redo ? p->acts[0] : mb->gout[t->s - 1], n, p->codec))
-            r->failed = 1;
-    }
-    if (wire_reader_done(r))
+    int rc;
+    if (t->type == STAGE_FORWARD)
+        rc = last ? stage_msg_get_loss(r, &mb->loss)
+                  : stage_msg_get_acts(r, mb->in[t->s + 1], n, p->codec);
+    else if (t->s > 0) /* a redo's grad_in is read (it must be well formed) and dropped */
+        rc = stage_msg_get_acts(r, t->redo ? p->acts[0] : mb->gout[t->s - 1], n, p->codec);
+    else
+        rc = stage_msg_get_empty(r);
+    if (rc)
         return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d peer %s: bad %s reply", t->s,
                            p->link[t->s].peer[t->k].addr,
                            t->type == STAGE_FORWARD ? "FORWARD" : "BACKWARD");
@@ -838,13 +809,16 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
              * from a member that hangs). */
             const double limit = deadline_get(p->avg_deadline[s]);
             const double t0 = now_s(), wait_until = t0 + 2.0 * limit;
+            stage_average *avg = &p->avg;
+            avg->round = round;
+            avg->n = 0;
+            avg->ring_ms = (uint32_t)(limit * 1000.0) + 1;
+            for (int k = 0; k < p->link[s].n; k++)
+                if (peer_alive(p, s, k))
+                    memcpy(avg->addrs[avg->n++], p->link[s].peer[k].ring, STAGE_ADDR_MAX);
             wire_writer w;
             wire_writer_init(&w, 64 * 1024);
-            wire_put_u64(&w, round);
-            wire_put_u32(&w, (uint32_t)alive_count(p, s));
-            for (int k = 0; k < p->link[s].n; k++)
-                if (peer_alive(p, s, k)) wire_put_str(&w, p->link[s].peer[k].ring);
-            wire_put_u32(&w, (uint32_t)(limit * 1000.0) + 1);
+            stage_msg_put_average(&w, avg);
             uint64_t id = ++p->next_id;
             int sent[PIPE_MAX_PEERS] = {0}, failed = 0;
             uint32_t held = 0;
@@ -864,8 +838,11 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                                       : CIRRUS_ECLOSED;
                 if (rc == CIRRUS_ETIMEDOUT) deadline_observe_timeout(p->avg_deadline[s], now_s() - t0);
                 if (!rc) {
-                    held += wire_get_u32(&r);
-                    if (!wire_reader_done(&r)) continue;
+                    uint32_t mb = 0;
+                    if (!stage_msg_get_average_ok(&r, &mb)) {
+                        held += mb;
+                        continue;
+                    }
                     rc = cirrus_fail(&why[k], CIRRUS_ECORRUPT, "bad AVERAGE reply");
                 }
                 /* A member that failed, or a refusal because another member vanished
@@ -902,42 +879,36 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
  * the folded gradient back to the last stage, whose wte copy takes the same update. */
 static int exchange_tied(pipeline *p, cirrus_error *err)
 {
-    const size_t bytes = (size_t)p->cfg.vocab * p->cfg.n_embd * sizeof(float);
+    const size_t n = (size_t)p->cfg.vocab * p->cfg.n_embd;
     const int first = 0, last = p->n - 1;
     wire_writer w;
     wire_reader r;
     int served, answered;
     wire_writer_init(&w, 0);
+    const float *g = NULL;
     int rc = on_stage(p, last, -1, STAGE_HEAD_GRAD, 0, 0, &w, &r, &served, err);
-    const void *g = rc ? NULL : wire_get_bytes(&r, bytes);
-    if (!rc && (!g || wire_reader_done(&r)))
+    if (!rc && stage_msg_get_tied(&r, n, &g))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad HEAD_GRAD reply");
     if (rc) return rc;
-    memcpy(p->tied, g, bytes);
+    memcpy(p->tied, g, sizeof(float) * n);
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
-    wire_put_bytes(&w, p->tied, bytes);
+    stage_msg_put_tied(&w, p->tied, n);
     rc = on_all_peers(p, first, STAGE_FOLD_TIED, &w, &r, &answered, err);
     wire_writer_free(&w);
-    g = rc || !answered ? NULL : wire_get_bytes(&r, bytes);
-    if (!rc && (!g || wire_reader_done(&r)))
+    if (!rc && (!answered || stage_msg_get_tied(&r, n, &g)))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "bad FOLD_TIED reply");
     if (rc || first == last) return rc;
-    memcpy(p->tied, g, bytes);
+    memcpy(p->tied, g, sizeof(float) * n);
     wire_writer_init(&w, PIPE_REPLY_LIMIT);
-    wire_put_bytes(&w, p->tied, bytes);
+    stage_msg_put_tied(&w, p->tied, n);
     rc = on_all_peers(p, last, STAGE_SET_TIED, &w, &r, &answered, err);
     wire_writer_free(&w);
     return rc;
 }
 
-typedef struct part {
-    uint64_t offset;
-    double sumsq;
-} part;
-
 static int part_cmp(const void *a, const void *b)
 {
-    uint64_t x = ((const part *)a)->offset, y = ((const part *)b)->offset;
+    uint64_t x = ((const stage_sumsq_part *)a)->offset, y = ((const stage_sumsq_part *)b)->offset;
     return x < y ? -1 : x > y;
 }
 
@@ -945,34 +916,34 @@ static int part_cmp(const void *a, const void *b)
  * by the first and last stages), added in buffer order like adamw_total_sumsq(). */
 static int global_sumsq(pipeline *p, double *total, cirrus_error *err)
 {
-    size_t cap = 1024, n = 0;
-    part *parts = malloc(sizeof *parts * cap);
-    int rc = parts ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    size_t n = 0;
+    stage_sumsq_part *parts = NULL;
+    int rc = 0;
     for (int s = 0; !rc && s < p->n; s++) {
         wire_writer w;
         wire_reader r;
         int served;
+        stage_sumsq_part *got = NULL;
+        uint32_t k = 0;
         wire_writer_init(&w, 0);
         if ((rc = on_stage(p, s, -1, STAGE_SUMSQ, 0, 0, &w, &r, &served, err))) break;
-        uint32_t k = wire_get_u32(&r);
-        for (uint32_t i = 0; i < k && !r.failed; i++) {
-            if (n == cap) {
-                part *grown = realloc(parts, sizeof *parts * (cap *= 2));
-                if (!grown) {
-                    rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-                    break;
-                }
-                parts = grown;
-            }
-            parts[n].offset = wire_get_u64(&r);
-            parts[n].sumsq = wire_get_f64(&r);
-            n++;
+        if ((rc = stage_msg_get_sumsq(&r, &got, &k))) {
+            rc = rc == CIRRUS_ENOMEM ? cirrus_fail(err, rc, "out of memory")
+                                     : cirrus_fail(err, rc, "stage %d: bad SUMSQ reply", s);
+            break;
         }
-        if (!rc && wire_reader_done(&r))
-            rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad SUMSQ reply", s);
+        stage_sumsq_part *grown = k ? realloc(parts, sizeof *parts * (n + k)) : parts;
+        if (k && !grown)
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        else if (k) {
+            parts = grown;
+            memcpy(parts + n, got, sizeof *parts * k);
+            n += k;
+        }
+        free(got);
     }
     if (!rc) {
-        qsort(parts, n, sizeof *parts, part_cmp);
+        if (n) qsort(parts, n, sizeof *parts, part_cmp);
         *total = 0.0;
         for (size_t i = 0; i < n; i++)
             if (i == 0 || parts[i].offset != parts[i - 1].offset) *total += parts[i].sumsq;
@@ -1003,11 +974,10 @@ int pipeline_step_shared(pipeline *p, float lr, float grad_scale, uint64_t step,
         wire_writer w;
         wire_reader r;
         int answered;
+        const stage_step st = {.lr = lr, .grad_scale = grad_scale, .step = step,
+                               .sumsq = total};
         wire_writer_init(&w, 64);
-        wire_put_f32(&w, lr);
-        wire_put_f32(&w, grad_scale);
-        wire_put_u64(&w, step);
-        wire_put_f64(&w, total);
+        stage_msg_put_step(&w, &st);
         rc = on_all_peers(p, s, STAGE_STEP, &w, &r, &answered, err);
         wire_writer_free(&w);
         if (!rc && !answered) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d: no peer stepped", s);
@@ -1118,24 +1088,23 @@ static int connect_peer(pipeline *p, int s, int k, const char *addr, int *l1, ui
     wire_reader r;
     wire_writer_init(&w, 0);
     if ((rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err))) goto fail;
-    uint32_t v[6];
-    for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
-    (void)wire_get_u64(&r);
-    *steps = wire_get_u64(&r);
+    stage_info in;
+    const int bad = stage_msg_get_info(&r, &in);
+    *steps = in.steps;
+    memcpy(pl->ring, in.ring, sizeof pl->ring);
     int expect_l0 = s ? p->link[s - 1].l1 : 0;
-    if (wire_get_str(&r, pl->ring, sizeof pl->ring) || wire_reader_done(&r) ||
-        (int)v[0] != expect_l0 || v[1] <= v[0] || (*l1 >= 0 && (int)v[1] != *l1) ||
-        (int)v[2] != cfg->n_layer || (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head ||
-        (int)v[5] != cfg->seq_len) {
+    if (bad || (int)in.l0 != expect_l0 || in.l1 <= in.l0 || (*l1 >= 0 && (int)in.l1 != *l1) ||
+        (int)in.n_layer != cfg->n_layer || (int)in.n_embd != cfg->n_embd ||
+        (int)in.n_head != cfg->n_head || (int)in.seq_len != cfg->seq_len) {
         rc = cirrus_fail(err, CIRRUS_EMISMATCH,
                          "stage %d at %s serves layers [%u, %u) of a model of %u layers x "
                          "%u (%u heads, context %u); expected layers from %d of %d x %d "
                          "(%d heads, context %d)",
-                         s, addr, v[0], v[1], v[2], v[3], v[4], v[5], expect_l0,
-                         cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
+                         s, addr, in.l0, in.l1, in.n_layer, in.n_embd, in.n_head, in.seq_len,
+                         expect_l0, cfg->n_layer, cfg->n_embd, cfg->n_head, cfg->seq_len);
         goto fail;
     }
-    *l1 = (int)v[1];
+    *l1 = (int)in.l1;
     return 0;
 fail:
     net_close(pl->c);
@@ -1193,9 +1162,7 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     for (int s = 0; s <= n && !rc; s++)
         if (!(p->acts[s] = malloc(sizeof(float) * N * C))) rc = CIRRUS_ENOMEM;
     p->tied = malloc(sizeof(float) * (size_t)cfg->vocab * C);
-    p->bytes_x = malloc(N);
-    p->bytes_y = malloc(N);
-    if (rc || !p->tied || !p->bytes_x || !p->bytes_y) {
+    if (rc || !p->tied) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1234,7 +1201,7 @@ static int sync_peer(pipeline *p, int s, int k, int donor, cirrus_error *err)
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 512);
-    wire_put_str(&w, p->link[s].peer[donor].addr);
+    stage_msg_put_sync(&w, p->link[s].peer[donor].addr);
     int rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
     wire_writer_free(&w);
     return rc;
@@ -1248,10 +1215,11 @@ static int peer_steps(pipeline *p, int s, int k, uint64_t *steps, cirrus_error *
     wire_writer_init(&w, 0);
     int rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err);
     if (rc) return rc;
-    for (int i = 0; i < 6; i++) (void)wire_get_u32(&r);
-    (void)wire_get_u64(&r);
-    *steps = wire_get_u64(&r);
-    return r.failed ? cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad INFO reply", s) : 0;
+    stage_info in;
+    if (stage_msg_get_info(&r, &in))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: bad INFO reply", s);
+    *steps = in.steps;
+    return 0;
 }
 
 int pipeline_align_peers(pipeline *p, cirrus_error *err)
@@ -1501,7 +1469,5 @@ void pipeline_close(pipeline *p)
     }
     free(p->tasks);
     free(p->tied);
-    free(p->bytes_x);
-    free(p->bytes_y);
     free(p);
 }

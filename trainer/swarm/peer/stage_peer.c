@@ -17,13 +17,12 @@
 #include "../../net/ring.h"
 #include "../../net/conn.h"
 #include "../proto/coord_msg.h"
+#include "../proto/rpc.h"
 #include "../proto/stage_msg.h"
 
 #define PEER_IO_TIMEOUT_MS 60000
 #define PEER_REPLY_LIMIT (256u << 20)
-#define PEER_MAX_MEMBERS 64               /* peers of a stage in one AVERAGE */
-#define PEER_RING_TIMEOUT_MS 10000        /* AVERAGE without a limit (older clients) */
-#define PEER_RING_TIMEOUT_MAX_MS 600000u  /* the largest limit a client may ask for */
+#define PEER_MAX_MEMBERS STAGE_AVERAGE_MAX_MEMBERS /* peers of a stage in one AVERAGE */
 
 /* One forward's activations, kept for its backward (a gpt_stage over the shared model). */
 typedef struct act_slot {
@@ -61,9 +60,10 @@ typedef struct peer {
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
     char ring_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX]; /* the list the ring was built for */
-    /* An AVERAGE's member list as parsed (under mu; per peer, as several peers may share a
-     * process: the tests run them as threads). */
-    char avg_addrs[PEER_MAX_MEMBERS][STAGE_ADDR_MAX], avg_hosts[PEER_MAX_MEMBERS][STAGE_ADDR_MAX];
+    /* An AVERAGE as parsed (under mu; per peer, as several peers may share a process: the
+     * tests run them as threads). */
+    stage_average avg;
+    char avg_hosts[PEER_MAX_MEMBERS][STAGE_ADDR_MAX];
     char avg_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX];
     float *pack;               /* gradients packed for the all-reduce */
     float *backup;             /* the packed gradients from before the last round */
@@ -97,60 +97,24 @@ typedef struct conn_job {
     net_conn *c;
 } conn_job;
 
-/* Answer a request that cannot be served with WIRE_ERROR (code, message). */
-static int refuse(net_conn *c, uint64_t id, int code, const char *msg)
-{
-    wire_writer w;
-    wire_writer_init(&w, 1024);
-    wire_put_u32(&w, (uint32_t)code);
-    wire_put_str(&w, msg);
-    net_send_frame(c, WIRE_ERROR, id, w.data, (uint32_t)w.len, 1000);
-    wire_writer_free(&w);
-    return code;
-}
-
-static void read_bytes_as_tokens(const uint8_t *b, int32_t *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++) out[i] = b[i];
-}
-
-/* Parse the common head of FORWARD/BACKWARD into in; returns 0 or CIRRUS_ECORRUPT. */
-static int parse_microbatch(peer *p, wire_reader *r, gpt_stage_input *in, int *keep,
-                            int *codec)
+/* A FORWARD or BACKWARD into the peer's buffers (the gradient of the output into p->grad);
+ * returns 0 or CIRRUS_ECORRUPT. */
+static int parse_microbatch(peer *p, uint16_t type, wire_reader *r, gpt_stage_input *in,
+                            int *keep, int *codec)
 {
     const stage_peer_options *o = p->opt;
-    in->id = wire_get_u64(r);
-    uint32_t B = wire_get_u32(r), T = wire_get_u32(r);
-    const uint8_t *flags = wire_get_bytes(r, 4); /* keep, codec, has_targets, 0 */
-    if (!flags) return CIRRUS_ECORRUPT;
-    *keep = flags[0];
-    *codec = flags[1];
-    int has_targets = flags[2];
-    if (r->failed || flags[3] != 0 || B < 1 || B > (uint32_t)o->max_B || T < 1 || T > (uint32_t)o->max_T ||
-        (*codec != STAGE_CODEC_NONE && *codec != STAGE_CODEC_Q8) || has_targets > 1 ||
-        (has_targets && p->l1 != o->model.n_layer))
-        return CIRRUS_ECORRUPT;
-    in->B = (int)B;
-    in->T = (int)T;
-    const size_t n = (size_t)B * T;
-    in->tokens = NULL;
-    in->hidden = NULL;
-    in->targets = NULL;
-    if (p->l0 == 0) {
-        const uint8_t *b = wire_get_bytes(r, n);
-        if (!b) return CIRRUS_ECORRUPT;
-        read_bytes_as_tokens(b, p->tokens, n);
-        in->tokens = p->tokens;
-    } else {
-        if (stage_get_floats(r, p->in, n * p->C, *codec)) return CIRRUS_ECORRUPT;
-        in->hidden = p->in;
-    }
-    if (has_targets) {
-        const uint8_t *b = wire_get_bytes(r, n);
-        if (!b) return CIRRUS_ECORRUPT;
-        read_bytes_as_tokens(b, p->targets, n);
-        in->targets = p->targets;
-    }
+    const stage_mb_dest d = {.max_B = (uint32_t)o->max_B, .max_T = (uint32_t)o->max_T,
+                             .C = p->C, .first = p->l0 == 0,
+                             .last = p->l1 == o->model.n_layer, .tokens = p->tokens,
+                             .targets = p->targets, .hidden = p->in, .grad_out = p->grad};
+    stage_microbatch m;
+    if (stage_msg_get_microbatch(r, type, &d, &m)) return CIRRUS_ECORRUPT;
+    *in = (gpt_stage_input){.id = m.id, .B = (int)m.B, .T = (int)m.T,
+                            .tokens = m.tokens ? p->tokens : NULL,
+                            .hidden = m.hidden ? p->in : NULL,
+                            .targets = m.targets ? p->targets : NULL};
+    *keep = m.keep;
+    *codec = m.codec;
     return 0;
 }
 
@@ -193,19 +157,20 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
                              const char **why)
 {
     const stage_peer_options *o = p->opt;
-    enum { MAX_MEMBERS = PEER_MAX_MEMBERS };
-    char(*addrs)[STAGE_ADDR_MAX] = p->avg_addrs, (*hosts)[STAGE_ADDR_MAX] = p->avg_hosts;
+    stage_average *a = &p->avg;
+    char(*addrs)[STAGE_ADDR_MAX] = a->addrs, (*hosts)[STAGE_ADDR_MAX] = p->avg_hosts;
     char *members = p->avg_members;
-    const char *host_ptr[MAX_MEMBERS];
-    int ports[MAX_MEMBERS];
+    const char *host_ptr[PEER_MAX_MEMBERS];
+    int ports[PEER_MAX_MEMBERS];
     members[0] = '\0';
-    uint64_t round = wire_get_u64(r);
-    uint32_t n = wire_get_u32(r);
     *why = "malformed AVERAGE";
-    if (r->failed || n < 1 || n > MAX_MEMBERS || round == 0) return CIRRUS_ECORRUPT;
+    /* ring_ms: how long the ring may go without progress before it gives up (the client
+     * learns it from the rounds it has seen). */
+    if (stage_msg_get_average(r, a)) return CIRRUS_ECORRUPT;
+    const uint64_t round = a->round;
+    const uint32_t n = a->n, ring_ms = a->ring_ms;
     int rank = -1;
     for (uint32_t i = 0; i < n; i++) {
-        if (wire_get_str(r, addrs[i], sizeof addrs[i])) return CIRRUS_ECORRUPT;
         for (uint32_t j = 0; j < i; j++)
             if (strcmp(addrs[i], addrs[j]) == 0) { /* one rank each */
                 *why = "AVERAGE lists one ring address twice (do two peers share a --ring-addr?)";
@@ -215,11 +180,6 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
         strcat(members, addrs[i]); /* fits: n * STAGE_ADDR_MAX */
         strcat(members, ",");
     }
-    /* How long the ring may go without progress before it gives up (the client learns it
-     * from the rounds it has seen); a client that does not say gets the old fixed 10 s. */
-    uint32_t ring_ms = r->len - r->pos >= 4 ? wire_get_u32(r) : PEER_RING_TIMEOUT_MS;
-    if (wire_reader_done(r) || ring_ms < 1 || ring_ms > PEER_RING_TIMEOUT_MAX_MS)
-        return CIRRUS_ECORRUPT;
     *why = "AVERAGE names members without this peer, or an address that is not HOST:PORT";
     if (rank < 0 && n > 1) return CIRRUS_EINVAL;
     for (uint32_t i = 0; n > 1 && i < n; i++) {
@@ -227,7 +187,7 @@ static int average_gradients(peer *p, wire_reader *r, uint64_t attempt, wire_wri
             return CIRRUS_EINVAL;
         host_ptr[i] = hosts[i];
     }
-    wire_put_u32(reply, p->mb_since_step);
+    stage_msg_put_average_ok(reply, p->mb_since_step);
     /* A repeated round (a member failed): start again from this peer's own gradients, and
      * build a new ring, as every member of the repeat does. */
     unsum_gradients(p);
@@ -293,7 +253,7 @@ static void put_state_range(peer *p, wire_writer *w, uint64_t off, uint64_t coun
         const uint64_t len = s < p->adam.n_seg ? p->adam.seg[s].count : n;
         if (off < at + len) {
             const uint64_t from = off - at, take = len - from < count ? len - from : count;
-            wire_put_bytes(w, src + from, sizeof(float) * take);
+            stage_msg_put_state_floats(w, src + from, take);
             off += take;
             count -= take;
         }
@@ -303,20 +263,13 @@ static void put_state_range(peer *p, wire_writer *w, uint64_t off, uint64_t coun
 
 /* STATE_GET: this peer's parameters and optimizer state, for a peer joining the stage:
  * all of it, or the slice the request names (checked against the state's size). */
-static int put_state(peer *p, wire_reader *r, uint32_t payload_len, wire_writer *w)
+static int put_state(peer *p, wire_reader *r, wire_writer *w)
 {
-    const uint64_t total = 3 * (uint64_t)p->adam.state_count;
-    uint64_t off = 0, count = total;
-    if (payload_len) {
-        off = wire_get_u64(r);
-        count = wire_get_u64(r);
-        if (wire_reader_done(r) || off > total || count > total - off ||
-            count > STAGE_STATE_SLICE)
-            return CIRRUS_ECORRUPT;
-    }
-    wire_put_u64(w, p->steps);
-    wire_put_u64(w, p->adam.state_count);
-    put_state_range(p, w, off, count);
+    stage_state_get q;
+    if (stage_msg_get_state_get(r, 3 * (uint64_t)p->adam.state_count, &q))
+        return CIRRUS_ECORRUPT;
+    stage_msg_put_state_head(w, p->steps, p->adam.state_count);
+    put_state_range(p, w, q.offset, q.count);
     return 0;
 }
 
@@ -328,40 +281,39 @@ static int donor_open(peer *p, const char *host, int port, int l0, int l1, net_c
 {
     const gpt_config *cfg = &p->opt->model;
     net_conn *c = NULL;
-    wire_header h;
-    const uint8_t *payload;
+    wire_writer w;
+    wire_reader r;
+    stage_info in;
     *out = NULL;
     *why = "cannot reach the donor peer";
+    wire_writer_init(&w, 0);
     int rc = net_connect(host, port, 10000, &c, err);
     if (!rc) rc = net_hello_client(c, p->opt->job_id, STAGE_ROLE_SYNC, 0, 10000, err);
     if (!rc) {
         net_set_max_payload(c, PEER_REPLY_LIMIT);
-        rc = net_send_frame(c, STAGE_INFO, 1, NULL, 0, 10000);
+        rc = rpc_call(c, STAGE_INFO, 1, &w, 10000, "the donor", &r, err);
     }
-    if (!rc) rc = net_recv_frame(c, &h, &payload, 10000, err);
-    if (rc) {
-        net_close(c);
-        return rc;
-    }
+    if (rc && rpc_is_fault(rc)) goto out;
     *why = "the donor does not serve the expected layers of this model";
-    wire_reader r;
-    wire_reader_init(&r, payload, h.payload_len);
-    uint32_t v[6];
-    for (int i = 0; i < 6; i++) v[i] = wire_get_u32(&r);
-    wire_get_u64(&r); /* parameters */
-    wire_get_u64(&r); /* steps */
-    char ring[STAGE_ADDR_MAX];
-    if (h.type != STAGE_INFO_OK || wire_get_str(&r, ring, sizeof ring) ||
-        wire_reader_done(&r) || (int)v[0] != l0 || (int)v[1] != l1 ||
-        (int)v[2] != cfg->n_layer || (int)v[3] != cfg->n_embd || (int)v[4] != cfg->n_head ||
-        (int)v[5] != cfg->seq_len) {
-        net_close(c);
-        return cirrus_fail(err, CIRRUS_EMISMATCH, "donor %s:%d serves layers [%u, %u) of %u, "
-                           "not [%d, %d) of %d", host, port, v[0], v[1], v[2], l0, l1,
-                           cfg->n_layer);
+    /* A donor that refuses INFO cannot be asked for its state either. */
+    if (rc) {
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "%s", err->msg);
+        goto out;
+    }
+    if (stage_msg_get_info(&r, &in) || (int)in.l0 != l0 || (int)in.l1 != l1 ||
+        (int)in.n_layer != cfg->n_layer || (int)in.n_embd != cfg->n_embd ||
+        (int)in.n_head != cfg->n_head || (int)in.seq_len != cfg->seq_len) {
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "donor %s:%d serves layers [%u, %u) of %u, "
+                         "not [%d, %d) of %d", host, port, in.l0, in.l1, in.n_layer, l0, l1,
+                         cfg->n_layer);
+        goto out;
     }
     *out = c;
-    return 0;
+    c = NULL;
+out:
+    wire_writer_free(&w);
+    if (c) net_close(c);
+    return rc;
 }
 
 /* Fetching a donor's state into this peer: the donor's connection, and where its floats
@@ -370,20 +322,17 @@ typedef struct state_taker {
     peer *p;
     net_conn *c;
     adamw *adam;
+    uint64_t next_id;
 } state_taker;
 
 static int donor_call(void *ctx, const wire_writer *req, wire_reader *reply, cirrus_error *err)
 {
     state_taker *t = ctx;
-    wire_header h;
-    const uint8_t *payload;
     if (req->failed) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    int rc = net_send_frame(t->c, STAGE_STATE_GET, 2, req->data, (uint32_t)req->len, 60000);
-    if (rc || (rc = net_recv_frame(t->c, &h, &payload, 60000, err))) return rc;
-    if (h.type != STAGE_STATE_GET_OK)
-        return cirrus_fail(err, CIRRUS_EMISMATCH, "the donor refused STATE_GET");
-    wire_reader_init(reply, payload, h.payload_len);
-    return 0;
+    int rc = rpc_call(t->c, STAGE_STATE_GET, ++t->next_id, req, 60000, "the donor", reply, err);
+    /* Whatever its reason, a donor that refuses has no state for this peer. */
+    if (rc && !rpc_is_fault(rc)) rc = cirrus_fail(err, CIRRUS_EMISMATCH, "%s", err->msg);
+    return rc;
 }
 
 static void take_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64_t count)
@@ -415,7 +364,7 @@ static int take_state(peer *p, net_conn *c, adamw *adam, uint64_t *steps, const 
                       cirrus_error *err)
 {
     *why = "cannot fetch the donor's state";
-    state_taker t = {p, c, adam};
+    state_taker t = {p, c, adam, 1};
     int rc = stage_fetch_state(donor_call, take_floats, &t, adam->state_count, steps, err);
     if (rc == CIRRUS_EMISMATCH) *why = "the donor's state does not fit this peer";
     return rc;
@@ -544,8 +493,7 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
     *why = "malformed request";
     switch (h->type) {
     case STAGE_FORWARD: {
-        if (parse_microbatch(p, &r, &in, &keep, &codec) || wire_reader_done(&r))
-            return CIRRUS_ECORRUPT;
+        if (parse_microbatch(p, STAGE_FORWARD, &r, &in, &keep, &codec)) return CIRRUS_ECORRUPT;
         float loss = 0.0f;
         *why = "forward failed";
         work_clock t0;
@@ -558,17 +506,15 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
         p->fwd_n += (uint64_t)in.B;
         p->samples += (uint64_t)in.B;
         if (last && in.targets)
-            wire_put_f32(reply, loss);
+            stage_msg_put_loss(reply, loss);
         else
-            stage_put_floats(reply, p->out, (size_t)in.B * in.T * (last ? p->V : p->C),
-                             last ? STAGE_CODEC_NONE : codec);
+            stage_msg_put_acts(reply, p->out, (size_t)in.B * in.T * (last ? p->V : p->C),
+                               last ? STAGE_CODEC_NONE : codec);
         return 0;
     }
     case STAGE_BACKWARD: {
-        if (parse_microbatch(p, &r, &in, &keep, &codec)) return CIRRUS_ECORRUPT;
+        if (parse_microbatch(p, STAGE_BACKWARD, &r, &in, &keep, &codec)) return CIRRUS_ECORRUPT;
         const size_t n = (size_t)in.B * in.T * p->C;
-        if (!last && stage_get_floats(&r, p->grad, n, codec)) return CIRRUS_ECORRUPT;
-        if (wire_reader_done(&r) || (last && !in.targets)) return CIRRUS_ECORRUPT;
         *why = "backward failed";
         unsum_gradients(p); /* a backward re-run for a lost peer after a round */
         work_clock t0;
@@ -582,76 +528,75 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
         p->bwd_busy_s += wall_since(&t0);
         p->bwd_n += (uint64_t)in.B;
         p->mb_since_step++;
-        if (!first) stage_put_floats(reply, p->out, n, codec);
+        if (!first) stage_msg_put_acts(reply, p->out, n, codec);
         return 0;
     }
     case STAGE_AVERAGE:
         return average_gradients(p, &r, h->request_id, reply, why);
     case STAGE_RESET:
-        if (h->payload_len) return CIRRUS_ECORRUPT;
+        if (stage_msg_get_empty(&r)) return CIRRUS_ECORRUPT;
         drop_gradients(p);
         if (p->move_to >= 0) start_move_locked(p); /* it holds no gradients now */
         return 0;
     case STAGE_STATE_GET:
         *why = "malformed STATE_GET: a slice outside the state, or over its size limit";
-        return put_state(p, &r, h->payload_len, reply);
+        return put_state(p, &r, reply);
     case STAGE_SYNC: {
         char donor[STAGE_ADDR_MAX];
-        if (wire_get_str(&r, donor, sizeof donor) || wire_reader_done(&r))
-            return CIRRUS_ECORRUPT;
+        if (stage_msg_get_sync(&r, donor)) return CIRRUS_ECORRUPT;
         rc = sync_from(p, donor, why);
         return rc && rc != CIRRUS_EMISMATCH ? CIRRUS_EIO : rc; /* the request was fine */
     }
     case STAGE_HEAD_GRAD:
         *why = "HEAD_GRAD sent to a stage without the LM head";
         if (!last || h->payload_len) return CIRRUS_EINVAL;
-        wire_put_bytes(reply, p->model.grad_head, VC * sizeof(float));
+        stage_msg_put_tied(reply, p->model.grad_head, VC);
         return 0;
     case STAGE_FOLD_TIED: {
         *why = "FOLD_TIED sent to a stage without the embedding";
         if (!first) return CIRRUS_EINVAL;
-        const float *head = wire_get_bytes(&r, VC * sizeof(float));
+        const float *head;
         *why = "malformed request";
-        if (!head || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
+        if (stage_msg_get_tied(&r, VC, &head)) return CIRRUS_ECORRUPT;
         /* The same addition, in the same order, as gpt_fold_tied_grads(). */
         for (size_t i = 0; i < VC; i++) p->model.g.wte[i] += head[i];
         if (last) memset(p->model.grad_head, 0, VC * sizeof(float)); /* folded */
-        wire_put_bytes(reply, p->model.g.wte, VC * sizeof(float));
+        stage_msg_put_tied(reply, p->model.g.wte, VC);
         return 0;
     }
     case STAGE_SET_TIED: {
         *why = "SET_TIED sent to a stage without the LM head";
         if (!last || first) return CIRRUS_EINVAL;
-        const void *g = wire_get_bytes(&r, VC * sizeof(float));
+        const float *g;
         *why = "malformed request";
-        if (!g || wire_reader_done(&r)) return CIRRUS_ECORRUPT;
+        if (stage_msg_get_tied(&r, VC, &g)) return CIRRUS_ECORRUPT;
         memcpy(p->model.g.wte, g, VC * sizeof(float));
         memset(p->model.grad_head, 0, VC * sizeof(float)); /* folded into g.wte */
         return 0;
     }
     case STAGE_SUMSQ: {
-        if (h->payload_len) return CIRRUS_ECORRUPT;
-        double *parts = malloc(sizeof(double) * (size_t)(p->adam.n_seg ? p->adam.n_seg : 1));
+        if (stage_msg_get_empty(&r)) return CIRRUS_ECORRUPT;
+        const size_t n_seg = (size_t)(p->adam.n_seg ? p->adam.n_seg : 1);
+        double *sums = malloc(sizeof(double) * n_seg);
+        stage_sumsq_part *parts = malloc(sizeof *parts * n_seg);
         *why = "out of memory";
-        if (!parts) return CIRRUS_ENOMEM;
-        adamw_segment_sumsq(&p->adam, p->model.grads, 1.0f, parts);
-        wire_put_u32(reply, (uint32_t)p->adam.n_seg);
-        for (int s = 0; s < p->adam.n_seg; s++) {
-            wire_put_u64(reply, p->adam.seg[s].offset);
-            wire_put_f64(reply, parts[s]);
+        rc = sums && parts ? 0 : CIRRUS_ENOMEM;
+        if (!rc) {
+            adamw_segment_sumsq(&p->adam, p->model.grads, 1.0f, sums);
+            for (int s = 0; s < p->adam.n_seg; s++)
+                parts[s] = (stage_sumsq_part){p->adam.seg[s].offset, sums[s]};
+            stage_msg_put_sumsq(reply, parts, (uint32_t)p->adam.n_seg);
         }
+        free(sums);
         free(parts);
-        return 0;
+        return rc;
     }
     case STAGE_STEP: {
-        float lr = wire_get_f32(&r), scale = wire_get_f32(&r);
-        uint64_t step = wire_get_u64(&r);
-        double total = wire_get_f64(&r);
-        if (wire_reader_done(&r) || step < 1 || !(lr >= 0.0f) || !(scale > 0.0f) ||
-            !(total >= 0.0))
-            return CIRRUS_ECORRUPT;
-        adamw_step(&p->adam, p->model.params, p->model.grads, scale, total, lr, step);
-        p->steps = step;
+        stage_step st;
+        if (stage_msg_get_step(&r, &st)) return CIRRUS_ECORRUPT;
+        adamw_step(&p->adam, p->model.params, p->model.grads, st.grad_scale, st.sumsq, st.lr,
+                   st.step);
+        p->steps = st.step;
         p->mb_since_step = 0;
         p->summed = 0;
         /* Told to move: now, between steps, it leaves no gradients behind. */
@@ -659,14 +604,14 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
         return 0;
     }
     case STAGE_INFO: {
-        if (h->payload_len) return CIRRUS_ECORRUPT;
+        if (stage_msg_get_empty(&r)) return CIRRUS_ECORRUPT;
         const gpt_config *c = &o->model;
-        const uint32_t v[] = {(uint32_t)p->l0, (uint32_t)p->l1, (uint32_t)c->n_layer,
-                              (uint32_t)c->n_embd, (uint32_t)c->n_head, (uint32_t)c->seq_len};
-        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) wire_put_u32(reply, v[i]);
-        wire_put_u64(reply, p->model.n_params);
-        wire_put_u64(reply, p->steps);
-        wire_put_str(reply, o->ring_addr ? o->ring_addr : "");
+        stage_info info = {.l0 = (uint32_t)p->l0, .l1 = (uint32_t)p->l1,
+                           .n_layer = (uint32_t)c->n_layer, .n_embd = (uint32_t)c->n_embd,
+                           .n_head = (uint32_t)c->n_head, .seq_len = (uint32_t)c->seq_len,
+                           .n_params = p->model.n_params, .steps = p->steps};
+        snprintf(info.ring, sizeof info.ring, "%s", o->ring_addr ? o->ring_addr : "");
+        stage_msg_put_info(reply, &info);
         return 0;
     }
     default:
@@ -717,12 +662,12 @@ static void *conn_main(void *arg)
              * unreachable): say so and keep serving this client. */
             log_warn("refused %s: %s (request type %u)", net_peer_name(c), why, h.type);
             wire_writer_free(&reply);
-            refuse(c, h.request_id, rc, why);
+            rpc_refuse(c, h.request_id, rc, why, 1000);
             continue;
         }
         if (rc) { /* malformed: this connection is not speaking our protocol */
             log_warn("dropped %s: %s (request type %u)", net_peer_name(c), why, h.type);
-            refuse(c, h.request_id, rc, why);
+            rpc_refuse(c, h.request_id, rc, why, 1000);
             wire_writer_free(&reply);
             break;
         }

@@ -11,6 +11,7 @@
 
 #include "../../net/conn.h"
 #include "../policy/wiring.h"
+#include "rpc.h"
 
 /* ---- validation helpers ---- */
 
@@ -513,41 +514,18 @@ static int call_once(coord_client *c, uint16_t type, const wire_writer *req, int
             goto fail;
     }
     uint64_t rid = c->next_request++;
-    if ((rc = net_send_frame(c->conn, type, rid, req->data, (uint32_t)req->len,
-                             left_ms(deadline)))) {
-        cirrus_fail(err, rc, "sending to coordinator %s: %s", net_peer_name(c->conn),
-                    cirrus_strerror(rc));
-        goto fail;
-    }
-    wire_header h;
-    const uint8_t *p;
-    if ((rc = net_recv_frame(c->conn, &h, &p, left_ms(deadline), err))) goto fail;
-    if (h.request_id != rid) {
-        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "coordinator answered request %llu with %llu",
-                         (unsigned long long)rid, (unsigned long long)h.request_id);
-        goto fail;
-    }
-    if (h.type == WIRE_ERROR) {
-        wire_reader r;
-        wire_reader_init(&r, p, h.payload_len);
-        int32_t code = (int32_t)wire_get_u32(&r);
-        char msg[200], s[48];
-        if (get_str_field(&r, msg, sizeof msg, "ERROR", "message", NULL) || r.failed)
-            strcpy(msg, "(unreadable message)");
-        /* Only the codes Cirrus defines pass through; anything else is a broken reply. */
-        if (code >= 0 || code < CIRRUS_EGONE) code = CIRRUS_ECORRUPT;
-        rc = cirrus_fail(err, code, "coordinator: %s", shown(s, msg));
-        /* The coordinator drops a connection whose request it found malformed. */
-        if (code == CIRRUS_ECORRUPT) drop_conn(c);
-        return rc;
-    }
-    if (h.type != type + 1) {
-        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "coordinator answered type %u with type %u", type,
-                         h.type);
-        goto fail;
-    }
-    *reply = p;
-    *reply_len = h.payload_len;
+    char who[COORD_HOST_MAX + 32];
+    snprintf(who, sizeof who, "coordinator %s", net_peer_name(c->conn));
+    wire_reader r;
+    rc = rpc_send(c->conn, type, rid, req, left_ms(deadline), who, err);
+    if (!rc) rc = rpc_await(c->conn, type, rid, left_ms(deadline), who, &r, err);
+    /* A refusal (rpc.h's one mapping: never a fault code) keeps the connection; the
+     * coordinator drops one whose request it found malformed, which the next call finds
+     * closed and replaces (call). */
+    if (rc && !rpc_is_fault(rc)) return rc;
+    if (rc) goto fail;
+    *reply = r.data;
+    *reply_len = (uint32_t)r.len;
     return 0;
 fail:
     drop_conn(c);

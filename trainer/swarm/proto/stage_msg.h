@@ -1,8 +1,9 @@
 /* stage_msg: the messages between pipeline clients and stage peers (wire types 64..127).
  *
- * All payloads are built with wire_writer and parsed with wire_reader (little-endian,
- * bounds-checked). Every request is answered by the type + 1 with the same request id, or
- * by WIRE_ERROR (i32 code, str message). See docs/PROTOCOL.md.
+ * Every body is built and parsed by the put/get pair of its struct below (over wire_writer
+ * and wire_reader: little-endian, bounds-checked), so the endpoints never lay out a message
+ * by hand. Every request is answered by the type + 1 with the same request id, or by
+ * WIRE_ERROR (i32 code, str message), read by proto/rpc.h. See docs/PROTOCOL.md.
  *
  *   FORWARD   u64 mb_id, u32 B, u32 T, u8 keep, u8 codec, u8 has_targets, u8 0,
  *             input (first stage: B*T token bytes; others: activations, see below),
@@ -40,8 +41,8 @@
  *
  * Activations travel as `codec`: 0 = raw f32 (B*T*C*4 bytes), 1 = codec_q8 blocks.
  */
-#ifndef CIRRUS_STAGE_PROTO_H
-#define CIRRUS_STAGE_PROTO_H
+#ifndef CIRRUS_STAGE_MSG_H
+#define CIRRUS_STAGE_MSG_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -110,9 +111,142 @@ typedef void (*stage_state_sink)(void *ctx, uint64_t offset, const uint8_t *floa
 int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
                       uint64_t expect_n, uint64_t *steps, cirrus_error *err);
 
-/* Append n floats encoded with codec. */
-void stage_put_floats(wire_writer *w, const float *x, size_t n, int codec);
-/* Read n floats encoded with codec into out; CIRRUS_ECORRUPT if they are not there. */
-int stage_get_floats(wire_reader *r, float *out, size_t n, int codec);
+/* ---- message bodies: a typed struct and a put/get pair for each ----
+ * put appends a body to a wire_writer (a writer past its cap latches `failed`, which the
+ * sender checks). get reads one from a wire_reader over a received payload, checks every
+ * length and count against the caps it is given, consumes the payload exactly, and returns
+ * 0, or CIRRUS_ECORRUPT without writing past its outputs. Bodies that are empty (the
+ * requests HEAD_GRAD, SUMSQ, INFO, RESET; most replies) are checked with
+ * stage_msg_get_empty. */
+
+#define STAGE_MB_HEAD_SIZE 20             /* FORWARD/BACKWARD bytes before the input */
+#define STAGE_AVERAGE_MAX_MEMBERS 64      /* ring members named in one AVERAGE */
+#define STAGE_RING_MS_DEFAULT 10000u      /* AVERAGE without ring_ms (older clients) */
+#define STAGE_RING_MS_MAX 600000u         /* the longest ring_ms a client may ask for */
+
+/* FORWARD and BACKWARD. Which input travels depends on the receiving stage: token bytes to
+ * the first, activations to the others. Put writes the parts that are not NULL. */
+typedef struct stage_microbatch {
+    uint64_t id;             /* the microbatch; the key of the activations a peer keeps */
+    uint32_t B, T;
+    uint8_t keep;            /* FORWARD: keep the activations for the backward */
+    uint8_t codec;           /* enum stage_codec of every activation part */
+    uint8_t has_targets;     /* 0 or 1: targets follow the input (last stage only) */
+    const int32_t *tokens;   /* (B*T) the first stage's input, each < 256; else NULL */
+    const float *hidden;     /* (B*T*C) the input of the other stages; else NULL */
+    const int32_t *targets;  /* (B*T) if has_targets; else NULL */
+    const float *grad_out;   /* (B*T*C) BACKWARD to a stage before the last; else NULL */
+} stage_microbatch;
+
+/* What a stage peer accepts and where its parts go: the decoded microbatch's pointers
+ * point into these buffers. */
+typedef struct stage_mb_dest {
+    uint32_t max_B, max_T;   /* the largest microbatch the peer was started for */
+    size_t C;                /* n_embd */
+    int first, last;         /* the stage holds the embedding / the LM head */
+    int32_t *tokens, *targets;  /* max_B * max_T each */
+    float *hidden, *grad_out;   /* max_B * max_T * C each */
+} stage_mb_dest;
+
+void stage_msg_put_microbatch(wire_writer *w, const stage_microbatch *m, size_t C);
+/* type is STAGE_FORWARD or STAGE_BACKWARD: a BACKWARD carries grad_out unless d->last, and
+ * targets if d->last; targets anywhere but the last stage are malformed. */
+int stage_msg_get_microbatch(wire_reader *r, uint16_t type, const stage_mb_dest *d,
+                             stage_microbatch *m);
+
+/* FORWARD_OK of the last stage with targets: f32 mean loss. */
+void stage_msg_put_loss(wire_writer *w, float loss);
+int stage_msg_get_loss(wire_reader *r, float *loss);
+
+/* FORWARD_OK otherwise, and BACKWARD_OK: n activations (or gradients) encoded with codec.
+ * Put refuses (latches w->failed) a non-finite activation under codec_q8. */
+void stage_msg_put_acts(wire_writer *w, const float *x, size_t n, int codec);
+int stage_msg_get_acts(wire_reader *r, float *out, size_t n, int codec);
+
+/* HEAD_GRAD_OK, FOLD_TIED, FOLD_TIED_OK, SET_TIED: n raw f32 (n = V*C). Get points *g at
+ * them inside the payload (valid as long as the payload). */
+void stage_msg_put_tied(wire_writer *w, const float *g, size_t n);
+int stage_msg_get_tied(wire_reader *r, size_t n, const float **g);
+
+/* SUMSQ_OK: the sum of squares of each optimizer tensor's gradient. */
+typedef struct stage_sumsq_part {
+    uint64_t offset;         /* the tensor's offset in the model's parameter buffer */
+    double sumsq;
+} stage_sumsq_part;
+
+void stage_msg_put_sumsq(wire_writer *w, const stage_sumsq_part *parts, uint32_t n);
+/* *parts is malloc'd (free() it; NULL when *n is 0). A count the payload cannot hold is
+ * refused before anything is allocated; CIRRUS_ENOMEM if the allocation fails. */
+int stage_msg_get_sumsq(wire_reader *r, stage_sumsq_part **parts, uint32_t *n);
+
+/* STEP. Get also refuses step 0, lr < 0, grad_scale <= 0, a negative sum and NaNs. */
+typedef struct stage_step {
+    float lr, grad_scale;
+    uint64_t step;           /* 1-based */
+    double sumsq;            /* the global sum of squares of the gradient */
+} stage_step;
+
+void stage_msg_put_step(wire_writer *w, const stage_step *s);
+int stage_msg_get_step(wire_reader *r, stage_step *s);
+
+/* INFO_OK: what a peer serves. Get checks the syntax only: whether the layers fit the
+ * asker's model is the asker's question (CIRRUS_EMISMATCH there). */
+typedef struct stage_info {
+    uint32_t l0, l1;         /* layers [l0, l1) */
+    uint32_t n_layer, n_embd, n_head, seq_len;
+    uint64_t n_params;
+    uint64_t steps;          /* optimizer steps taken; STAGE_STEPS_UNKNOWN */
+    char ring[STAGE_ADDR_MAX]; /* its gradient-averaging address; "" if none */
+} stage_info;
+
+void stage_msg_put_info(wire_writer *w, const stage_info *in);
+int stage_msg_get_info(wire_reader *r, stage_info *in);
+
+/* AVERAGE (about 18 KiB: keep it off small stacks). Get takes a missing ring_ms as
+ * STAGE_RING_MS_DEFAULT; it refuses round 0, n outside 1..STAGE_AVERAGE_MAX_MEMBERS and
+ * ring_ms outside 1..STAGE_RING_MS_MAX. Whether the members make a ring (distinct, this
+ * peer among them, HOST:PORT) is the member's question. */
+typedef struct stage_average {
+    uint64_t round;          /* the client's round; a repeat keeps the number */
+    uint32_t n;              /* members, in ring order */
+    uint32_t ring_ms;        /* how long the ring may go without progress */
+    char addrs[STAGE_AVERAGE_MAX_MEMBERS][STAGE_ADDR_MAX];
+} stage_average;
+
+void stage_msg_put_average(wire_writer *w, const stage_average *a);
+int stage_msg_get_average(wire_reader *r, stage_average *a);
+
+/* AVERAGE_OK: microbatches this peer accumulated since its last STEP. */
+void stage_msg_put_average_ok(wire_writer *w, uint32_t microbatches);
+int stage_msg_get_average_ok(wire_reader *r, uint32_t *microbatches);
+
+/* STATE_GET: floats [offset, offset + count) of a state of `total` (3n) floats. Put always
+ * names the slice; get takes an empty request as the whole state, and refuses a slice
+ * outside it or over STAGE_STATE_SLICE. */
+typedef struct stage_state_get {
+    uint64_t offset, count;
+} stage_state_get;
+
+void stage_msg_put_state_get(wire_writer *w, const stage_state_get *q);
+int stage_msg_get_state_get(wire_reader *r, uint64_t total, stage_state_get *q);
+
+/* STATE_GET_OK: its head (put; the floats follow, appended by the peer), and a whole reply
+ * of `count` floats (get; *floats points at them inside the payload). */
+typedef struct stage_state_slice {
+    uint64_t steps;          /* the donor's optimizer steps */
+    uint64_t n;              /* floats in each of parameters, m and v */
+    const uint8_t *floats;   /* count f32, little-endian, possibly unaligned */
+} stage_state_slice;
+
+void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n);
+void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count);
+int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice *s);
+
+/* SYNC: the donor's "host:port". */
+void stage_msg_put_sync(wire_writer *w, const char *donor);
+int stage_msg_get_sync(wire_reader *r, char donor[STAGE_ADDR_MAX]);
+
+/* An empty body: 0 if r holds nothing. */
+int stage_msg_get_empty(wire_reader *r);
 
 #endif
