@@ -6,9 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <microhttpd.h>
-
-#include "../common/log.h"
+#include "../common/http_server.h"
 
 #define CONTROLLER "swarmjob"
 /* controller-runtime's reconcile-time buckets (seconds). */
@@ -28,7 +26,7 @@ struct op_metrics {
     int leader, ready;
     uint64_t pods_created, preemptions, failures;
     uint64_t scrapes[OP_SCRAPE_N];
-    struct MHD_Daemon *daemon;
+    http_server *server;
 };
 
 op_metrics *op_metrics_new(void)
@@ -41,7 +39,7 @@ op_metrics *op_metrics_new(void)
 void op_metrics_free(op_metrics *m)
 {
     if (!m) return;
-    if (m->daemon) MHD_stop_daemon(m->daemon);
+    http_server_stop(m->server);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
@@ -204,75 +202,36 @@ char *op_metrics_render(op_metrics *m)
     return t.s;
 }
 
-static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
-                               char *body)
+static void on_metrics(void *ctx, http_reply *r)
 {
-    if (!body) return MHD_NO;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    enum MHD_Result ret = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    r->content_type = HTTP_PROMETHEUS_TYPE;
+    r->body = op_metrics_render(ctx);
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **req_cls)
+static void on_healthz(void *ctx, http_reply *r)
 {
-    (void)version;
-    (void)upload_data;
-    (void)upload_data_size;
-    (void)req_cls;
-    op_metrics *m = cls;
-    static const char text_type[] = "text/plain; charset=utf-8";
-    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
-        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text_type,
-                       strdup("method not allowed\n"));
-    if (!strcmp(url, "/metrics"))
-        return respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
-                       op_metrics_render(m));
-    if (!strcmp(url, "/healthz")) return respond(conn, MHD_HTTP_OK, text_type, strdup("ok\n"));
-    if (!strcmp(url, "/readyz")) {
-        pthread_mutex_lock(&m->mu);
-        int ready = m->ready;
-        pthread_mutex_unlock(&m->mu);
-        return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text_type,
-                       strdup(ready ? "ok\n" : "caches not synced\n"));
-    }
-    return respond(conn, MHD_HTTP_NOT_FOUND, text_type, strdup("not found\n"));
+    (void)ctx;
+    http_reply_text(r, 200, "ok\n");
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+static void on_readyz(void *ctx, http_reply *r)
 {
-    (void)cls;
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    size_t n = strlen(line);
-    while (n && line[n - 1] == '\n') line[--n] = '\0';
-    log_warn("http: %s", line);
+    op_metrics *m = ctx;
+    pthread_mutex_lock(&m->mu);
+    int ready = m->ready;
+    pthread_mutex_unlock(&m->mu);
+    http_reply_text(r, ready ? 200 : 503, ready ? "ok\n" : "caches not synced\n");
 }
+
+static const http_route routes[] = {
+    {"/metrics", on_metrics}, {"/healthz", on_healthz}, {"/readyz", on_readyz}};
 
 int op_metrics_serve(op_metrics *m, int port, int *bound, cirrus_error *err)
 {
     if (port < 0 || port > 65535)
         return cirrus_fail(err, CIRRUS_EINVAL, "metrics port %d out of range", port);
-    m->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG,
-                                 (uint16_t)port, NULL, NULL, on_request, m,
-                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                                 MHD_OPTION_CONNECTION_LIMIT, 32u,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-    if (!m->daemon)
-        return cirrus_fail(err, CIRRUS_EIO, "cannot serve metrics on port %d (in use?)", port);
-    if (bound) {
-        const union MHD_DaemonInfo *info =
-            MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_BIND_PORT);
-        *bound = info ? info->port : port;
-    }
-    return 0;
+    http_server_options o = {.routes = routes, .n_routes = sizeof routes / sizeof *routes,
+                             .ctx = m, .listen_fd = -1, .port = port, .connection_limit = 32,
+                             .timeout_s = 10};
+    return http_server_start(&o, &m->server, bound, err);
 }

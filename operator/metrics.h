@@ -8,7 +8,7 @@
  *   GET /healthz  200 while the process runs its loop
  *   GET /readyz   200 once the caches have synced (or while standing by as a non-leader)
  *
- * The event loop writes, the HTTP thread (libmicrohttpd) reads: one mutex.
+ * Served by common/http_server. The event loop writes, the HTTP thread reads: one mutex.
  */
 #ifndef CIRRUS_OP_METRICS_H
 #define CIRRUS_OP_METRICS_H

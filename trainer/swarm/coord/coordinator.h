@@ -28,11 +28,11 @@
 
 #include "../../../common/cerr.h"
 #include "../proto/coord_msg.h"
+#include "snapshot.h"
 
 #define COORD_DEFAULT_HEARTBEAT_MS 1000
 #define COORD_DEFAULT_MAX_PEERS 4096
 #define COORD_MAX_PEERS 16384
-#define COORD_RECENT_MOVES 32          /* moves kept for /status */
 #define COORD_MOVE_WITHDRAW 3          /* periods an instruction may take... */
 #define COORD_MOVE_WITHDRAW_MIN_MS 120000 /* ...and at least this long (a large state) */
 
@@ -70,49 +70,9 @@ uint64_t coordinator_epoch(const coordinator *co);
  * CIRRUS_ENOENT for an unknown peer, CIRRUS_EINVAL for a stage out of range. */
 int coordinator_set_instruction(coordinator *co, uint32_t peer_id, uint32_t stage);
 
-/* ---- a consistent copy of the state, for /status, /metrics and a rebalancer ---- */
-
-typedef struct coord_member_view {
-    coord_peer_info info;   /* id, stage, layers, name, host, port, current throughput */
-    uint16_t role;
-    coord_stats stats;      /* the last heartbeat (zeros and NaN loss before one) */
-    double last_seen_s;     /* seconds since the last heartbeat or registration */
-    double capacity;        /* coord_stats_capacity of the last heartbeat; 0: unknown */
-    uint32_t moving_to;     /* the stage it was told to move to; COORD_NO_INSTRUCTION */
-} coord_member_view;
-
-/* One move the rebalancer decided. */
-typedef struct coord_move {
-    uint32_t peer_id, from_stage, to_stage;
-    double min_before, min_after; /* estimated minimum stage capacity, forward units/s */
-    int64_t period;               /* the rebalancing period it was decided in (from 0) */
-    double at_s;                  /* coordinator uptime then */
-} coord_move;
-
-typedef struct coord_snapshot {
-    char job_id[WIRE_JOB_ID_MAX + 1];
-    uint64_t epoch;
-    double uptime_s;
-    uint32_t n_stages;
-    uint64_t step;          /* the highest step any member reported in this epoch */
-    double loss;            /* the latest client-reported loss (else a heartbeat's); NaN */
-    double tokens_per_s;    /* sum of the live clients' last reports */
-    uint64_t mb_retried, mb_lost; /* totals over all clients, past ones included */
-    uint64_t expirations, registrations;
-    uint32_t *stage_peers;  /* [n_stages] live stage peers */
-    double *stage_throughput; /* [n_stages] sum of their throughput, samples/s */
-    double *stage_capacity; /* [n_stages] sum of their capacity, forward units/s */
-    double rebalance_period_s;    /* 0: off */
-    uint64_t moves, withdrawn;    /* rebalancing moves decided, instructions withdrawn */
-    size_t n_recent;
-    coord_move recent[COORD_RECENT_MOVES]; /* the latest moves, oldest first */
-    size_t n_clients;
-    size_t n_members;
-    coord_member_view *members; /* [n_members], by id */
-} coord_snapshot;
+/* ---- a consistent copy of the state (the types are in snapshot.h) ---- */
 
 int coordinator_snapshot(coordinator *co, coord_snapshot *out);
-void coord_snapshot_free(coord_snapshot *s);
 
 /* The whole role: start, serve until *stop becomes non-zero, stop. Logs the ports. */
 int coordinator_run(const coordinator_options *o, volatile sig_atomic_t *stop,

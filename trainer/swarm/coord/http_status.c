@@ -1,5 +1,5 @@
 /* http_status: /status (JSON, built with jansson) and /metrics (Prometheus text 0.0.4),
- * served by libmicrohttpd. See http_status.h. */
+ * served by common/http_server. See http_status.h. */
 #include "http_status.h"
 
 #include <math.h>
@@ -10,9 +10,8 @@
 #include <string.h>
 
 #include <jansson.h>
-#include <microhttpd.h>
 
-#include "../../../common/log.h"
+#include "../../../common/http_server.h"
 #include "../../net/conn.h"
 
 #define HTTP_CONNECTION_LIMIT 64
@@ -20,8 +19,9 @@
 #define HTTP_BODY_LIMIT (64u << 20) /* a /metrics or /status body never grows past this */
 
 struct http_status {
-    coordinator *co;
-    struct MHD_Daemon *daemon;
+    http_status_snapshot_fn snapshot;
+    void *ctx;
+    http_server *server;
 };
 
 /* ---- /status ---- */
@@ -261,92 +261,45 @@ char *http_status_metrics(const coord_snapshot *s)
 
 /* ---- the server ---- */
 
-static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
-                               char *body, int allow)
+static void render(http_status *h, http_reply *r, int json)
 {
-    struct MHD_Response *r;
-    if (body) {
-        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    } else {
-        static const char oom[] = "out of memory\n";
-        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-        type = "text/plain; charset=utf-8";
-        r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
-    }
-    if (!r) {
-        free(body);
-        return MHD_NO; /* MHD closes the connection */
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    enum MHD_Result ret = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **req_cls)
-{
-    (void)version;
-    (void)upload_data;
-    (void)upload_data_size;
-    (void)req_cls;
-    http_status *h = cls;
-    static const char text_type[] = "text/plain; charset=utf-8";
-    /* Answered on the first call, before any request body is read: none is wanted. */
-    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
-        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text_type,
-                       strdup("method not allowed\n"), 1);
-    int is_status = !strcmp(url, "/status"), is_metrics = !strcmp(url, "/metrics");
-    if (!is_status && !is_metrics)
-        return respond(conn, MHD_HTTP_NOT_FOUND, text_type, strdup("not found\n"), 0);
     coord_snapshot s;
-    if (coordinator_snapshot(h->co, &s))
-        return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, text_type, NULL, 0);
-    char *body = is_status ? http_status_json(&s) : http_status_metrics(&s);
+    if (h->snapshot(h->ctx, &s)) {
+        r->status = 500; /* the body stays NULL: "out of memory" */
+        return;
+    }
+    r->body = json ? http_status_json(&s) : http_status_metrics(&s);
+    r->content_type = json ? HTTP_JSON_TYPE : HTTP_PROMETHEUS_TYPE;
     coord_snapshot_free(&s);
-    return respond(conn, MHD_HTTP_OK,
-                   is_status ? "application/json" : "text/plain; version=0.0.4; charset=utf-8",
-                   body, 0);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    (void)cls;
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    size_t n = strlen(line);
-    while (n && line[n - 1] == '\n') line[--n] = '\0';
-    log_warn("http: %s", line);
-}
+static void on_status(void *ctx, http_reply *r) { render(ctx, r, 1); }
+static void on_metrics(void *ctx, http_reply *r) { render(ctx, r, 0); }
 
-int http_status_start(coordinator *co, const char *host, int port, http_status **out,
-                      int *bound_port, cirrus_error *err)
+static const http_route routes[] = {{"/status", on_status}, {"/metrics", on_metrics}};
+
+int http_status_start(const char *host, int port, http_status_snapshot_fn snapshot, void *ctx,
+                      http_status **out, int *bound_port, cirrus_error *err)
 {
     *out = NULL;
     http_status *h = calloc(1, sizeof *h);
     if (!h) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the HTTP server");
-    h->co = co;
+    h->snapshot = snapshot;
+    h->ctx = ctx;
     /* Bind with net_listen (host resolution, SO_REUSEADDR, port 0) and hand the socket to
-     * MHD, which closes it in MHD_stop_daemon. */
+     * the server, which closes it when it stops. */
     int fd = -1, p = 0, rc = net_listen(host, port, &fd, &p, err);
     if (rc) {
         free(h);
         return rc;
     }
-    h->daemon = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                                 on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                                 MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)HTTP_CONNECTION_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)HTTP_CONNECTION_TIMEOUT_S, MHD_OPTION_END);
-    if (!h->daemon) {
-        /* Whether a failed start closed the socket is not documented: leave it open rather
-         * than risk closing a descriptor another thread has been given since. */
+    http_server_options o = {.routes = routes, .n_routes = sizeof routes / sizeof *routes,
+                             .ctx = h, .listen_fd = fd, .port = p,
+                             .connection_limit = HTTP_CONNECTION_LIMIT,
+                             .timeout_s = HTTP_CONNECTION_TIMEOUT_S};
+    if ((rc = http_server_start(&o, &h->server, NULL, err))) {
         free(h);
-        return cirrus_fail(err, CIRRUS_EIO, "cannot start the HTTP server on port %d", p);
+        return rc;
     }
     if (bound_port) *bound_port = p;
     *out = h;
@@ -356,6 +309,6 @@ int http_status_start(coordinator *co, const char *host, int port, http_status *
 void http_status_stop(http_status *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->daemon);
+    http_server_stop(h->server);
     free(h);
 }
