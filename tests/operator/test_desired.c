@@ -577,7 +577,7 @@ TEST(desired_errors)
     json_decref(no_ns);
 }
 
-/* The split `cirrus-trainer local` makes (trainer/cmd/roles.c, roles_cmd_local). */
+/* The split `cirrus-trainer local` makes (trainer/cmd/local.c, roles_cmd_local). */
 static void local_split(int n_layer, int n_stages, int s, int *l0, int *l1)
 {
     *l0 = s * n_layer / n_stages;

@@ -4,7 +4,7 @@
  *   cirrus-trainer sample  generate text from a checkpoint
  *   cirrus-trainer bench   training throughput vs the sgemm ceiling
  *   cirrus-trainer bench-collective   all-reduce bandwidth of the TCP ring
- *   cirrus-trainer stage | client | local   SWARM roles (cmd/roles.c)
+ *   cirrus-trainer stage | client | local | gateway   SWARM roles (cmd/roles.h)
  *
  * Exit codes: 0 success, 1 runtime failure, 2 bad input (flags, files, checkpoints).
  */

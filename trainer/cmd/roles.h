@@ -1,5 +1,6 @@
-/* roles: the SWARM subcommands of cirrus-trainer (stage, client, local, gateway). Each takes the
- * arguments after the subcommand name and returns the process exit code. */
+/* roles: the SWARM subcommands of cirrus-trainer, one file each: stage.c, client.c,
+ * local.c and gateway.c (what they share: roles_common.h). Each takes the arguments after
+ * the subcommand name and returns the process exit code. */
 #ifndef CIRRUS_ROLES_H
 #define CIRRUS_ROLES_H
 

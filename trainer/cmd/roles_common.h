@@ -1,0 +1,56 @@
+/* roles_common: what the SWARM subcommands share (stage.c, client.c, local.c, gateway.c).
+ *
+ * The stop flag their signal handlers set, the activation codec and routing flags, and
+ * the pipeline client itself: `client` and `local` both train through stage peers, found
+ * on the command line or through the region's coordinator. Internal to cmd/.
+ */
+#ifndef CIRRUS_ROLES_COMMON_H
+#define CIRRUS_ROLES_COMMON_H
+
+#include <signal.h>
+
+#include "../swarm/client/pipeline.h"
+#include "../swarm/policy/wiring.h"
+#include "cli.h"
+
+/* Set by SIGTERM or SIGINT once roles_catch_signals() ran: a serving role stops. */
+extern volatile sig_atomic_t roles_stop_requested;
+
+/* SIGTERM and SIGINT set roles_stop_requested; SIGPIPE is ignored (a peer that went away
+ * is an error on its connection, not the end of the process). */
+void roles_catch_signals(void);
+
+/* --act-compress: none or q8, into a STAGE_CODEC_*. */
+int roles_parse_codec(const char *name, int *codec, cirrus_error *err);
+
+/* How a client routes microbatches (--routing, --inflight). */
+typedef struct routing_flags {
+    const char *name;
+    enum wiring_policy policy;
+    int inflight;
+} routing_flags;
+
+/* --routing: wiring or rr, into policy. */
+int roles_parse_routing(const char *name, enum wiring_policy *policy, cirrus_error *err);
+
+/* Where the client finds its stage peers: listed on the command line, or discovered. */
+typedef struct peer_source {
+    int n;                    /* stages; 0: ask the coordinator */
+    const int *peers;         /* per stage */
+    const char *const *addrs; /* stage-major */
+    int wait_s;               /* how long discovery may wait for every stage to have a peer */
+} peer_source;
+
+/* Which of the region's clients this one is (--clients, --client-index). */
+typedef struct client_share {
+    int n_clients, index;
+    int exit_mid_step; /* tests: --exit-mid-step */
+} client_share;
+
+/* Train through the stage peers of src as `cirrus-trainer cmd`, reporting to the
+ * coordinator at `coordinator` (NULL: none); returns the exit code. */
+int roles_run_client(const char *cmd, train_options *o, const char *job, const peer_source *src,
+                     int codec, int micro, const char *coordinator, const routing_flags *routing,
+                     const client_share *share);
+
+#endif

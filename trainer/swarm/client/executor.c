@@ -1,0 +1,189 @@
+/* executor: see executor.h. */
+#include "executor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../../common/log.h"
+#include "step_share.h"
+
+struct pipeline_executor {
+    pipeline *p;
+    int micro; /* sequences per microbatch; a step's batch is split into B / micro of them */
+    coord_client *coord; /* NULL: no coordinator to report to */
+    double t_last;
+    /* Several clients may share each step: this one runs a contiguous run of its
+     * microbatches and meets the others at the coordinator's step barrier (step_share.c).
+     * Client 0, the leader, runs the optimizer step. */
+    int index, n_clients;
+    step_share share;          /* with n_clients > 1 */
+    uint64_t exit_mid_step;    /* tests: die half-way through this step's share (0: never) */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Tell the coordinator how training goes (for /status); never fatal. */
+static void report_step(pipeline_executor *e, uint64_t step, float loss, int tokens)
+{
+    if (!e->coord) return;
+    double t = now_s();
+    coord_report rep = {.step = step, .loss = loss,
+                        .tokens_per_s = e->t_last > 0 ? tokens / (t - e->t_last) : 0.0,
+                        .mb_retried = pipeline_get_counters(e->p)->retried};
+    e->t_last = t;
+    cirrus_error err = {0};
+    if (coord_client_report(e->coord, &rep, 1000, NULL, &err))
+        log_warn("coordinator: %s", err.msg);
+}
+
+/* Between steps: peers the coordinator knows and this client does not (replacements of
+ * lost peers, new capacity, peers that moved to another stage) join their stage. */
+static void admit_new_peers(void *ctx, uint64_t step)
+{
+    pipeline_executor *e = ctx;
+    const uint64_t joined = pipeline_get_counters(e->p)->peers_joined;
+    if (!e->coord) return;
+    coord_peer_info *peers = NULL;
+    size_t n = 0;
+    cirrus_error err = {0};
+    if (coord_client_peers(e->coord, COORD_ALL_STAGES, 1000, &peers, &n, NULL, &err)) {
+        log_warn("coordinator: %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char addr[STAGE_ADDR_MAX];
+        snprintf(addr, sizeof addr, "%s:%u", peers[i].host, (unsigned)peers[i].port);
+        if ((int)peers[i].stage < pipeline_stages(e->p) &&
+            pipeline_join(e->p, (int)peers[i].stage, addr, &err))
+            log_warn("peer %s could not join stage %u: %s", addr, peers[i].stage, err.msg);
+    }
+    free(peers);
+    const uint64_t now_joined = pipeline_get_counters(e->p)->peers_joined;
+    if (now_joined > joined)
+        log_info("%llu peer(s) joined before step %llu", (unsigned long long)(now_joined - joined),
+                 (unsigned long long)step);
+}
+
+static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
+                     float lr, uint64_t step, float *loss, cirrus_error *err)
+{
+    pipeline_executor *e = ctx;
+    const int M = B / e->micro;
+    float losses[PIPE_MAX_MICRO];
+    if (M > PIPE_MAX_MICRO)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step: at most %d", M,
+                           PIPE_MAX_MICRO);
+    if (M < e->n_clients)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step cannot be shared by "
+                           "%d clients", M, e->n_clients);
+    admit_new_peers(e, step);
+    /* This client's share: a contiguous run of the step's microbatches. */
+    const int first = e->index * M / e->n_clients;
+    const int mine = (e->index + 1) * M / e->n_clients - first;
+    const size_t off = (size_t)first * e->micro * T;
+    const uint64_t first_id = (id - 1) * (uint64_t)M + (uint64_t)first + 1;
+    if (e->exit_mid_step == step) { /* tests: a pod preempted half-way through its share */
+        pipeline_microbatches(e->p, first_id, 1, e->micro, T, x + off, y + off, losses, err);
+        log_warn("exiting half-way through step %llu (--exit-mid-step)",
+                 (unsigned long long)step);
+        _exit(137);
+    }
+    if (e->n_clients > 1) step_share_begin(&e->share, step, mine);
+    int rc = pipeline_microbatches(e->p, first_id, mine, e->micro, T, x + off, y + off, losses,
+                                   err);
+    if (rc) return rc;
+    double loss_sum = 0.0;
+    for (int m = 0; m < mine; m++) loss_sum += losses[m]; /* in order: reproducible */
+    if (e->n_clients == 1) {
+        rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
+        *loss = (float)(loss_sum / M);
+    } else if (e->index == 0) {
+        double total = 0.0;
+        e->share.loss_sum = loss_sum;
+        rc = step_share_lead(&e->share, M, lr, 1.0f / (float)M, &total, err);
+        *loss = (float)(total / M);
+    } else {
+        e->share.loss_sum = loss_sum;
+        rc = step_share_follow(&e->share, err);
+        *loss = (float)(e->share.loss_sum / mine); /* this client's share (as last redone) */
+    }
+    if (!rc) report_step(e, step, *loss, mine * e->micro * T);
+    return rc;
+}
+
+static int pipe_eval(void *ctx, int B, int T, const int32_t *x, const int32_t *y, float *loss,
+                     cirrus_error *err)
+{
+    pipeline_executor *e = ctx;
+    const int M = B / e->micro;
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) {
+        float l;
+        const size_t off = (size_t)m * e->micro * T;
+        int rc = pipeline_eval(e->p, e->micro, T, x + off, y + off, &l, err);
+        if (rc) return rc;
+        sum += l;
+    }
+    *loss = (float)(sum / M);
+    return 0;
+}
+
+static int pipe_gather(void *ctx, float *params, float *adam_m, float *adam_v, uint64_t *steps,
+                       cirrus_error *err)
+{
+    pipeline_executor *e = ctx;
+    return pipeline_gather_state(e->p, params, adam_m, adam_v, steps, err);
+}
+
+static uint64_t pipe_first_step(void *ctx)
+{
+    return pipeline_steps_done(((pipeline_executor *)ctx)->p);
+}
+
+/* Progress lines of a pipeline client: each stage's live peers and measured samples/s. */
+static void pipe_describe(void *ctx, int json, char *buf, size_t size)
+{
+    pipeline_executor *e = ctx;
+    size_t used = (size_t)snprintf(buf, size, json ? ",\"stages\":[" : " | peers");
+    for (int s = 0; s < pipeline_stages(e->p) && used < size; s++) {
+        int peers;
+        double rate;
+        pipeline_stage_load(e->p, s, &peers, &rate);
+        used += (size_t)(json ? snprintf(buf + used, size - used,
+                                         "%s{\"peers\":%d,\"samples_per_s\":%.1f}",
+                                         s ? "," : "", peers, rate)
+                              : snprintf(buf + used, size - used, "%s%d (%.0f samples/s)",
+                                         s ? ", " : " ", peers, rate));
+    }
+    if (json && used < size) snprintf(buf + used, size - used, "]");
+}
+
+int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
+                           pipeline_executor **out, train_executor *ex, cirrus_error *err)
+{
+    /* On the heap: the step share's lost-peer lists make it large. */
+    pipeline_executor *e = calloc(1, sizeof *e);
+    if (!e) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the pipeline executor");
+    *e = (pipeline_executor){.p = p, .micro = o->micro, .coord = o->coord, .index = o->index,
+                             .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step};
+    if (o->n_clients > 1)
+        step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
+    /* Only the leader evaluates: the clients share one model, and a follower's validation
+     * passes would only load the peers. */
+    *ex = (train_executor){e, pipe_step, o->index == 0 ? pipe_eval : NULL, pipe_gather,
+                           pipe_describe, pipe_first_step};
+    *out = e;
+    return 0;
+}
+
+void pipeline_executor_close(pipeline_executor *e)
+{
+    free(e);
+}

@@ -1,0 +1,43 @@
+/* executor: the training loop's executor (train.h) over a pipeline of stage peers.
+ *
+ * train.c runs the same loop whether the model lives in its process or on remote stage
+ * peers; this module is the second case. Each step's batch is cut into microbatches that
+ * the pipeline drives through the stages; with several clients sharing each step, this
+ * client runs a contiguous run of them and meets the others at the coordinator's step
+ * barrier (step_share.h), and only client 0, the leader, runs the optimizer step and the
+ * validation passes. Between steps it admits the peers the coordinator lists and the
+ * pipeline lacks, and after each step it reports progress to the coordinator.
+ *
+ * It neither connects nor parses anything: the caller hands it a connected pipeline and,
+ * optionally, a coordinator client, both of which outlive it.
+ */
+#ifndef CIRRUS_EXECUTOR_H
+#define CIRRUS_EXECUTOR_H
+
+#include <stdint.h>
+
+#include "../../../common/cerr.h"
+#include "../../train.h"
+#include "../proto/coord_msg.h"
+#include "pipeline.h"
+
+typedef struct pipeline_executor pipeline_executor;
+
+typedef struct pipeline_executor_options {
+    int micro;           /* sequences per microbatch; it must divide every step's batch */
+    coord_client *coord; /* the region's coordinator; NULL: none to report to or admit from */
+    /* This client is `index` of `n_clients` sharing each step (1: it runs every
+     * microbatch and steps alone; more need coord, where they meet). */
+    int index, n_clients;
+    /* Tests only: exit (137) half-way through this step's share, as a preempted pod
+     * would (0: never). */
+    uint64_t exit_mid_step;
+} pipeline_executor_options;
+
+/* An executor over p (which it borrows, with o->coord) into *out, and the train_executor
+ * that runs training through it into *ex, valid until pipeline_executor_close(). */
+int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
+                           pipeline_executor **out, train_executor *ex, cirrus_error *err);
+void pipeline_executor_close(pipeline_executor *e);
+
+#endif
