@@ -118,7 +118,7 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-cluster test-operator
+	  test-unit test-asan test-cli test-swarm test-cluster test-operator test-fuzz
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -182,5 +182,8 @@ clean:
 
 # The real Kubernetes control plane: cluster-deps, cluster-up, cluster-down, test-cluster.
 include tests/cluster/cluster.mk
+
+# libFuzzer harnesses: fuzz, test-fuzz, fuzz-merge, fuzz-coverage, fuzz-seeds.
+include tests/fuzz/fuzz.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,6 +1,7 @@
 /* flags: see flags.h. */
 #include "flags.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,8 +13,10 @@ static int parse_number(const flag_spec *f, const char *text, cirrus_error *err)
     char *end = NULL;
     errno = 0;
     if (f->type == FLAG_U64) { /* full 64-bit range: no detour through double */
+        /* Digits only: strtoull skips leading blanks and takes a sign, so " -1" would be
+         * 2^64 - 1. */
         unsigned long long u = strtoull(text, &end, 10);
-        if (errno || end == text || *end != '\0')
+        if (!isdigit((unsigned char)text[0]) || errno || end == text || *end != '\0')
             return cirrus_fail(err, CIRRUS_EINVAL, "--%s: '%s' is not a valid number", f->name,
                                text);
         *(uint64_t *)f->dst = (uint64_t)u;

@@ -289,6 +289,10 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
     if ((rc = get_arr(spec, "regions", "spec", regions, err))) return rc;
     if (!*regions || json_array_size(*regions) == 0)
         return cirrus_fail(err, CIRRUS_EINVAL, "spec.regions must list at least one region");
+    /* The CRD's maxItems, checked here too: the object may come from an older CRD. */
+    if (json_array_size(*regions) > DESIRED_MAX_REGIONS)
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.regions lists %zu regions; at most %d",
+                           json_array_size(*regions), DESIRED_MAX_REGIONS);
     return 0;
 }
 
@@ -680,6 +684,20 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     }
     json_object_set_new(d.secret, "type", json_string("Opaque"));
+    /* Every field is within its bounds, but their product may not be: 16 regions of 64
+     * stages of 256 peers are 262144 Pods, which would take the operator seconds and
+     * gigabytes to build (and the cluster far more to run). Refused before building. */
+    long long pods = 0;
+    for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
+        region_view r;
+        rc = read_region(regions, k, &r, err);
+        pods += 1 + (long long)v.stages * r.replicas + r.clients;
+    }
+    if (!rc && pods > DESIRED_MAX_PODS)
+        rc = cirrus_fail(err, CIRRUS_EINVAL,
+                         "the job asks for %lld Pods (a gateway, stages x peers.replicas peers "
+                         "and clients per region); at most %d",
+                         pods, DESIRED_MAX_PODS);
     for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
         region_view r;
         rc = read_region(regions, k, &r, err);

@@ -46,6 +46,12 @@
 #define CIRRUS_DATA_DIR "/data"            /* clients: data.claimName, read-only */
 #define CIRRUS_CKPT_DIR "/checkpoints"     /* clients: checkpoint.volume (else an emptyDir) */
 
+/* Caps on what a SwarmJob may ask for, refused by desired_build: the CRD's maxItems for
+ * spec.regions, and Pods per job (gateways, peers and clients of every region together),
+ * which the CRD cannot bound (each count has its own maximum, their product does not). */
+#define DESIRED_MAX_REGIONS 16
+#define DESIRED_MAX_PODS 4096
+
 /* Longest object name built here (a DNS label). */
 #define CIRRUS_NAME_MAX 63
 

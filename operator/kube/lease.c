@@ -1,5 +1,6 @@
 #include "lease.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,17 +70,19 @@ static void observe(kube_lease *l, json_t *obj)
     l->lease = obj;
 }
 
-/* How long the observed record stays valid after it was first seen. */
-static int64_t valid_ms(const kube_lease *l)
+int64_t kube_lease_record_valid_ms(const json_t *lease, int lease_ms)
 {
-    json_int_t secs = json_integer_value(json_object_get(spec_of(l->lease), "leaseDurationSeconds"));
+    json_int_t secs = json_integer_value(json_object_get(spec_of(lease), "leaseDurationSeconds"));
     int64_t rec = secs > 0 && secs < 86400 * 365 ? (int64_t)secs * 1000 : 0;
-    return rec > l->lease_ms ? rec : l->lease_ms;
+    return rec > lease_ms ? rec : lease_ms;
 }
 
+/* How long the observed record stays valid after it was first seen. */
+static int64_t valid_ms(const kube_lease *l) { return kube_lease_record_valid_ms(l->lease, l->lease_ms); }
+
 /* The Lease to write: base (the server's object, metadata and resourceVersion kept) or a new
- * one, with our record in spec. */
-static json_t *record(const kube_lease *l, const json_t *base, const char *holder,
+ * one named ns/name, with the record in spec. */
+static json_t *record(const char *ns, const char *name, const json_t *base, const char *holder,
                       int duration_s, const char *acquire_time, json_int_t transitions)
 {
     char now[40];
@@ -87,7 +90,7 @@ static json_t *record(const kube_lease *l, const json_t *base, const char *holde
     json_t *obj = base ? json_deep_copy(base)
                        : json_pack("{s:s, s:s, s:{s:s, s:s}}", "apiVersion",
                                    "coordination.k8s.io/v1", "kind", "Lease", "metadata",
-                                   "name", l->name, "namespace", l->ns);
+                                   "name", name, "namespace", ns);
     if (!obj) return NULL;
     json_t *spec = json_object_get(obj, "spec");
     if (!json_is_object(spec)) {
@@ -108,16 +111,31 @@ static json_t *record(const kube_lease *l, const json_t *base, const char *holde
     return obj;
 }
 
-/* Our record over base: a renewal keeps acquireTime and leaseTransitions, a takeover sets
- * both anew. */
+/* base's leaseTransitions as the server's int32 field can hold it: a missing, negative or
+ * non-integer count is 0, and one at the int32 limit stays there (incrementing it would
+ * overflow json_int_t at its limit, and the API server refuses counts past int32). */
+static json_int_t transitions_of(const json_t *base)
+{
+    json_int_t t = json_integer_value(json_object_get(spec_of(base), "leaseTransitions"));
+    return t < 0 ? 0 : t > INT32_MAX ? INT32_MAX : t;
+}
+
+json_t *kube_lease_record(const json_t *base, const char *ns, const char *name,
+                          const char *identity, int lease_ms, int release)
+{
+    json_int_t transitions = transitions_of(base);
+    if (release) return record(ns, name, base, "", 1, NULL, transitions);
+    /* A renewal keeps acquireTime and leaseTransitions, a takeover sets both anew. */
+    const char *acquired = json_string_value(json_object_get(spec_of(base), "acquireTime"));
+    int ours = base && !strcmp(holder_of(base), identity);
+    return record(ns, name, base, identity, (lease_ms + 999) / 1000, ours ? acquired : NULL,
+                  ours || !base || transitions == INT32_MAX ? transitions : transitions + 1);
+}
+
+/* Our record over base (NULL: a new Lease). */
 static json_t *our_record(const kube_lease *l, const json_t *base)
 {
-    const json_t *spec = spec_of(base);
-    json_int_t transitions = json_integer_value(json_object_get(spec, "leaseTransitions"));
-    const char *acquired = json_string_value(json_object_get(spec, "acquireTime"));
-    int ours = base && !strcmp(holder_of(base), l->identity);
-    return record(l, base, l->identity, (l->lease_ms + 999) / 1000, ours ? acquired : NULL,
-                  ours ? transitions : transitions + 1);
+    return kube_lease_record(base, l->ns, l->name, l->identity, l->lease_ms, 0);
 }
 
 /* ---- one attempt ----------------------------------------------------------------------- */
@@ -159,7 +177,7 @@ static int try_acquire_or_renew(kube_lease *l)
     int rc = kube_get(l->client, l->path, &got, &err);
     if (rc == CIRRUS_ENOENT) {
         json_decref(got);
-        json_t *obj = record(l, NULL, l->identity, (l->lease_ms + 999) / 1000, NULL, 0);
+        json_t *obj = our_record(l, NULL);
         json_t *out = NULL;
         if (!obj) return CIRRUS_ENOMEM;
         l->stats.attempts++;
@@ -319,9 +337,7 @@ int kube_lease_release(kube_lease *l, cirrus_error *err)
     kube_ticker_schedule(l->ticker, -1);
     if (!was_leader || !l->lease) return 0;
     /* No holder, one second: the next candidate to look takes over. */
-    json_int_t transitions =
-        json_integer_value(json_object_get(spec_of(l->lease), "leaseTransitions"));
-    json_t *obj = record(l, l->lease, "", 1, NULL, transitions);
+    json_t *obj = kube_lease_record(l->lease, l->ns, l->name, l->identity, l->lease_ms, 1);
     if (!obj) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     json_t *out = NULL;
     l->stats.attempts++;

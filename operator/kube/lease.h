@@ -27,6 +27,8 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "../../common/cerr.h"
 #include "client.h"
 
@@ -72,6 +74,19 @@ void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st);
  * ReleaseOnCancel). The elector then stays idle (it never tries again); free it after.
  * 0 also when not leader; a failed update returns its error (the lease then expires). */
 int kube_lease_release(kube_lease *l, cirrus_error *err);
+/* The record logic, exposed for tests and fuzzing (no I/O). The Lease an elector writes
+ * over base, the Lease as the server returned it (NULL: a new Lease named ns/name):
+ * base's metadata kept, spec holding identity for lease_ms (rounded up to seconds), with
+ * acquireTime and leaseTransitions kept on a renewal (base held by identity) and set anew
+ * (transitions + 1) on a takeover; release: holder "" for 1 second, transitions kept.
+ * leaseTransitions is read as an int32 (missing or negative: 0; never incremented past
+ * INT32_MAX). A new reference, or NULL when out of memory. */
+json_t *kube_lease_record(const json_t *base, const char *ns, const char *name,
+                          const char *identity, int lease_ms, int release);
+/* How long a record seen on the server stays valid: the longer of its
+ * leaseDurationSeconds (when in (0, 1 year)) and lease_ms. */
+int64_t kube_lease_record_valid_ms(const json_t *lease, int lease_ms);
+
 /* Frees without releasing (the Lease then expires after lease_duration). */
 void kube_lease_free(kube_lease *l);
 

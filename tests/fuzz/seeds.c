@@ -1,0 +1,271 @@
+/* seeds: writes the fuzz harnesses' seed corpus, tests/fuzz/corpus/<harness>/seed-*.
+ *
+ * Binary seeds come from the code's own encoders: frames from wire_header_encode and
+ * wire_writer (HELLO, ERROR, PING), q8 buffers from codec_q8_encode, checkpoints from
+ * ckpt_save of the smallest model (whole and a stage's span). The SwarmJob seed is
+ * manifests/samples/swarmjob.yaml converted to JSON by the operator's own YAML reader, as
+ * the API server would return it (uid, namespace, a status). The other text seeds are what
+ * the API server, a gateway and the command line produce, in their exact formats.
+ * Usage: seeds CORPUS_DIR (run from the repository root).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "../../operator/kube/yamljson.h"
+#include "../../trainer/ckpt/checkpoint.h"
+#include "../../trainer/codec/q8.h"
+#include "../../trainer/net/wire.h"
+
+static const char *root;
+
+static void put(const char *harness, const char *name, const void *data, size_t len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", root, harness);
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        perror(path);
+        exit(1);
+    }
+    snprintf(path, sizeof path, "%s/%s/seed-%s", root, harness, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
+static void put_str(const char *harness, const char *name, const char *s) { put(harness, name, s, strlen(s)); }
+
+/* fuzz_wire's layout: header, n, n reader ops, payload. */
+static void frame(const char *name, uint16_t type, const wire_writer *w, const uint8_t *ops, size_t n_ops)
+{
+    uint8_t buf[4096];
+    wire_header_encode(buf, type, 0x0102030405060708ull, w->data, (uint32_t)w->len);
+    buf[WIRE_HEADER_SIZE] = (uint8_t)n_ops;
+    memcpy(buf + WIRE_HEADER_SIZE + 1, ops, n_ops);
+    memcpy(buf + WIRE_HEADER_SIZE + 1 + n_ops, w->data, w->len);
+    put("wire", name, buf, WIRE_HEADER_SIZE + 1 + n_ops + w->len);
+}
+
+static void wire_seeds(void)
+{
+    wire_writer w;
+    /* HELLO: u16 role, u32 peer_id, str job_id (ops: u16, u32, str into 64 bytes) */
+    wire_writer_init(&w, 1024);
+    wire_put_u16(&w, 2);
+    wire_put_u32(&w, 7);
+    wire_put_str(&w, "tiny-bible-0d4a7f3e");
+    frame("hello", WIRE_HELLO, &w, (const uint8_t[]){0, 1, 6 + 7 * 8}, 3);
+    wire_writer_free(&w);
+    /* ERROR: i32 code, str message */
+    wire_writer_init(&w, 1024);
+    wire_put_u32(&w, (uint32_t)-4);
+    wire_put_str(&w, "job id mismatch");
+    frame("error", WIRE_ERROR, &w, (const uint8_t[]){1, 6 + 7 * 4}, 2);
+    wire_writer_free(&w);
+    /* PING: empty; and a payload of floats and bytes */
+    wire_writer_init(&w, 1024);
+    frame("ping", WIRE_PING, &w, NULL, 0);
+    wire_put_u64(&w, 42);
+    wire_put_f32(&w, 1.5f);
+    wire_put_f64(&w, -0.25);
+    wire_put_bytes(&w, "activations", 12);
+    frame("mixed", 64, &w, (const uint8_t[]){2, 3, 4, 5 + 7 * 4}, 4);
+    wire_writer_free(&w);
+}
+
+static void q8_seeds(void)
+{
+    const size_t counts[3] = {64, 100, 300};
+    for (int k = 0; k < 3; k++) {
+        size_t n = counts[k];
+        float x[300];
+        for (size_t i = 0; i < n; i++) x[i] = (float)(sin(0.37 * (double)i) * (k == 2 ? 1e-40 : 3.0 + (double)k));
+        size_t len = codec_q8_encoded_size(n);
+        uint8_t buf[3 + 1500];
+        buf[0] = 3; /* n from the length; encode too */
+        buf[1] = (uint8_t)n;
+        buf[2] = (uint8_t)(n >> 8);
+        if (codec_q8_encode(buf + 3, x, n)) abort();
+        char name[32];
+        snprintf(name, sizeof name, "acts-%zu", n);
+        put("q8", name, buf, 3 + len);
+    }
+}
+
+static void ckpt_seed(const char *name, const gpt_span *span, const char *tmp)
+{
+    ckpt_meta m = {{1, 4, 1, 4, GPT_VOCAB}, 12, {1, 345}, 0x9e3779b97f4a7c15ull, 1337, *span};
+    float *p = malloc(span->count * sizeof(float) * 3);
+    if (!p) abort();
+    for (size_t i = 0; i < 3 * span->count; i++) p[i] = (float)cos((double)i) * 0.02f;
+    cirrus_error err;
+    if (ckpt_save(tmp, &m, p, p + span->count, p + 2 * span->count, &err)) {
+        fprintf(stderr, "seeds: %s\n", err.msg);
+        exit(1);
+    }
+    free(p);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", tmp, CKPT_FILE);
+    FILE *f = fopen(path, "rb");
+    static uint8_t buf[1 << 16];
+    size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    unlink(path);
+    put("ckpt", name, buf, len);
+}
+
+static void ckpt_seeds(void)
+{
+    char tmp[] = "/tmp/cirrus-seeds-XXXXXX";
+    if (!mkdtemp(tmp)) abort();
+    gpt_config cfg = {1, 4, 1, 4, GPT_VOCAB};
+    gpt_span whole = {0, gpt_num_params(&cfg)}, stage = {1024, 40};
+    ckpt_seed("model", &whole, tmp);
+    ckpt_seed("stage", &stage, tmp);
+    rmdir(tmp);
+}
+
+static void flags_seeds(void)
+{
+    static const char a[] = "--steps\0" "3000\0" "--seed=1337\0" "--lr\0" "0.0006\0" "--job\0" "tiny-bible\0"
+                            "--verbose\0" "--peer\0" "10.0.0.7:7000\0" "--peer=10.0.0.8:7000";
+    put("flags", "train", a, sizeof a - 1);
+    static const char b[] = "--verbose=false\0" "--seed\0" "18446744073709551615\0" "--steps=-5";
+    put("flags", "edges", b, sizeof b - 1);
+}
+
+static void text_seeds(void)
+{
+    /* A watch response body as kube-apiserver streams it. */
+    put_str("watch", "stream",
+            "{\"type\":\"ADDED\",\"object\":{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"a\","
+            "\"namespace\":\"default\",\"uid\":\"5c1f\",\"resourceVersion\":\"43\"},\"spec\":{},\"status\":"
+            "{\"phase\":\"Pending\"}}}\n"
+            "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":"
+            "{\"resourceVersion\":\"50\",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}}}}\n"
+            "{\"type\":\"MODIFIED\",\"object\":{\"metadata\":{\"name\":\"a\",\"resourceVersion\":\"51\"}}}\r\n"
+            "{\"type\":\"DELETED\",\"object\":{\"metadata\":{\"name\":\"a\",\"resourceVersion\":\"52\"}}}\n");
+    put_str("watch", "gone",
+            "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},"
+            "\"status\":\"Failure\",\"message\":\"too old resource version: 1 (2)\",\"reason\":\"Expired\","
+            "\"code\":410}}\n");
+    /* kubeconfigs as kubeadm / kind write them, and the token-file form. */
+    put_str("kubeconfig", "certs",
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: "
+            "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJzekNDQVZtZ0F3SUJBZ0lVWGp4MAotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg==\n"
+            "    server: https://127.0.0.1:6443\n  name: kind-cirrus\ncontexts:\n- context:\n    cluster: kind-cirrus\n"
+            "    user: kind-cirrus\n  name: kind-cirrus\ncurrent-context: kind-cirrus\nkind: Config\npreferences: {}\n"
+            "users:\n- name: kind-cirrus\n  user:\n    client-certificate: client.crt\n    client-key: client.key\n");
+    put_str("kubeconfig", "token",
+            "apiVersion: v1\nkind: Config\ncurrent-context: sa\nclusters:\n"
+            "- name: c\n  cluster:\n    server: \"https://10.96.0.1:443/\"\n    certificate-authority: ca.crt\n"
+            "    insecure-skip-tls-verify: false\n"
+            "users:\n- name: reader\n  user:\n    token: abc.def\n"
+            "contexts:\n- name: sa\n  context: {cluster: c, user: reader, namespace: team-a}\n");
+    put_str("kubeconfig", "tokenfile",
+            "apiVersion: v1\nkind: Config\ncurrent-context: sa\nclusters:\n"
+            "- name: c\n  cluster:\n    server: http://localhost:8080\n"
+            "users:\n- name: reader\n  user:\n    tokenFile: token\n"
+            "contexts:\n- name: sa\n  context:\n    cluster: c\n    user: reader\n");
+    /* Pods as the API server returns them. */
+    put_str("pod", "evicted",
+            "{\"metadata\":{\"name\":\"j-r1-s0-0\",\"uid\":\"1\"},\"status\":{\"phase\":\"Failed\",\"reason\":\"Evicted\","
+            "\"message\":\"The node was low on resource: memory.\"}}");
+    put_str("pod", "oom",
+            "{\"metadata\":{\"name\":\"j-r1-c0\"},\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":"
+            "\"trainer\",\"state\":{\"terminated\":{\"exitCode\":137,\"reason\":\"OOMKilled\"}}}]}}");
+    put_str("pod", "exit",
+            "{\"metadata\":{\"name\":\"j-r1-c0\"},\"status\":{\"phase\":\"Failed\",\"conditions\":[{\"type\":"
+            "\"DisruptionTarget\",\"status\":\"False\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"lastState\":"
+            "{\"terminated\":{\"exitCode\":2,\"reason\":\"Error\"}},\"state\":{}}]}}");
+    put_str("pod", "preempted",
+            "{\"metadata\":{\"name\":\"p\"},\"status\":{\"phase\":\"Failed\",\"conditions\":[{\"type\":"
+            "\"DisruptionTarget\",\"status\":\"True\",\"reason\":\"PreemptionByScheduler\"}]}}");
+    put_str("pod", "ready",
+            "{\"metadata\":{\"name\":\"p\"},\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\","
+            "\"status\":\"True\"}]}}");
+    put_str("pod", "unschedulable",
+            "{\"metadata\":{\"name\":\"p\"},\"status\":{\"phase\":\"Pending\",\"conditions\":[{\"type\":"
+            "\"PodScheduled\",\"status\":\"False\",\"reason\":\"Unschedulable\"}]}}");
+    put_str("pod", "deleting",
+            "{\"metadata\":{\"name\":\"p\",\"deletionTimestamp\":\"2026-11-22T01:02:03Z\"},\"status\":{\"phase\":\"Running\"}}");
+    /* Leases as the API server returns them: ours, another's, released. */
+    put_str("lease", "ours",
+            "{\"apiVersion\":\"coordination.k8s.io/v1\",\"kind\":\"Lease\",\"metadata\":{\"name\":\"cirrus-operator\","
+            "\"namespace\":\"cirrus-system\",\"resourceVersion\":\"812\",\"uid\":\"7f\"},\"spec\":{\"holderIdentity\":"
+            "\"cirrus-operator-0\",\"leaseDurationSeconds\":15,\"acquireTime\":\"2026-11-22T01:02:03.000000Z\","
+            "\"renewTime\":\"2026-11-22T01:02:09.123456Z\",\"leaseTransitions\":3}}");
+    put_str("lease", "other",
+            "{\"metadata\":{\"name\":\"cirrus-operator\",\"resourceVersion\":\"900\"},\"spec\":{\"holderIdentity\":"
+            "\"cirrus-operator-1\",\"leaseDurationSeconds\":60,\"leaseTransitions\":2147483647}}");
+    put_str("lease", "released",
+            "{\"metadata\":{\"name\":\"cirrus-operator\"},\"spec\":{\"holderIdentity\":\"\",\"leaseDurationSeconds\":1}}");
+    /* A gateway's /status (trainer/swarm/coord/http_status.c's fields). */
+    put_str("progress", "status",
+            "{\"job_id\":\"0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50\",\"epoch\":3,\"uptime_s\":120.5,\"step\":812,"
+            "\"loss\":2.4871,\"tokens_per_s\":10234.5,\"n_stages\":2,\"stages\":[],\"clients\":1,"
+            "\"microbatches_retried\":0}");
+    put_str("progress", "fresh",
+            "{\"job_id\":\"0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50\",\"step\":0,\"loss\":null,\"tokens_per_s\":null}");
+    put_str("progress", "resolve", "gw.ns.svc:8080:10.0.0.7,gw2.ns.svc:80:[::1]");
+}
+
+static void swarmjob_seed(void)
+{
+    FILE *f = fopen("manifests/samples/swarmjob.yaml", "rb");
+    static char text[1 << 16];
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    json_t *job;
+    cirrus_error err;
+    if (!len || kube_yaml_parse(text, len, "swarmjob.yaml", &job, &err)) {
+        fprintf(stderr, "seeds: the sample SwarmJob: %s\n", len ? err.msg : "cannot read");
+        exit(1);
+    }
+    json_t *meta = json_object_get(job, "metadata");
+    json_object_set_new(meta, "namespace", json_string("team-a"));
+    json_object_set_new(meta, "uid", json_string("0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50"));
+    json_object_set_new(meta, "resourceVersion", json_string("4711"));
+    json_object_set_new(meta, "generation", json_integer(2));
+    char *s = json_dumps(job, JSON_COMPACT);
+    put_str("swarmjob", "sample", s);
+    free(s);
+    json_t *st = json_loads(
+        "{\"phase\":\"Running\",\"observedGeneration\":2,\"startTime\":\"2026-11-22T00:00:00Z\","
+        "\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"AllRegionsReady\",\"message\":\"\","
+        "\"lastTransitionTime\":\"2026-11-22T00:01:00Z\",\"observedGeneration\":2}],"
+        "\"regions\":[{\"name\":\"r1\",\"readyPeersPerStage\":[2,2],\"pendingPods\":0,\"preemptions\":1,"
+        "\"failures\":0,\"gatewayReady\":true,\"step\":800,\"loss\":2.5,\"tokensPerSecond\":5000,"
+        "\"progressTime\":\"2026-11-22T01:01:50Z\"}],\"readyRegions\":\"1/2\",\"readyPeers\":\"4/8\"}",
+        0, NULL);
+    json_object_set_new(job, "status", st);
+    s = json_dumps(job, JSON_COMPACT);
+    put_str("swarmjob", "with-status", s);
+    free(s);
+    json_decref(job);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: seeds CORPUS_DIR\n");
+        return 2;
+    }
+    root = argv[1];
+    mkdir(root, 0777);
+    wire_seeds();
+    q8_seeds();
+    ckpt_seeds();
+    flags_seeds();
+    text_seeds();
+    swarmjob_seed();
+    return 0;
+}
