@@ -1,9 +1,10 @@
 /* role_args: the command lines of the trainer roles the operator launches, in one place.
  *
  * The operator builds `cirrus-trainer ROLE --FLAG VALUE ...` for its Pods from these names and
- * the trainer's flag tables (trainer/cmd/roles.c) parse the same names, so a renamed flag
- * cannot silently break the Pods. Flag names are bare ("job"); ROLE_ARG(ROLE_FLAG_JOB) is the
- * command-line spelling ("--job"), a string literal like the names themselves.
+ * the trainer's flag tables (trainer/cmd/stage.c, client.c, local.c, gateway.c) parse the
+ * same names, so a renamed flag cannot silently break the Pods. Flag names are bare ("job");
+ * ROLE_ARG(ROLE_FLAG_JOB) is the command-line spelling ("--job"), a string literal like the
+ * names themselves.
  */
 #ifndef CIRRUS_ROLE_ARGS_H
 #define CIRRUS_ROLE_ARGS_H

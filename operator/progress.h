@@ -1,6 +1,6 @@
 /* progress: training progress (step, loss, tokens/s) read from the region gateways.
  *
- * Every region's gateway serves `GET /status` (trainer/swarm/http_status.c): JSON with the
+ * Every region's gateway serves `GET /status` (trainer/swarm/coord/http_status.c): JSON with the
  * job id, the highest step its clients reported, their latest loss and their tokens per
  * second. The controller registers, per running job, the URL of each region's gateway
  * Service (progress_watch); a worker thread of its own, with its own libcurl multi handle,

@@ -58,7 +58,7 @@ int pipeline_step(pipeline *p, float lr, float grad_scale, uint64_t step, cirrus
  * pipeline_step_skip() once it is applied. A peer lost in a step may hold gradients of any
  * client: every client redoes its own backwards it held, the followers when the leader
  * names the peer (pipeline_peer_reported_lost()). How the clients meet is the caller's
- * business (the region's coordinator, roles.c). */
+ * business (the region's coordinator, cmd/roles_common.c and swarm/client/executor.c). */
 
 /* Called whenever this client loses a peer: its stage, its address, and whether the
  * stage's gradients were still unsummed (then the other clients must redo theirs). */
