@@ -60,12 +60,7 @@ int roles_cmd_client(int argc, char **argv)
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
-        {"routing", FLAG_STR, &routing.name, 0, 0,
-         "which peer of a stage gets a microbatch: wiring (least loaded by measured "
-         "throughput, default) or rr (round robin, speed ignored)",
-         0},
-        {"inflight", FLAG_INT, &routing.inflight, 0, PIPE_MAX_MICRO,
-         "microbatches in flight at once (default 0: one per stage peer)", 0},
+        ROUTING_FLAGS(routing),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};

@@ -266,12 +266,7 @@ int roles_cmd_local(int argc, char **argv)
         {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536,
          "sequences per microbatch (default: batch / peers)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
-        {"routing", FLAG_STR, &routing.name, 0, 0,
-         "which peer of a stage gets a microbatch: wiring (least loaded by measured "
-         "throughput, default) or rr (round robin, speed ignored)",
-         0},
-        {"inflight", FLAG_INT, &routing.inflight, 0, PIPE_MAX_MICRO,
-         "microbatches in flight at once (default 0: one per stage peer)", 0},
+        ROUTING_FLAGS(routing),
         {"act-slots", FLAG_INT, &act_slots, 1, STAGE_PEER_MAX_SLOTS,
          "every peer's --act-slots: forwards whose activations it keeps for their backward "
          "(default 4; a window of more microbatches in flight than peers needs more)",

@@ -30,6 +30,15 @@ typedef struct routing_flags {
     int inflight;
 } routing_flags;
 
+/* --routing and --inflight, shared by client and local (a flag table's entries). */
+#define ROUTING_FLAGS(rt)                                                                     \
+    {"routing", FLAG_STR, &(rt).name, 0, 0,                                                   \
+     "which peer of a stage gets a microbatch: wiring (least loaded by measured "            \
+     "throughput, default) or rr (round robin, speed ignored)",                               \
+     0},                                                                                      \
+        {"inflight", FLAG_INT, &(rt).inflight, 0, PIPE_MAX_MICRO,                             \
+         "microbatches in flight at once (default 0: one per stage peer)", 0}
+
 /* --routing: wiring or rr, into policy. */
 int roles_parse_routing(const char *name, enum wiring_policy *policy, cirrus_error *err);
 
