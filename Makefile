@@ -17,16 +17,20 @@ KUBE_LIBS   := $(shell pkg-config --libs libcurl jansson libcrypto yaml-0.1 2>/d
 HTTP_CFLAGS := $(shell pkg-config --cflags libmicrohttpd 2>/dev/null)
 HTTP_LIBS   := $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 
+# The WAN between regions' gateways: TLS 1.3 (OpenSSL's libssl) and zstd after the codecs.
+WAN_CFLAGS  := $(shell pkg-config --cflags libssl libzstd 2>/dev/null)
+WAN_LIBS    := $(shell pkg-config --libs libssl libzstd 2>/dev/null)
+
 WARN    := -Wall -Wextra -Werror
 # -g: debug information (no change to the code), so a crash's core file has a backtrace.
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) -g $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) $(HTTP_CFLAGS) -MMD -MP
-LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(WARN) $(OPT) -g $(MARCH) -fno-math-errno -fopenmp $(BLAS_CFLAGS) $(KUBE_CFLAGS) $(HTTP_CFLAGS) $(WAN_CFLAGS) -MMD -MP
+LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(WAN_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -lpthread -fopenmp
 OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
             gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
-            libmicrohttpd-dev jq curl valgrind
+            libmicrohttpd-dev libzstd-dev jq curl valgrind
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/cmd/main.c,$(shell find trainer -name '*.c' | sort))
@@ -48,7 +52,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-operator bench-train bench-collective bench-swarm clean
+.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-wan test-operator bench-train bench-collective bench-swarm clean
 all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -118,7 +122,7 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-cluster test-operator test-fuzz
+	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -140,6 +144,10 @@ test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	  { echo "cirrus: chaos attempt 1 failed (its logs are kept above); attempt 2"; \
 	    CHAOS_CLIENTS=$$c CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer; } || exit 1; \
 	done
+
+test-wan: $(BIN)/cirrus-trainer $(CORPUS)
+	@echo "cirrus: regions joined by gateways (outer steps, TLS between the gateways)"
+	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/run.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: command-line tests"

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/certs.h"
 #include "../common/log.h"
 #include "../common/role_args.h"
-#include "certs.h"
 #include "desired.h"
 #include "jobstatus.h"
 #include "kube/informer.h"
@@ -320,7 +320,10 @@ static int fill_secret(const json_t *job, json_t *secret, cirrus_error *err)
         for (; dns && n < json_array_size(dns) && n < 8; n++)
             names[n] = json_string_value(json_array_get(dns, n));
         certs_pair leaf = {0};
-        rc = n ? certs_make_leaf(&ca, names[0], names, n, CONTROLLER_CERT_DAYS, &leaf, err)
+        /* The leaf names its job and region (URI SAN cirrus://<job>/<region>), which the
+         * gateways check on every WAN connection. */
+        rc = n ? certs_make_leaf(&ca, meta_str(job, "name"), region, names[0], names, n,
+                                 CONTROLLER_CERT_DAYS, &leaf, err)
                : cirrus_fail(err, CIRRUS_EINVAL, "no DNS names for region %s", region);
         json_decref(dns);
         char crt[96], key[96];

@@ -174,7 +174,8 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         local.stage = st;
         if ((rc = adamw_create(&opt, &o->model, &all, 1, &ac, err))) goto out;
     }
-    if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, 0, 1, o->seed, err)))
+    if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, o->data_rank,
+                                 o->data_world > 0 ? o->data_world : 1, o->seed, err)))
         goto out;
     x = malloc(sizeof(int32_t) * (size_t)B * T);
     y = malloc(sizeof(int32_t) * (size_t)B * T);
@@ -289,10 +290,12 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         fprintf(metrics, "{\"step\":%llu,\"final\":true,\"val_loss\":%s}\n",
                 (unsigned long long)step, v6);
     if (!o->quiet) {
+        char where[512] = "";
+        if (o->json && ex->describe) ex->describe(ex->ctx, 1, where, sizeof where);
         if (o->json)
             printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%s,"
-                   "\"tokens\":%.0f,\"seconds\":%.3f}\n",
-                   (unsigned long long)step, res->loss, v9, res->tokens, res->seconds);
+                   "\"tokens\":%.0f,\"seconds\":%.3f%s}\n",
+                   (unsigned long long)step, res->loss, v9, res->tokens, res->seconds, where);
         else
             printf("done: %llu steps, train loss %.4f, val loss %s, %.0f tokens in %.1fs\n",
                    (unsigned long long)step, res->loss, vt, res->tokens, res->seconds);

@@ -57,6 +57,10 @@ typedef struct train_options {
     const char *metrics; /* append one JSON line per step to this file (NULL: none) */
     int stop_after;     /* stop (as if killed) after this many steps of this run; 0: never */
     const train_executor *executor; /* NULL: the model lives in this process */
+    /* This run reads shard data_rank of data_world of every global batch (the regions of a
+     * job: disjoint data, together what one run with data_world x the batch would read);
+     * 0 of 1 by default. Validation batches are the same for every shard. */
+    int data_rank, data_world;
     /* Set (by a signal handler) to end training after the step in progress, writing a
      * checkpoint if ckpt_dir is set; NULL: never. The run then ends as a finished one. */
     const volatile sig_atomic_t *stop;

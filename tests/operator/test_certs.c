@@ -15,7 +15,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
-#include "../../operator/certs.h"
+#include "../../common/certs.h"
 #include "../unit/test.h"
 
 static X509 *load_cert(const char *pem)
@@ -136,12 +136,20 @@ TEST(certs_ca)
 static const char *const gw_dns[] = {"gateway", "gateway.job-1.svc",
                                      "gateway.job-1.svc.cluster.local"};
 
+/* A leaf of job-1's region r1, where the test is about the other arguments. */
+static int leaf_r1(const certs_pair *ca, const char *cn, const char *const *dns, size_t n,
+                   int days, certs_pair *out, cirrus_error *err)
+{
+    return certs_make_leaf(ca, "job-1", "r1", cn, dns, n, days, out, err);
+}
+
 TEST(certs_leaf)
 {
     certs_pair ca = {0}, leaf = {0};
     cirrus_error err = {0};
     ASSERT_OK(certs_make_ca("job-1", 30, &ca, &err));
-    ASSERT_OK(certs_make_leaf(&ca, "gateway us-east", gw_dns, 3, 7, &leaf, &err));
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "us-east", "gateway us-east", gw_dns, 3, 7, &leaf,
+                              &err));
     ASSERT(ERR_peek_error() == 0);
     X509 *cax = load_cert(ca.cert_pem), *x = load_cert(leaf.cert_pem);
     char cn[128];
@@ -171,19 +179,29 @@ TEST(certs_leaf)
     const ASN1_OCTET_STRING *aki = X509_get0_authority_key_id(x);
     ASSERT(aki && ASN1_OCTET_STRING_cmp(aki, X509_get0_subject_key_id(cax)) == 0);
 
-    /* subjectAltName: exactly the three DNS names, in order. */
+    /* subjectAltName: exactly the three DNS names, in order, then the URI identity. */
     GENERAL_NAMES *san = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
-    ASSERT(san && sk_GENERAL_NAME_num(san) == 3);
+    ASSERT(san && sk_GENERAL_NAME_num(san) == 4);
     for (int i = 0; i < 3; i++) {
         GENERAL_NAME *gn = sk_GENERAL_NAME_value(san, i);
         ASSERT_EQ(gn->type, GEN_DNS);
         ASSERT(strcmp((const char *)ASN1_STRING_get0_data(gn->d.dNSName), gw_dns[i]) == 0);
     }
+    GENERAL_NAME *uri = sk_GENERAL_NAME_value(san, 3);
+    ASSERT_EQ(uri->type, GEN_URI);
+    ASSERT(strcmp((const char *)ASN1_STRING_get0_data(uri->d.uniformResourceIdentifier),
+                  "cirrus://job-1/us-east") == 0);
     GENERAL_NAMES_free(san);
+    char job[64], region[64];
+    ASSERT_OK(certs_identity(leaf.cert_pem, job, sizeof job, region, sizeof region, &err));
+    ASSERT(strcmp(job, "job-1") == 0 && strcmp(region, "us-east") == 0);
+    ASSERT_OK(certs_identity_x509(x, NULL, 0, region, sizeof region, &err));
+    ASSERT(strcmp(region, "us-east") == 0);
 
     /* Verifies against its CA, for each of its names (case-insensitively, as DNS) ... */
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, NULL, &err));
-    for (int i = 0; i < 3; i++) ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, gw_dns[i], &err));
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, gw_dns[i], &err));
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, "GATEWAY.job-1.svc", &err));
     /* ... not for a name outside the SAN, nor for its CN (SAN only). */
     err.msg[0] = '\0';
@@ -196,7 +214,7 @@ TEST(certs_leaf)
     ASSERT_EQ(certs_verify(leaf.cert_pem, leaf.cert_pem, NULL, &err), CIRRUS_EINVAL);
     certs_pair sub = {0};
     err.msg[0] = '\0';
-    ASSERT_EQ(certs_make_leaf(&leaf, "x", gw_dns, 1, 7, &sub, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(certs_make_leaf(&leaf, "job-1", "r1", "x", gw_dns, 1, 7, &sub, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "not a CA"));
     ASSERT(sub.cert_pem == NULL && sub.key_pem == NULL);
     ASSERT(ERR_peek_error() == 0);
@@ -214,8 +232,8 @@ TEST(certs_other_ca)
     cirrus_error err = {0};
     ASSERT_OK(certs_make_ca("job-1", 30, &a, &err));
     ASSERT_OK(certs_make_ca("job-1", 30, &b, &err));
-    ASSERT_OK(certs_make_leaf(&a, "gw", gw_dns, 3, 7, &leaf_a, &err));
-    ASSERT_OK(certs_make_leaf(&b, "gw", gw_dns, 3, 7, &leaf_b, &err));
+    ASSERT_OK(certs_make_leaf(&a, "job-1", "r1", "gw", gw_dns, 3, 7, &leaf_a, &err));
+    ASSERT_OK(certs_make_leaf(&b, "job-1", "r1", "gw", gw_dns, 3, 7, &leaf_b, &err));
     ASSERT_OK(certs_verify(a.cert_pem, leaf_a.cert_pem, "gateway", &err));
     ASSERT_OK(certs_verify(b.cert_pem, leaf_b.cert_pem, "gateway", &err));
     err.msg[0] = '\0';
@@ -233,7 +251,7 @@ TEST(certs_other_ca)
     mixed.cert_pem = a.cert_pem;
     mixed.key_pem = b.key_pem;
     err.msg[0] = '\0';
-    ASSERT_EQ(certs_make_leaf(&mixed, "gw", gw_dns, 1, 7, &out, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(leaf_r1(&mixed, "gw", gw_dns, 1, 7, &out, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "CA key does not belong"));
     ASSERT(out.cert_pem == NULL && out.key_pem == NULL);
     ASSERT(ERR_peek_error() == 0);
@@ -251,7 +269,7 @@ TEST(certs_limits)
     certs_pair ca = {0}, leaf = {0};
     cirrus_error err = {0};
     ASSERT_OK(certs_make_ca("job-1", 1, &ca, &err));
-    ASSERT_OK(certs_make_leaf(&ca, "gw", gw_dns, 1, 365, &leaf, &err));
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", "gw", gw_dns, 1, 365, &leaf, &err));
     X509 *cax = load_cert(ca.cert_pem), *x = load_cert(leaf.cert_pem);
     ASSERT(ASN1_TIME_compare(X509_get0_notAfter(x), X509_get0_notAfter(cax)) == 0);
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, "gateway", &err));
@@ -275,17 +293,21 @@ TEST(certs_limits)
     ASSERT(strncmp(cn, "cirrus job CA jjj", 17) == 0);
     check_validity(cax, 36500);
     const char *const names[] = {host, "*.gw.example"};
-    ASSERT_OK(certs_make_leaf(&ca, job, names, 2, 36500, &leaf, &err));
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", job, names, 2, 36500, &leaf, &err));
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, host, &err));
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, "eu.gw.example", &err));
     ASSERT_EQ(certs_verify(ca.cert_pem, leaf.cert_pem, "a.eu.gw.example", &err), CIRRUS_EINVAL);
     X509_free(cax);
     certs_pair_free(&leaf);
 
-    /* No DNS names: a valid leaf, valid for no host name (its CN is not one). */
-    ASSERT_OK(certs_make_leaf(&ca, "gateway", NULL, 0, 7, &leaf, &err));
+    /* No DNS names: a valid leaf, valid for no host name (its CN is not one); its SAN is
+     * the identity alone. */
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", "gateway", NULL, 0, 7, &leaf, &err));
     x = load_cert(leaf.cert_pem);
-    ASSERT(X509_get_ext_by_NID(x, NID_subject_alt_name, -1) < 0);
+    GENERAL_NAMES *san = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+    ASSERT(san && sk_GENERAL_NAME_num(san) == 1);
+    ASSERT_EQ(sk_GENERAL_NAME_value(san, 0)->type, GEN_URI);
+    GENERAL_NAMES_free(san);
     X509_free(x);
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, NULL, &err));
     ASSERT_EQ(certs_verify(ca.cert_pem, leaf.cert_pem, "gateway", &err), CIRRUS_EINVAL);
@@ -294,7 +316,7 @@ TEST(certs_limits)
     /* 64 names is the most. */
     const char *many[CERTS_MAX_DNS];
     for (int i = 0; i < CERTS_MAX_DNS; i++) many[i] = "gw.example";
-    ASSERT_OK(certs_make_leaf(&ca, "gw", many, CERTS_MAX_DNS, 7, &leaf, &err));
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", "gw", many, CERTS_MAX_DNS, 7, &leaf, &err));
     certs_pair_free(&leaf);
     certs_pair_free(&ca);
 }
@@ -337,17 +359,17 @@ TEST(certs_bad_arguments)
 
     ASSERT_OK(certs_make_ca("job-1", 30, &ca, &err));
     const char *dns1[] = {"gw"};
-    EXPECT_EINVAL(certs_make_leaf(NULL, "gw", dns1, 1, 7, &out, &err), "no CA", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, NULL, dns1, 1, 7, &out, &err), "common name is empty",
+    EXPECT_EINVAL(leaf_r1(NULL, "gw", dns1, 1, 7, &out, &err), "no CA", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, NULL, dns1, 1, 7, &out, &err), "common name is empty",
                   &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "", dns1, 1, 7, &out, &err), "common name is empty",
+    EXPECT_EINVAL(leaf_r1(&ca, "", dns1, 1, 7, &out, &err), "common name is empty",
                   &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, long_name, dns1, 1, 7, &out, &err), "254 bytes", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "gw", dns1, 1, 0, &out, &err), "0 days", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "gw", dns1, 1, 36501, &out, &err), "36501", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "gw", NULL, 1, 7, &out, &err), "dns is NULL", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "gw", dns1, 65, 7, &out, &err), "65 DNS names", &out);
-    EXPECT_EINVAL(certs_make_leaf(&ca, "gw", dns1, 1, 7, NULL, &err), "out is NULL", NULL);
+    EXPECT_EINVAL(leaf_r1(&ca, long_name, dns1, 1, 7, &out, &err), "254 bytes", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, "gw", dns1, 1, 0, &out, &err), "0 days", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, "gw", dns1, 1, 36501, &out, &err), "36501", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, "gw", NULL, 1, 7, &out, &err), "dns is NULL", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, "gw", dns1, 65, 7, &out, &err), "65 DNS names", &out);
+    EXPECT_EINVAL(leaf_r1(&ca, "gw", dns1, 1, 7, NULL, &err), "out is NULL", NULL);
 
     const char *bad_dns[][2] = {
         {NULL, "dns[1]: host name is empty"},
@@ -366,7 +388,7 @@ TEST(certs_bad_arguments)
     for (size_t i = 0; i < sizeof bad_dns / sizeof bad_dns[0]; i++) {
         const char *names[] = {"gw", bad_dns[i][0]};
         err.msg[0] = '\0';
-        expect_einval(certs_make_leaf(&ca, "gw", names, 2, 7, &out, &err), &err, bad_dns[i][1],
+        expect_einval(leaf_r1(&ca, "gw", names, 2, 7, &out, &err), &err, bad_dns[i][1],
                       &out, (int)i);
     }
 
@@ -381,6 +403,150 @@ TEST(certs_bad_arguments)
     certs_pair_free(NULL);
     certs_pair_free(&out);
     certs_pair_free(&ca);
+    certs_pair_free(&ca);
+}
+
+/* ---- the job/region identity ---- */
+
+/* x with its subjectAltName replaced by the given URIs (n bytes each, NULs allowed): a
+ * forged name, to see certs_identity_x509 read names only the way it should. Unsigned
+ * afterwards, which does not matter: the identity is read after the handshake verified. */
+static void set_uris(X509 *x, const char *const *uris, const int *lens, int n)
+{
+    int i = X509_get_ext_by_NID(x, NID_subject_alt_name, -1);
+    if (i >= 0) X509_EXTENSION_free(X509_delete_ext(x, i));
+    GENERAL_NAMES *names = GENERAL_NAMES_new();
+    for (int k = 0; k < n; k++) {
+        GENERAL_NAME *gn = GENERAL_NAME_new();
+        ASN1_IA5STRING *str = ASN1_IA5STRING_new();
+        ASSERT(gn && str && ASN1_STRING_set(str, uris[k], lens[k]));
+        GENERAL_NAME_set0_value(gn, GEN_URI, str);
+        ASSERT(sk_GENERAL_NAME_push(names, gn));
+    }
+    ASSERT(X509_add1_ext_i2d(x, NID_subject_alt_name, names, 0, X509V3_ADD_DEFAULT) == 1);
+    GENERAL_NAMES_free(names);
+}
+
+TEST(certs_identity)
+{
+    certs_pair ca = {0}, leaf = {0}, out = {0};
+    cirrus_error err = {0};
+    char job[CERTS_MAX_LABEL + 1], region[CERTS_MAX_LABEL + 1];
+    ASSERT_OK(certs_make_ca("job-1", 30, &ca, &err));
+    /* The longest names, and DNS labels' every character class. */
+    char j63[64], r63[64];
+    memset(j63, 'j', 63);
+    memset(r63, '9', 63);
+    j63[63] = r63[63] = '\0';
+    j63[30] = '-';
+    ASSERT_OK(certs_make_leaf(&ca, j63, r63, "gw", gw_dns, 1, 7, &leaf, &err));
+    ASSERT_OK(certs_identity(leaf.cert_pem, job, sizeof job, region, sizeof region, &err));
+    ASSERT(strcmp(job, j63) == 0 && strcmp(region, r63) == 0);
+    /* A buffer too small is an error, not a truncated name that might match another. */
+    EXPECT_EINVAL(certs_identity(leaf.cert_pem, job, 63, region, sizeof region, &err),
+                  "job (63 bytes) does not fit 63", NULL);
+    ASSERT(job[0] == '\0');
+    certs_pair_free(&leaf);
+    /* The CA names no identity; garbage is not a certificate. */
+    EXPECT_EINVAL(certs_identity(ca.cert_pem, job, sizeof job, region, sizeof region, &err),
+                  "names no cirrus:// identity", NULL);
+    EXPECT_EINVAL(certs_identity("garbage", job, sizeof job, NULL, 0, &err),
+                  "not a PEM certificate", NULL);
+    EXPECT_EINVAL(certs_identity_x509(NULL, job, sizeof job, NULL, 0, &err), "no certificate",
+                  NULL);
+
+    /* Names that are not DNS labels never reach a certificate. */
+    char j64[65];
+    memset(j64, 'j', 64);
+    j64[64] = '\0';
+    const char *bad[][3] = {
+        {NULL, "r1", "job is empty"},        {"", "r1", "job is empty"},
+        {"job-1", NULL, "region is empty"},  {j64, "r1", "job is 64 bytes"},
+        {"job-1", j64, "region is 64 bytes"}, {"Job", "r1", "job: byte 0x4a at 0"},
+        {"job/2", "r1", "job: byte 0x2f at 3"}, {"job-1", "r1/x", "region: byte 0x2f at 2"},
+        {"job.1", "r1", "job: byte 0x2e"},   {"-job", "r1", "starts or ends with '-'"},
+        {"job-1", "r-", "region \"r-\" starts or ends"}, {"job-1", "r\xc3\xa9", "byte 0xc3"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.msg[0] = '\0';
+        expect_einval(certs_make_leaf(&ca, bad[i][0], bad[i][1], "gw", gw_dns, 1, 7, &out, &err),
+                      &err, bad[i][2], &out, (int)i);
+    }
+
+    /* Forged names read back: exactly one cirrus:// URI of two labels, or an error. */
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", "gw", gw_dns, 1, 7, &leaf, &err));
+    X509 *x = load_cert(leaf.cert_pem);
+    const struct {
+        const char *uri[2];
+        int len[2], n;
+        const char *want; /* NULL: accepted as job-1 / r2 */
+    } forged[] = {
+        {{"https://job-1/r1", "cirrus://job-1/r2"}, {16, 17}, 2, NULL},
+        {{"https://job-1/r1"}, {16}, 1, "names no cirrus:// identity"},
+        {{"cirrus://job-1/r1", "cirrus://job-1/r2"}, {17, 17}, 2, "names 2 cirrus:// identities"},
+        {{"cirrus://job-1"}, {14}, 1, "identity URI has no region"},
+        {{"cirrus://job-1/"}, {15}, 1, "certificate's region is empty"},
+        {{"cirrus:///r1"}, {12}, 1, "certificate's job is empty"},
+        {{"cirrus://job-1/r1/x"}, {19}, 1, "region: byte 0x2f at 2"},
+        {{"cirrus://job-1/r1\0x"}, {19}, 1, "region: byte 0x00 at 2"},
+        {{"cirrus://JOB-1/r1"}, {17}, 1, "job: byte 0x4a at 0"},
+        {{"cirrus://job-1:443/r1"}, {21}, 1, "job: byte 0x3a at 5"},
+    };
+    for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
+        set_uris(x, forged[i].uri, forged[i].len, forged[i].n);
+        err.msg[0] = '\0';
+        int rc = certs_identity_x509(x, job, sizeof job, region, sizeof region, &err);
+        if (!forged[i].want) {
+            ASSERT_OK(rc);
+            ASSERT(strcmp(job, "job-1") == 0 && strcmp(region, "r2") == 0);
+        } else {
+            expect_einval(rc, &err, forged[i].want, NULL, 100 + (int)i);
+            ASSERT(job[0] == '\0' && region[0] == '\0');
+        }
+    }
+    X509_free(x);
+    certs_pair_free(&leaf);
+    certs_pair_free(&ca);
+}
+
+/* Validity given in seconds from now: an expired leaf (for the TLS tests), and the limits. */
+TEST(certs_leaf_validity)
+{
+    certs_pair ca = {0}, leaf = {0}, out = {0};
+    cirrus_error err = {0};
+    ASSERT_OK(certs_make_ca("job-1", 30, &ca, &err));
+    ASSERT_OK(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, -2 * 86400, -86400,
+                                    &leaf, &err));
+    X509 *x = load_cert(leaf.cert_pem);
+    long nb = secs_from_now(X509_get0_notBefore(x)), na = secs_from_now(X509_get0_notAfter(x));
+    ASSERT(nb <= -2 * 86400 && nb > -2 * 86400 - 60);
+    ASSERT(na <= -86400 && na > -86400 - 60);
+    X509_free(x);
+    EXPECT_EINVAL(certs_verify(ca.cert_pem, leaf.cert_pem, NULL, &err), "expired", NULL);
+    certs_pair_free(&leaf);
+    /* Not valid for another hour. */
+    ASSERT_OK(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, 3600, 7200, &leaf,
+                                    &err));
+    EXPECT_EINVAL(certs_verify(ca.cert_pem, leaf.cert_pem, NULL, &err), "not yet valid", NULL);
+    certs_pair_free(&leaf);
+    /* Past the CA's end: clamped to it, as certs_make_leaf does. */
+    ASSERT_OK(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, 0, 365 * 86400L, &leaf,
+                                    &err));
+    X509 *cax = load_cert(ca.cert_pem);
+    x = load_cert(leaf.cert_pem);
+    ASSERT(ASN1_TIME_compare(X509_get0_notAfter(x), X509_get0_notAfter(cax)) == 0);
+    X509_free(x);
+    X509_free(cax);
+    certs_pair_free(&leaf);
+
+    EXPECT_EINVAL(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, 60, 60, &out, &err),
+                  "validity ends (60 s) before it starts (60 s)", &out);
+    EXPECT_EINVAL(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, 0,
+                                        36501 * 86400L, &out, &err),
+                  "outside +-36500 days", &out);
+    EXPECT_EINVAL(certs_make_leaf_valid(&ca, "job-1", "r1", "gw", gw_dns, 1, -36501 * 86400L,
+                                        0, &out, &err),
+                  "outside +-36500 days", &out);
     certs_pair_free(&ca);
 }
 
@@ -427,7 +593,7 @@ TEST(certs_garbage_pem)
     corrupt_signature(flipped);
     EXPECT_EINVAL(certs_verify(flipped, flipped, NULL, &err), "signature failure", NULL);
     certs_pair leaf = {0};
-    ASSERT_OK(certs_make_leaf(&ca, "gw", gw_dns, 1, 7, &leaf, &err));
+    ASSERT_OK(certs_make_leaf(&ca, "job-1", "r1", "gw", gw_dns, 1, 7, &leaf, &err));
     char *bad_leaf = strdup(leaf.cert_pem);
     corrupt_signature(bad_leaf);
     ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, NULL, &err));
@@ -436,14 +602,14 @@ TEST(certs_garbage_pem)
     certs_pair_free(&leaf);
 
     certs_pair bad = {half, ca.key_pem};
-    EXPECT_EINVAL(certs_make_leaf(&bad, "gw", gw_dns, 1, 7, &out, &err),
+    EXPECT_EINVAL(certs_make_leaf(&bad, "job-1", "r1", "gw", gw_dns, 1, 7, &out, &err),
                   "CA certificate is not a PEM certificate", &out);
     bad.cert_pem = ca.cert_pem;
     bad.key_pem = "garbage";
-    EXPECT_EINVAL(certs_make_leaf(&bad, "gw", gw_dns, 1, 7, &out, &err),
+    EXPECT_EINVAL(certs_make_leaf(&bad, "job-1", "r1", "gw", gw_dns, 1, 7, &out, &err),
                   "CA key is not a PEM private key", &out);
     bad.key_pem = ca.cert_pem;
-    EXPECT_EINVAL(certs_make_leaf(&bad, "gw", gw_dns, 1, 7, &out, &err),
+    EXPECT_EINVAL(certs_make_leaf(&bad, "job-1", "r1", "gw", gw_dns, 1, 7, &out, &err),
                   "CA key is not a PEM private key", &out);
     /* An encrypted key is refused, without prompting for a passphrase. */
     EVP_PKEY *k = load_key(ca.key_pem);
@@ -455,7 +621,7 @@ TEST(certs_garbage_pem)
     BIO_free(b);
     EVP_PKEY_free(k);
     bad.key_pem = enc_pem;
-    EXPECT_EINVAL(certs_make_leaf(&bad, "gw", gw_dns, 1, 7, &out, &err),
+    EXPECT_EINVAL(certs_make_leaf(&bad, "job-1", "r1", "gw", gw_dns, 1, 7, &out, &err),
                   "CA key is not a PEM private key", &out);
 
     free(enc_pem);
@@ -528,7 +694,7 @@ static void sweep(int op, const certs_pair *ca, long stride)
         mem_failed = 0;
         mem_fail_at = n;
         int rc = op == 0   ? certs_make_ca("job-1", 7, &out, &err)
-                 : op == 1 ? certs_make_leaf(ca, "gw", dns, 2, 7, &out, &err)
+                 : op == 1 ? certs_make_leaf(ca, "job-1", "r1", "gw", dns, 2, 7, &out, &err)
                            : certs_verify(ca->cert_pem, ca->cert_pem, NULL, &err);
         mem_fail_at = -1;
         if (!mem_failed) {
@@ -566,7 +732,7 @@ TEST_T(certs_allocation_failures, 300)
     for (int i = 0; i < 2; i++) {
         ASSERT_OK(certs_make_ca("job-1", 7, &ca, &err));
         certs_pair leaf = {0};
-        ASSERT_OK(certs_make_leaf(&ca, "gw", (const char *const[]){"gw"}, 1, 7, &leaf, &err));
+        ASSERT_OK(leaf_r1(&ca, "gw", (const char *const[]){"gw"}, 1, 7, &leaf, &err));
         ASSERT_OK(certs_verify(ca.cert_pem, leaf.cert_pem, "gw", &err));
         certs_pair_free(&leaf);
         if (i == 0) certs_pair_free(&ca);

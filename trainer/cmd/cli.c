@@ -36,6 +36,11 @@ static void on_stop_signal(int sig)
     stop_signal = 1;
 }
 
+const volatile sig_atomic_t *cli_stop_flag(void)
+{
+    return &stop_signal;
+}
+
 int cli_run_training(const char *cmd, const train_options *opts)
 {
     /* SIGTERM (a preempted pod's notice, `kill`) or SIGINT ends the run after the step in

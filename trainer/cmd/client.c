@@ -35,7 +35,7 @@ int roles_cmd_client(int argc, char **argv)
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
-    client_share share = {1, 0, 0};
+    client_share share = {1, 0, 0, 0, 600, 0, NULL};
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
@@ -55,6 +55,17 @@ int roles_cmd_client(int argc, char **argv)
          "clients sharing each step's batch (default 1); they meet at --coordinator", 0},
         {ROLE_FLAG_CLIENT_INDEX, FLAG_INT, &share.index, 0, COORD_MAX_CLIENTS - 1,
          "which of them this is (0, the default, runs the optimizer step)", 0},
+        {"sync-every", FLAG_INT, &share.sync_every, 0, 1000000,
+         "an outer step across regions every this many inner steps, through the gateway at "
+         "--coordinator (0: none; default 0)",
+         0},
+        {"sync-delay", FLAG_INT, &share.sync_delay, 0, 999999,
+         "inner steps trained on while an outer step crosses the WAN (below --sync-every; "
+         "0, the default: wait for it)",
+         0},
+        {"sync-timeout-s", FLAG_INT, &share.sync_timeout_s, 1, 86400,
+         "seconds an outer step may take (default 600)", 0},
+        {"region", FLAG_STR, &share.region, 0, 0, "the region's name on progress lines", 0},
         {"exit-mid-step", FLAG_INT, &share.exit_mid_step, 1, 1e9,
          "tests only: exit (137) after one microbatch of this step, as a preempted pod", 0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,

@@ -17,8 +17,15 @@
 #include "../net/conn.h"
 #include "../swarm/coord/coordinator.h"
 #include "../swarm/peer/stage_peer.h"
+#include "../gateway/outer_msg.h"
+#include "../net/tls.h"
 #include "../swarm/proto/stage_msg.h"
 #include "roles_common.h"
+#include "wan_roles.h"
+
+/* Inner steps between outer steps when --regions asks for several and --sync-every says
+ * nothing. */
+#define LOCAL_DEFAULT_SYNC_EVERY 50
 
 /* What a spawned stage peer is told: its layers, sockets and the stage's ring. */
 typedef struct peer_spec {
@@ -249,7 +256,8 @@ int roles_cmd_local(int argc, char **argv)
     const char *stall_text = NULL;
     stall_peer stall = {-1, -1, 0, 0.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
-    int act_slots = 0, n_clients = 1;
+    int act_slots = 0, n_clients = 1, n_regions = 1;
+    wan_flags wan = WAN_FLAGS_DEFAULTS;
     float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -286,6 +294,15 @@ int roles_cmd_local(int argc, char **argv)
         {ROLE_FLAG_REBALANCE_PERIOD_S, FLAG_INT, &rebalance_s, 0, 86400,
          "seconds between the coordinator's rebalancing decisions (0, the default: never)", 0},
         {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id (default cirrus-local)", 0},
+        {"regions", FLAG_INT, &n_regions, 1, WAN_MAX_REGIONS,
+         "regions, each a whole region (its gateway, stage peers and client) as processes "
+         "here, on disjoint shards of the data, joined by outer steps (default 1)",
+         0},
+        WAN_FLAGS(wan),
+        {"sync-delay", FLAG_INT, &wan.sync_delay, 0, 999999,
+         "inner steps the regions train on while an outer step crosses the WAN, then merge "
+         "(below --sync-every; 0, the default: they wait for it)",
+         0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
@@ -319,14 +336,53 @@ int roles_cmd_local(int argc, char **argv)
     if (stall_text && parse_stall_peer(stall_text, n_stages, n_peers, &stall, &err))
         return cli_fail_input("local", &err);
     if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
+    if (n_regions > 1 && !wan.sync_every) wan.sync_every = LOCAL_DEFAULT_SYNC_EVERY;
+    /* Several regions: one process each (this one is region 0), each with its gateway's
+     * outer sync next to its coordinator. */
+    int region = 0, wan_fd = -1;
+    net_tls_ctx *tls = NULL;
+    static pid_t regions[WAN_MAX_REGIONS];
+    static char region_names[WAN_MAX_REGIONS][WAN_REGION_MAX + 1];
+    static char wan_addrs[WAN_MAX_REGIONS][WAN_LOCAL_ADDR_MAX];
+    outer_sync *os = NULL;
+    wan_codec_params codec_check;
+    if (wan.sync_every && wan_codec_parse(wan.codec, &codec_check, &err))
+        return cli_fail_input("local", &err);
+    if (wan.sync_every) {
+        if (wan_local_regions(&wan, n_regions, job, &region, &wan_fd, &tls, region_names,
+                              wan_addrs, regions, &err)) {
+            fprintf(stderr, "cirrus-trainer local: %s\n", err.msg);
+            return 1;
+        }
+        const char *names[WAN_MAX_REGIONS], *addrs_wan[WAN_MAX_REGIONS];
+        for (int r = 0; r < n_regions; r++) names[r] = region_names[r], addrs_wan[r] = wan_addrs[r];
+        char role[32];
+        snprintf(role, sizeof role, "local %s", region_names[region]);
+        log_set_role(role);
+        o.data_rank = region;
+        o.data_world = n_regions;
+        if (region > 0) status_port = 0; /* region 0 keeps the port asked for */
+        if (wan_start_outer(&wan, job, region, n_regions, names, addrs_wan, wan_fd,
+                            gpt_num_params(&o.model), tls, &os, &err)) {
+            fprintf(stderr, "cirrus-trainer local: region %s: %s\n", region_names[region],
+                    err.msg);
+            net_tls_ctx_free(tls);
+            return 1;
+        }
+    }
     /* The region's coordinator runs inside this process (as it runs inside the gateway). */
     coordinator *co = NULL;
     coordinator_options co_opt = {.job_id = job, .host = "127.0.0.1", .port = 0,
                                   .http_port = status_port, .n_stages = (uint32_t)n_stages,
                                   .n_layer = (uint32_t)o.model.n_layer,
-                                  .rebalance_period_ms = (uint32_t)rebalance_s * 1000u};
+                                  .rebalance_period_ms = (uint32_t)rebalance_s * 1000u,
+                                  .ext_handler = os ? outer_sync_serve : NULL, .ext_ctx = os,
+                                  .ext_status = os ? outer_sync_view : NULL,
+                                  .ext_request_limit = OUTER_REQUEST_LIMIT};
     if (coordinator_start(&co_opt, &co, &err)) {
         fprintf(stderr, "cirrus-trainer local: coordinator: %s\n", err.msg);
+        outer_sync_stop(os);
+        net_tls_ctx_free(tls);
         return 1;
     }
     char coord_addr[32];
@@ -387,7 +443,8 @@ int roles_cmd_local(int argc, char **argv)
         if ((clients[followers] = spawn_follower(&fs)) < 0) rc = 1;
         else followers++;
     }
-    client_share share = {n_clients, 0, 0};
+    client_share share = {n_clients, 0, 0, wan.sync_every, wan.sync_timeout_s, wan.sync_delay,
+                          wan.sync_every ? region_names[region] : NULL};
     if (!rc)
         rc = roles_run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);
     for (int i = 0; i < followers; i++) {
@@ -401,5 +458,18 @@ int roles_cmd_local(int argc, char **argv)
     }
     stop_processes(pids, started);
     coordinator_stop(co);
+    outer_sync_stop(os);
+    net_tls_ctx_free(tls);
+    if (region > 0) _exit(rc); /* a region's process ends here */
+    for (int r = 1; r < n_regions && wan.sync_every; r++) {
+        int status = 0;
+        if (regions[r] <= 0) continue;
+        if (rc || *cli_stop_flag()) kill(regions[r], SIGTERM); /* asked to stop: all stop */
+        waitpid(regions[r], &status, 0);
+        if (!rc && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+            fprintf(stderr, "cirrus-trainer local: region %s failed\n", region_names[r]);
+            rc = 1;
+        }
+    }
     return rc;
 }

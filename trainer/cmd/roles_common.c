@@ -240,7 +240,12 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
     train_executor ex;
     pipeline_executor_options eo = {.micro = micro, .coord = cc, .index = share->index,
                                     .n_clients = share->n_clients,
-                                    .exit_mid_step = (uint64_t)share->exit_mid_step};
+                                    .exit_mid_step = (uint64_t)share->exit_mid_step,
+                                    .sync_every = share->sync_every,
+                                    .sync_timeout_ms = share->sync_timeout_s * 1000,
+                                    .sync_delay = share->sync_delay,
+                                    .final_step = (uint64_t)o->steps,
+                                    .region = share->region, .stop = cli_stop_flag()};
     int rc = 1;
     if (pipeline_executor_open(p, &eo, &pe, &ex, &err) || pipeline_align_peers(p, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);

@@ -54,6 +54,10 @@ typedef struct peer_source {
 typedef struct client_share {
     int n_clients, index;
     int exit_mid_step; /* tests: --exit-mid-step */
+    /* Outer steps across regions: every sync_every inner steps (0: none), through the
+     * gateway at `coordinator`; region names the region on progress lines (NULL: none). */
+    int sync_every, sync_timeout_s, sync_delay;
+    const char *region;
 } client_share;
 
 /* Train through the stage peers of src as `cirrus-trainer cmd`, reporting to the

@@ -26,6 +26,8 @@
 
 struct net_conn {
     const net_transport *tp;
+    void *tp_state; /* the transport's own (TLS: its session); NULL for TCP */
+    uint64_t sent, received; /* socket bytes, counted by the TCP transport (relaxed atomics) */
     int fd;
     uint32_t max_payload;
     uint8_t *rx; /* payload of the last frame received; rx_cap <= max_payload */
@@ -37,14 +39,31 @@ struct net_conn {
 
 /* ---- the plain TCP transport ---- */
 
-static long tcp_read(net_conn *c, void *buf, size_t n) { return recv(c->fd, buf, n, 0); }
+/* Each counter has one writer (the thread reading, the thread writing), so a relaxed load
+ * and store suffice: no locked add per syscall, and a metrics reader never sees a torn
+ * value. */
+static void count_bytes(uint64_t *counter, long n)
+{
+    if (n > 0)
+        __atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + (uint64_t)n,
+                         __ATOMIC_RELAXED);
+}
+
+static long tcp_read(net_conn *c, void *buf, size_t n)
+{
+    long r = recv(c->fd, buf, n, 0);
+    count_bytes(&c->received, r);
+    return r;
+}
 
 /* sendmsg rather than writev for MSG_NOSIGNAL: a peer that vanished is an EPIPE for this
  * connection, not a SIGPIPE that kills the whole process. */
 static long tcp_writev(net_conn *c, const struct iovec *iov, int iovcnt)
 {
     struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-    return sendmsg(c->fd, &m, MSG_NOSIGNAL);
+    long w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+    count_bytes(&c->sent, w);
+    return w;
 }
 
 static void tcp_close(net_conn *c)
@@ -52,7 +71,23 @@ static void tcp_close(net_conn *c)
     close(c->fd);
 }
 
-static const net_transport tcp_transport = {"tcp", tcp_read, tcp_writev, tcp_close};
+const net_transport net_tcp_transport = {
+    .name = "tcp", .read = tcp_read, .writev = tcp_writev, .close = tcp_close};
+
+const net_transport *net_conn_transport(const net_conn *c) { return c->tp; }
+void *net_conn_transport_state(const net_conn *c) { return c->tp_state; }
+
+void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state)
+{
+    c->tp = tp;
+    c->tp_state = state;
+}
+
+void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received)
+{
+    if (sent) *sent = __atomic_load_n(&c->sent, __ATOMIC_RELAXED);
+    if (received) *received = __atomic_load_n(&c->received, __ATOMIC_RELAXED);
+}
 
 /* ---- deadlines: one absolute deadline per call, so a peer that trickles one byte at a
  * time cannot stretch a call past its timeout ---- */
@@ -199,7 +234,7 @@ static int conn_new(int fd, net_conn **out, cirrus_error *err)
         close(fd);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for a connection");
     }
-    c->tp = &tcp_transport;
+    c->tp = &net_tcp_transport;
     c->fd = fd;
     c->max_payload = NET_DEFAULT_MAX_PAYLOAD;
     c->lowat = 1; /* the kernel's default */
@@ -388,9 +423,11 @@ int net_send_frame(net_conn *c, uint16_t type, uint64_t request_id, const void *
 }
 
 /* A message for a failed read: the close/timeout/error, and how far into the frame. */
-static int recv_fail(int rc, size_t got, int timeout_ms, cirrus_error *err)
+static int recv_fail(const net_conn *c, int rc, size_t got, int timeout_ms, cirrus_error *err)
 {
     int e = errno;
+    const char *why = c->tp->last_error ? c->tp->last_error(c) : NULL;
+    if (rc == CIRRUS_EIO && why) return cirrus_fail(err, rc, "recv: %s", why);
     if (rc == CIRRUS_ECLOSED && got > 0)
         return cirrus_fail(err, CIRRUS_ETRUNC, "connection closed mid-frame (after %zu bytes)",
                            got);
@@ -411,7 +448,7 @@ static int recv_until(net_conn *c, wire_header *h, const uint8_t **payload, int6
     memset(h, 0, sizeof *h);
     set_lowat(c, 1); /* a frame of unknown size: wake for any byte */
     int rc = read_full(c, hdr, sizeof hdr, deadline, &got);
-    if (rc) return recv_fail(rc, got, timeout_ms, err);
+    if (rc) return recv_fail(c, rc, got, timeout_ms, err);
     /* Validate before allocating: a hostile length never reaches malloc. */
     rc = wire_header_decode(hdr, c->max_payload, h, err);
     if (rc) return rc;
@@ -426,7 +463,7 @@ static int recv_until(net_conn *c, wire_header *h, const uint8_t **payload, int6
     }
     if (h->payload_len > 0) {
         rc = read_full(c, c->rx, h->payload_len, deadline, &got);
-        if (rc) return recv_fail(rc, got, timeout_ms, err);
+        if (rc) return recv_fail(c, rc, got, timeout_ms, err);
     }
     if (!wire_checksum_ok(hdr, c->rx, h->payload_len))
         return cirrus_fail(err, CIRRUS_ECORRUPT,
@@ -457,21 +494,22 @@ int net_recv_frame_into(net_conn *c, wire_header *h, void *buf, uint32_t len, in
      * A closed or failed link wakes poll() whatever the mark; a peer that sends less than
      * the mark asks for runs into the deadline, and the reads then tell a frame of the wrong
      * size (a protocol error) from one cut short (a timeout). */
-    if (frame <= INT_MAX && set_lowat(c, (int)frame) > 1) {
+    int buffered = c->tp->pending && c->tp->pending(c); /* then the socket may stay quiet */
+    if (!buffered && frame <= INT_MAX && set_lowat(c, (int)frame) > 1) {
         /* A timeout here is not yet the answer: what did arrive may be a wrong frame, and
          * the reads below say which (they end at the same deadline). */
         int rc = wait_fd(c->fd, POLLIN, deadline);
-        if (rc && rc != CIRRUS_ETIMEDOUT) return recv_fail(rc, got, timeout_ms, err);
+        if (rc && rc != CIRRUS_ETIMEDOUT) return recv_fail(c, rc, got, timeout_ms, err);
     }
     int rc = read_full(c, hdr, sizeof hdr, deadline, &got);
-    if (rc) return recv_fail(rc, got, timeout_ms, err);
+    if (rc) return recv_fail(c, rc, got, timeout_ms, err);
     if ((rc = wire_header_decode(hdr, len, h, err))) return rc;
     if (h->payload_len != len)
         return cirrus_fail(err, CIRRUS_ECORRUPT,
                            "frame of %u bytes (type %u) where one of %u was expected",
                            h->payload_len, h->type, len);
     if (len && (rc = read_full(c, buf, len, deadline, &got)))
-        return recv_fail(rc, got, timeout_ms, err);
+        return recv_fail(c, rc, got, timeout_ms, err);
     if (!wire_checksum_ok(hdr, buf, len))
         return cirrus_fail(err, CIRRUS_ECORRUPT,
                            "frame checksum mismatch (type %u, %u-byte payload)", h->type, len);

@@ -1,9 +1,11 @@
 /* conn: a connection that carries wire frames, with deadlines.
  *
- * A connection is a transport (a vtable: read, write, close) plus the framing on top, so a
- * TLS transport can be added later without any caller changing (the way redis and gloo
- * layer TLS). Every call takes a deadline in milliseconds; a call that cannot finish in
- * time returns CIRRUS_ETIMEDOUT and the connection should be dropped. Sockets are
+ * A connection is a transport (a vtable: read, write, close) plus the framing on top, so
+ * TLS (net/tls.h) layers in without any caller changing (the way redis and gloo layer it):
+ * the TCP transport moves and counts the socket's bytes, and a transport above it takes
+ * the connection over with net_conn_set_transport. Every call takes a deadline in
+ * milliseconds; a call that cannot finish in time returns CIRRUS_ETIMEDOUT and the
+ * connection should be dropped. Sockets are
  * non-blocking, waited on with poll(); TCP_NODELAY is set (frames are latency-bound).
  */
 #ifndef CIRRUS_CONN_H
@@ -25,7 +27,28 @@ typedef struct net_transport {
     long (*read)(net_conn *c, void *buf, size_t n);
     long (*writev)(net_conn *c, const struct iovec *iov, int iovcnt);
     void (*close)(net_conn *c);
+    /* Optional (NULL: never). Non-zero when read may return bytes without the socket being
+     * readable (TLS: records already read and buffered): waits for readability are skipped
+     * then, so buffered data is never left to sit until a deadline. */
+    int (*pending)(const net_conn *c);
+    /* Optional (NULL: errno says it all). A one-line reason for the last failed read or
+     * writev (TLS: OpenSSL's error), used in the messages of failed receives. */
+    const char *(*last_error)(const net_conn *c);
 } net_transport;
+
+/* The plain TCP transport every connection starts with. Its read and writev count the
+ * bytes moved on the socket (net_conn_bytes), so a transport layered above it (TLS) calls
+ * them for its socket I/O and the counters include its records and handshake. */
+extern const net_transport net_tcp_transport;
+/* For a transport taking over a connection: the current transport and its state, and the
+ * swap (the old transport's state is the new one's to keep, e.g. as its lower layer). */
+const net_transport *net_conn_transport(const net_conn *c);
+void *net_conn_transport_state(const net_conn *c);
+void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state);
+
+/* Bytes this connection moved on the socket so far (for TLS: records and handshake
+ * included): the WAN byte counters. Safe to call from another thread while it is used. */
+void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received);
 
 /* Split "host:port" (the last ':' separates; port 1..65535, or 0 when allow_zero) into
  * host (NUL-terminated, fits host_size) and *port. CIRRUS_EINVAL with a message otherwise. */

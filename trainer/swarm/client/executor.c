@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../../../common/log.h"
+#include "outer_client.h"
 #include "step_share.h"
 
 struct pipeline_executor {
@@ -20,6 +21,9 @@ struct pipeline_executor {
     int index, n_clients;
     step_share share;          /* with n_clients > 1 */
     uint64_t exit_mid_step;    /* tests: die half-way through this step's share (0: never) */
+    outer_client *outer;       /* outer steps across regions; NULL: none */
+    const char *region;        /* shown on progress lines; NULL: not */
+    int outer_begun;
 };
 
 static double now_s(void)
@@ -84,6 +88,11 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches per step cannot be shared by "
                            "%d clients", M, e->n_clients);
     admit_new_peers(e, step);
+    if (e->outer && !e->outer_begun) { /* the region starts from the global parameters */
+        int rc = outer_client_begin(e->outer, err);
+        if (rc) return rc;
+        e->outer_begun = 1;
+    }
     /* This client's share: a contiguous run of the step's microbatches. */
     const int first = e->index * M / e->n_clients;
     const int mine = (e->index + 1) * M / e->n_clients - first;
@@ -114,6 +123,8 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         rc = step_share_follow(&e->share, err);
         *loss = (float)(e->share.loss_sum / mine); /* this client's share (as last redone) */
     }
+    if (!rc && e->outer)
+        rc = outer_client_after_step(e->outer, step, (uint64_t)B * (uint64_t)T, err);
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
     return rc;
 }
@@ -162,7 +173,19 @@ static void pipe_describe(void *ctx, int json, char *buf, size_t size)
                               : snprintf(buf + used, size - used, "%s%d (%.0f samples/s)",
                                          s ? ", " : " ", peers, rate));
     }
-    if (json && used < size) snprintf(buf + used, size - used, "]");
+    if (json && used < size) used += (size_t)snprintf(buf + used, size - used, "]");
+    if (e->region && used < size)
+        used += (size_t)snprintf(buf + used, size - used,
+                                 json ? ",\"region\":\"%s\"" : " | region %s", e->region);
+    if (e->outer && used < size) {
+        uint64_t outer_step, wan_bytes, digest;
+        outer_client_progress(e->outer, &outer_step, &wan_bytes, &digest);
+        snprintf(buf + used, size - used,
+                 json ? ",\"outer_step\":%llu,\"wan_bytes\":%llu,\"digest\":\"%016llx\""
+                      : " | outer %llu, WAN %llu B, digest %016llx",
+                 (unsigned long long)outer_step, (unsigned long long)wan_bytes,
+                 (unsigned long long)digest);
+    }
 }
 
 int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
@@ -172,9 +195,25 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     pipeline_executor *e = calloc(1, sizeof *e);
     if (!e) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the pipeline executor");
     *e = (pipeline_executor){.p = p, .micro = o->micro, .coord = o->coord, .index = o->index,
-                             .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step};
+                             .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step,
+                             .region = o->region};
     if (o->n_clients > 1)
         step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
+    if (o->sync_every > 0) {
+        /* Several clients would need the outer step inside the step barrier (the leader
+         * installs parameters while the followers wait): not built yet, so refused. */
+        int rc = o->n_clients > 1
+                     ? cirrus_fail(err, CIRRUS_EINVAL, "outer steps (--sync-every) need the "
+                                   "region's only client; --clients %d", o->n_clients)
+                     : outer_client_open(p, o->coord, pipeline_config(p), o->sync_every,
+                                         o->sync_delay, o->final_step,
+                                         o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000,
+                                         o->stop, &e->outer, err);
+        if (rc) {
+            free(e);
+            return rc;
+        }
+    }
     /* Only the leader evaluates: the clients share one model, and a follower's validation
      * passes would only load the peers. */
     *ex = (train_executor){e, pipe_step, o->index == 0 ? pipe_eval : NULL, pipe_gather,
@@ -185,5 +224,6 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
 
 void pipeline_executor_close(pipeline_executor *e)
 {
+    if (e) outer_client_close(e->outer);
     free(e);
 }

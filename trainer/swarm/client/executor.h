@@ -14,6 +14,7 @@
 #ifndef CIRRUS_EXECUTOR_H
 #define CIRRUS_EXECUTOR_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "../../../common/cerr.h"
@@ -32,6 +33,16 @@ typedef struct pipeline_executor_options {
     /* Tests only: exit (137) half-way through this step's share, as a preempted pod
      * would (0: never). */
     uint64_t exit_mid_step;
+    /* > 0: an outer step across regions every this many inner steps, through the
+     * coordinator's gateway (outer_client.h); 0: none. The only client of its region. */
+    int sync_every;
+    int sync_timeout_ms;   /* how long an outer step may take; 0: 10 minutes */
+    int sync_delay;        /* inner steps trained while an outer step runs (0: wait) */
+    uint64_t final_step;   /* the run's last step (it waits for its outer step) */
+    const char *region;    /* the region's name on progress lines (NULL: not shown) */
+    /* Non-zero once the run is asked to end: an outer step still waiting for the other
+     * regions is abandoned (the region keeps its own parameters). NULL: never. */
+    const volatile sig_atomic_t *stop;
 } pipeline_executor_options;
 
 /* An executor over p (which it borrows, with o->coord) into *out, and the train_executor

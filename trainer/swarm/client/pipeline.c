@@ -10,8 +10,6 @@
  * none was lost and none counted twice. A peer that refuses a request (WIRE_ERROR) is not
  * a fault of the network: that error ends the step.
  */
-#include "pipeline.h"
-
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -20,87 +18,7 @@
 #include <time.h>
 
 #include "../../../common/log.h"
-#include "../../net/conn.h"
-#include "../policy/deadline.h"
-#include "../policy/wiring.h"
-#include "../proto/rpc.h"
-#include "../proto/stage_msg.h"
-
-#define PIPE_REPLY_LIMIT (256u << 20)
-
-typedef struct peer_link {
-    net_conn *c;       /* NULL once dead */
-    char addr[STAGE_ADDR_MAX];
-    char ring[STAGE_ADDR_MAX]; /* its gradient-averaging address */
-    uint32_t served;   /* forwards and backwards answered */
-    uint32_t wid;      /* its id in the wiring: new for every connection */
-} peer_link;
-
-/* The peers serving one stage; slots of dead peers are reused by joining ones. */
-typedef struct stage_link {
-    int n;             /* slots in use */
-    peer_link peer[PIPE_MAX_PEERS];
-    int l0, l1;
-} stage_link;
-
-/* What a microbatch's backward at one stage needs, kept until the step. */
-typedef struct mb_record {
-    int32_t *x, *y;          /* tokens and targets (B*T) */
-    float **in, **gout;      /* per stage: input activations, gradient of the output */
-    int *bw_peer;            /* per stage: the peer whose gradients hold this microbatch */
-    int *fw_peer;            /* per stage: the peer that ran its forward (-1: none yet) */
-    uint64_t id;
-    int B, T;
-    float loss;              /* from the last stage's forward */
-} mb_record;
-
-typedef struct task task;
-
-struct pipeline {
-    int n, codec, timeout_ms, max_B, max_T;
-    gpt_config cfg;
-    char job_id[WIRE_JOB_ID_MAX + 1];
-    stage_link link[PIPE_MAX_STAGES];
-    float *acts[PIPE_MAX_STAGES + 1]; /* acts[s]: input of stage s (s >= 1) */
-    float *tied;                      /* V*C */
-    uint64_t next_id;                 /* request ids */
-    uint64_t round;                   /* AVERAGE rounds */
-    mb_record mb[PIPE_MAX_MICRO];
-    int n_mb;                         /* microbatches in the current step */
-    int averaged[PIPE_MAX_STAGES];    /* the stage's gradients are summed for this step */
-    pipeline_counters counters;
-    /* How long to wait for a forward (0) or backward (1) of each stage before trying
-     * another peer: learned from the latencies seen, not guessed. */
-    deadline_estimator *deadline[PIPE_MAX_STAGES][2];
-    /* How long a stage's gradient averaging round may take: learned from the rounds seen,
-     * and sent with each round, so a member that hangs makes the others' ring give up
-     * then too; the round is repeated without it. */
-    deadline_estimator *avg_deadline[PIPE_MAX_STAGES];
-    stage_average avg;                /* the AVERAGE being sent (large: kept off the stack) */
-    char dead[PIPE_MAX_STAGES * PIPE_MAX_PEERS][STAGE_ADDR_MAX]; /* never re-admitted */
-    int n_dead;
-    /* Which peer of a stage serves the next microbatch (swarm/wiring.c): least loaded by
-     * measured throughput, or round robin. Holds the live peers only. */
-    wiring *wiring;
-    enum wiring_policy policy;
-    uint32_t next_wid;
-    /* Microbatches in flight: the step's records [0, n_mb) are started in order from
-     * next_start while fewer than the window are active; tasks are their forwards and
-     * backwards, queued or on the wire. */
-    int inflight;                     /* the window; 0: one per live peer */
-    int next_start, mb_active;
-    task *tasks;
-    int n_tasks, cap_tasks;
-    int in_engine;                    /* inside engine_run: faults queue work, not run it */
-    /* Several clients: optimizer steps the peers have taken as this client knows it (a
-     * joining peer at that step needs no state copy), whether this client is a follower
-     * (another client steps; it admits only peers already at the stage's step), and who
-     * hears of the peers it loses (the leader tells the followers). */
-    uint64_t steps_done;
-    int follower;
-    pipeline_lost_fn on_lost;
-    void *on_lost_ctx;
-};
+#include "pipeline_internal.h"
 
 /* ---- requests ---- */
 
@@ -119,7 +37,7 @@ static int alive_count(const pipeline *p, int s)
 /* A transport failure, or a peer that left the stage (rebalancing): the peer is gone as
  * far as this client is concerned. A refusal is not (rpc.h maps none to a fault) except
  * "moved": the peer serves another stage now. */
-static int is_peer_fault(int rc)
+int pipe_is_peer_fault(int rc)
 {
     return rpc_is_fault(rc) || rc == STAGE_MOVED;
 }
@@ -151,7 +69,7 @@ static int await_reply(pipeline *p, int s, int k, uint16_t type, uint64_t id, wi
                      err);
 }
 
-static int call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
+int pipe_call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
                      wire_reader *r, cirrus_error *err)
 {
     uint64_t id = ++p->next_id;
@@ -204,7 +122,7 @@ static int call_timed(pipeline *p, int s, int k, uint16_t type, int B, const wir
     const enum wiring_kind kind = type == STAGE_BACKWARD ? WIRING_BACKWARD : WIRING_FORWARD;
     double t0 = now_s();
     if (learned) p->timeout_ms = (int)(learned_deadline(p, s, k, type, B) * 1000.0) + 1;
-    int rc = call_peer(p, s, k, type, w, r, err);
+    int rc = pipe_call_peer(p, s, k, type, w, r, err);
     p->timeout_ms = saved;
     const double took = now_s() - t0;
     if (!rc) pl->served++;
@@ -220,7 +138,7 @@ static int call_timed(pipeline *p, int s, int k, uint16_t type, int B, const wir
 }
 
 /* The first live peer of stage s (for requests that are not routed work); -1 if none. */
-static int any_live_peer(const pipeline *p, int s)
+int pipe_any_live_peer(const pipeline *p, int s)
 {
     for (int k = 0; k < p->link[s].n; k++)
         if (peer_alive(p, s, k)) return k;
@@ -253,7 +171,7 @@ static int reassign_tasks_of(pipeline *p, int s, int k, cirrus_error *err);
  * and the backwards whose gradients it held are re-run on survivors. A peer that only timed out is not banned (SWARM's rule): its
  * connection is closed (a late reply must not be mistaken for another), and if the
  * coordinator still lists it later, it rejoins with fresh state. */
-static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err)
+int pipe_peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err)
 {
     peer_link *pl = &p->link[s].peer[k];
     if (!pl->c) return 0;
@@ -302,20 +220,20 @@ static int on_stage(pipeline *p, int s, int prefer, uint16_t type, int B, double
     for (;;) {
         int k = prefer >= 0 && peer_alive(p, s, prefer) ? prefer
                 : charge > 0                            ? routed_peer(p, s, charge)
-                                                        : any_live_peer(p, s);
+                                                        : pipe_any_live_peer(p, s);
         if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
         prefer = -1;
         int rc = type == STAGE_FORWARD || type == STAGE_BACKWARD
                      ? call_timed(p, s, k, type, B, w, r, err)
-                     : call_peer(p, s, k, type, w, r, err);
+                     : pipe_call_peer(p, s, k, type, w, r, err);
         if (!rc) {
             *served = k;
             return 0;
         }
-        if (!is_peer_fault(rc)) return rc;
+        if (!pipe_is_peer_fault(rc)) return rc;
         p->counters.retried++;
         cirrus_error why = *err;
-        if ((rc = peer_failed(p, s, k, &why, err))) return rc;
+        if ((rc = pipe_peer_failed(p, s, k, &why, err))) return rc;
     }
 }
 
@@ -545,7 +463,6 @@ static int next_task_for(const pipeline *p, int s, int k)
     return best;
 }
 
-static int peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err);
 
 /* Send every idle peer its next task. */
 static int dispatch(pipeline *p, cirrus_error *err)
@@ -558,7 +475,7 @@ static int dispatch(pipeline *p, cirrus_error *err)
             cirrus_error why;
             if (!task_send(p, &p->tasks[i], &why)) continue;
             p->counters.retried++;
-            int rc = peer_failed(p, s, k, &why, err);
+            int rc = pipe_peer_failed(p, s, k, &why, err);
             if (rc) return rc;
             k = -1; /* tasks moved to other peers of the stage: look at all of them again */
         }
@@ -588,11 +505,11 @@ static int task_answer(pipeline *p, int i, int timed_out, cirrus_error *err)
         task_drop(p, i);
         return task_done(p, &t, err);
     }
-    if (!is_peer_fault(rc)) {
+    if (!pipe_is_peer_fault(rc)) {
         *err = why;
         return rc;
     }
-    return peer_failed(p, t.s, t.k, &why, err);
+    return pipe_peer_failed(p, t.s, t.k, &why, err);
 }
 
 /* Wait for the first reply or deadline among the requests on the wire, and handle it. */
@@ -764,7 +681,7 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
                                : CIRRUS_ECLOSED;
         if (!prc) {
             (*answered)++;
-        } else if (is_peer_fault(prc)) {
+        } else if (pipe_is_peer_fault(prc)) {
             faulty[k] = 1;
         } else if (!rc) {
             *err = why[k];
@@ -774,7 +691,7 @@ static int on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w,
     /* Only now, with every reply read, may the failures be handled (that can mean new
      * requests to the survivors). */
     for (int k = 0; k < p->link[s].n && !rc; k++)
-        if (faulty[k]) rc = peer_failed(p, s, k, &why[k], err);
+        if (faulty[k]) rc = pipe_peer_failed(p, s, k, &why[k], err);
     return rc;
 }
 
@@ -848,10 +765,10 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                 /* A member that failed, or a refusal because another member vanished
                  * mid-ring: the round is repeated. Only transport faults remove a peer. */
                 failed = 1;
-                faulty[k] = is_peer_fault(rc);
+                faulty[k] = pipe_is_peer_fault(rc);
             }
             for (int k = 0; k < p->link[s].n; k++) {
-                int rc = faulty[k] ? peer_failed(p, s, k, &why[k], err) : 0;
+                int rc = faulty[k] ? pipe_peer_failed(p, s, k, &why[k], err) : 0;
                 if (rc) return rc;
             }
             if (failed) {
@@ -988,85 +905,6 @@ int pipeline_step_shared(pipeline *p, float lr, float grad_scale, uint64_t step,
     return rc;
 }
 
-/* ---- the model's state, for checkpoints ---- */
-
-/* Fetching stage s's state from its peer k into whole-model buffers: each float of the
- * stage's state (its optimizer spans' parameters, then m, then v) lands at its place in
- * params, m or v. */
-typedef struct state_gather {
-    pipeline *p;
-    int s, k;
-    gpt_span spans[2];
-    int n_spans;
-    uint64_t n;         /* floats in the stage's spans */
-    float *dst[3];      /* params, m, v: gpt_num_params() floats each */
-} state_gather;
-
-static int gather_call(void *ctx, const wire_writer *req, wire_reader *reply, cirrus_error *err)
-{
-    state_gather *g = ctx;
-    return call_peer(g->p, g->s, g->k, STAGE_STATE_GET, req, reply, err);
-}
-
-static void gather_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64_t count)
-{
-    state_gather *g = ctx;
-    while (count > 0) {
-        const int which = (int)(off / g->n); /* 0 params, 1 m, 2 v */
-        uint64_t in = off % g->n;            /* position in the stage's spans */
-        int i = 0;
-        while (in >= g->spans[i].count) in -= g->spans[i++].count;
-        const uint64_t left = g->spans[i].count - in, take = left < count ? left : count;
-        memcpy(g->dst[which] + g->spans[i].offset + in, floats, sizeof(float) * take);
-        floats += sizeof(float) * take;
-        off += take;
-        count -= take;
-    }
-}
-
-int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
-                          uint64_t *steps, cirrus_error *err)
-{
-    if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "the state is gathered between steps");
-    const size_t total = gpt_num_params(&p->cfg);
-    float *buf = malloc(sizeof(float) * total * 3);
-    if (!buf) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    int rc = 0;
-    uint64_t last_steps = 0; /* the last stage's: every stage must have taken as many */
-    /* Last stage first: its wte copy is then overwritten by the first stage's. */
-    for (int s = p->n - 1; s >= 0 && !rc; s--) {
-        state_gather g = {.p = p, .s = s, .k = any_live_peer(p, s),
-                          .dst = {buf, buf + total, buf + 2 * total}};
-        g.n_spans = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, g.spans);
-        for (int i = 0; i < g.n_spans; i++) g.n += g.spans[i].count;
-        uint64_t st = 0;
-        for (;;) { /* a peer that fails at the transport is dropped; the next one is asked */
-            if (g.k < 0) {
-                rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
-                break;
-            }
-            rc = stage_fetch_state(gather_call, gather_floats, &g, g.n, &st, err);
-            if (!is_peer_fault(rc)) break;
-            cirrus_error why = *err;
-            if ((rc = peer_failed(p, s, g.k, &why, err))) break;
-            g.k = any_live_peer(p, s);
-        }
-        if (!rc && s == p->n - 1) last_steps = st;
-        if (!rc && st != last_steps)
-            rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d has taken %llu steps, stage %d "
-                             "%llu", s, (unsigned long long)st, p->n - 1,
-                             (unsigned long long)last_steps);
-    }
-    if (!rc) {
-        memcpy(params, buf, sizeof(float) * total);
-        memcpy(adam_m, buf + total, sizeof(float) * total);
-        memcpy(adam_v, buf + 2 * total, sizeof(float) * total);
-        *steps = last_steps;
-    }
-    free(buf);
-    return rc;
-}
-
 /* ---- membership ---- */
 
 /* Connect to one peer and check what it serves; fills slot k of stage s. */
@@ -1087,7 +925,7 @@ static int connect_peer(pipeline *p, int s, int k, const char *addr, int *l1, ui
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 0);
-    if ((rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err))) goto fail;
+    if ((rc = pipe_call_peer(p, s, k, STAGE_INFO, &w, &r, err))) goto fail;
     stage_info in;
     const int bad = stage_msg_get_info(&r, &in);
     *steps = in.steps;
@@ -1202,7 +1040,7 @@ static int sync_peer(pipeline *p, int s, int k, int donor, cirrus_error *err)
     wire_reader r;
     wire_writer_init(&w, 512);
     stage_msg_put_sync(&w, p->link[s].peer[donor].addr);
-    int rc = call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
+    int rc = pipe_call_peer(p, s, k, STAGE_SYNC, &w, &r, err);
     wire_writer_free(&w);
     return rc;
 }
@@ -1213,7 +1051,7 @@ static int peer_steps(pipeline *p, int s, int k, uint64_t *steps, cirrus_error *
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 0);
-    int rc = call_peer(p, s, k, STAGE_INFO, &w, &r, err);
+    int rc = pipe_call_peer(p, s, k, STAGE_INFO, &w, &r, err);
     if (rc) return rc;
     stage_info in;
     if (stage_msg_get_info(&r, &in))
@@ -1268,7 +1106,7 @@ int pipeline_take_over(pipeline *p, cirrus_error *err)
             wire_writer w;
             wire_reader r;
             wire_writer_init(&w, 0);
-            int rc = peer_alive(p, s, k) ? call_peer(p, s, k, STAGE_RESET, &w, &r, err) : 0;
+            int rc = peer_alive(p, s, k) ? pipe_call_peer(p, s, k, STAGE_RESET, &w, &r, err) : 0;
             if (rc) return rc;
         }
     return 0;
@@ -1308,7 +1146,7 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     while (k < L->n && peer_alive(p, s, k)) k++;
     if (k == PIPE_MAX_PEERS)
         return cirrus_fail(err, CIRRUS_EINVAL, "stage %d already has %d peers", s, k);
-    int donor = any_live_peer(p, s);
+    int donor = pipe_any_live_peer(p, s);
     if (donor < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer to copy", s);
     if (k == L->n) L->n++;
     int l1 = L->l1;
@@ -1357,7 +1195,7 @@ int pipeline_peer_reported_lost(pipeline *p, int s, const char *addr, cirrus_err
          * rejoins with the stage's state. */
         cirrus_error why;
         cirrus_fail(&why, CIRRUS_ETIMEDOUT, "reported lost by the client that steps");
-        return peer_failed(p, s, k, &why, err);
+        return pipe_peer_failed(p, s, k, &why, err);
     }
     return 0; /* lost here already: its backwards were redone then */
 }
@@ -1418,6 +1256,11 @@ const pipeline_counters *pipeline_get_counters(const pipeline *p)
 int pipeline_stages(const pipeline *p)
 {
     return p->n;
+}
+
+const gpt_config *pipeline_config(const pipeline *p)
+{
+    return &p->cfg;
 }
 
 int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, uint64_t seed,

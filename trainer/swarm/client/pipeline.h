@@ -119,6 +119,7 @@ const pipeline_counters *pipeline_get_counters(const pipeline *p);
 /* One log line per stage: each live peer's requests served and measured throughput. */
 void pipeline_log_routing(const pipeline *p);
 int pipeline_stages(const pipeline *p);
+const gpt_config *pipeline_config(const pipeline *p);
 /* Optimizer steps the stages' peers have taken, as this client knows it. */
 uint64_t pipeline_steps_done(const pipeline *p);
 /* Stage s now: its live peers, and the sum of their measured throughputs (samples/s; 0
@@ -131,6 +132,15 @@ void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_p
  * buffers unless every stage answered in full. */
 int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
                           uint64_t *steps, cirrus_error *err);
+
+/* Between steps: the whole model's parameters (gpt_num_params() floats) from one live peer
+ * of every stage, which must be at the step this client knows (the region's parameters an
+ * outer step starts from). Parts may have been written when it fails. */
+int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err);
+/* Between steps: the whole model's parameters installed on every live peer of every stage
+ * (PARAMS_SET); their AdamW moments stay. A peer that fails at the transport is dropped:
+ * no peer serves on with other parameters than its stage's. */
+int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err);
 
 /* Forward only: the mean loss of a batch, nothing kept. */
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,

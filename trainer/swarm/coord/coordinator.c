@@ -173,6 +173,8 @@ int coordinator_set_instruction(coordinator *co, uint32_t peer_id, uint32_t stag
 int coordinator_snapshot(coordinator *co, coord_snapshot *s)
 {
     memset(s, 0, sizeof *s);
+    /* Outside the coordinator's lock: the extension has its own. */
+    if (co->o.ext_status) s->has_outer = co->o.ext_status(co->o.ext_ctx, &s->outer) == 0;
     int64_t now = coord_now_ms();
     pthread_mutex_lock(&co->mu);
     coord_members_reap(co, now);

@@ -53,6 +53,16 @@ typedef struct coordinator_options {
      * STEP_SYNC without answering it, as a gateway lost just after posting a notice would:
      * the leader knows the notice, the coordinator that comes back does not. */
     int test_exit_after_redo;
+    /* Requests of types COORD_EXT_FIRST..COORD_EXT_LAST go to this handler (NULL: refused
+     * as unknown), outside the coordinator's lock, on the requester's connection thread:
+     * the gateway's outer sync speaks to its region's leader client this way, through the
+     * one server a region already has. ext_request_limit (> COORD_REQUEST_LIMIT) is the
+     * largest request payload then accepted. */
+    coord_ext_handler ext_handler;
+    void *ext_ctx;
+    /* NULL, or fills the outer sync's part of /status and /metrics (0; else left out). */
+    int (*ext_status)(void *ext_ctx, coord_outer_view *out);
+    uint32_t ext_request_limit;
 } coordinator_options;
 
 typedef struct coordinator coordinator;

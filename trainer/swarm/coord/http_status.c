@@ -112,6 +112,39 @@ static json_t *rebalance_json(const coord_snapshot *s, int *bad)
     return o;
 }
 
+/* {"step", "digest", "wan_bytes_sent", ..., "links": [{region, up, last_error}]}: the
+ * gateway's outer sync across regions. */
+static json_t *outer_json(const coord_outer_view *v, int *bad)
+{
+    json_t *o = json_object(), *links = json_array();
+    if (!o || !links) {
+        json_decref(o);
+        json_decref(links);
+        *bad = 1;
+        return NULL;
+    }
+    char digest[17];
+    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)v->digest);
+    put(o, "step", json_integer(v->step), bad);
+    put(o, "digest", json_string(digest), bad);
+    put(o, "wan_bytes_sent", count(v->wan_sent), bad);
+    put(o, "wan_bytes_received", count(v->wan_received), bad);
+    put(o, "payload_bytes_sent", count(v->payload_sent), bad);
+    put(o, "digest_mismatches", count(v->digest_mismatches), bad);
+    put(o, "last_sync_unix_s", v->last_sync_unix_s > 0 ? json_real(v->last_sync_unix_s) : json_null(),
+        bad);
+    put(o, "last_sync_duration_s",
+        v->last_sync_unix_s > 0 ? real_or_null(v->last_duration_s) : json_null(), bad);
+    put(o, "codec", json_string(v->codec), bad);
+    put(o, "sync_every", count(v->sync_every), bad);
+    for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
+        append(links, json_pack("{s:s,s:b,s:s}", "region", v->links[i].region, "up",
+                                v->links[i].up, "last_error", v->links[i].last_error),
+               bad);
+    put(o, "links", links, bad);
+    return o;
+}
+
 char *http_status_json(const coord_snapshot *s)
 {
     int bad = 0;
@@ -145,6 +178,7 @@ char *http_status_json(const coord_snapshot *s)
     for (size_t i = 0; i < s->n_members; i++)
         append(members, member_json(&s->members[i], &bad), &bad);
     put(o, "members", json_incref(members), &bad);
+    if (s->has_outer) put(o, "outer", outer_json(&s->outer, &bad), &bad);
     if (!bad) out = json_dumps(o, JSON_INDENT(2));
 out:
     json_decref(o);
@@ -202,6 +236,39 @@ static void family(text *t, const char *name, const char *type, const char *help
     tprintf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* The outer sync's series (region names are [A-Za-z0-9._-]: no label escaping needed). */
+static void outer_metrics(text *t, const coord_outer_view *v)
+{
+    char b[32];
+    family(t, "cirrus_outer_step", "gauge",
+           "Latest outer step across regions (-1 before the global parameters).");
+    tprintf(t, "cirrus_outer_step %lld\n", (long long)v->step);
+    family(t, "cirrus_wan_bytes_sent_total", "counter",
+           "Bytes sent on the WAN connections to other regions' gateways, TLS included.");
+    tprintf(t, "cirrus_wan_bytes_sent_total %llu\n", (unsigned long long)v->wan_sent);
+    family(t, "cirrus_wan_bytes_received_total", "counter",
+           "Bytes received on the WAN connections from other regions' gateways, TLS included.");
+    tprintf(t, "cirrus_wan_bytes_received_total %llu\n", (unsigned long long)v->wan_received);
+    family(t, "cirrus_outer_payload_bytes_sent_total", "counter",
+           "Encoded pseudo-gradient bytes sent to other regions.");
+    tprintf(t, "cirrus_outer_payload_bytes_sent_total %llu\n",
+            (unsigned long long)v->payload_sent);
+    family(t, "cirrus_outer_digest_mismatches_total", "counter",
+           "Outer steps in which another region's global state differed from this one's.");
+    tprintf(t, "cirrus_outer_digest_mismatches_total %llu\n",
+            (unsigned long long)v->digest_mismatches);
+    family(t, "cirrus_outer_last_sync_timestamp_seconds", "gauge",
+           "When the last outer step completed (Unix time; 0: never).");
+    tprintf(t, "cirrus_outer_last_sync_timestamp_seconds %s\n", value(b, v->last_sync_unix_s));
+    family(t, "cirrus_outer_last_sync_duration_seconds", "gauge",
+           "Seconds from the region's parameters to the new global ones, last outer step.");
+    tprintf(t, "cirrus_outer_last_sync_duration_seconds %s\n", value(b, v->last_duration_s));
+    family(t, "cirrus_wan_link_up", "gauge", "Whether the link to another region is up.");
+    for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
+        tprintf(t, "cirrus_wan_link_up{region=\"%s\"} %d\n", v->links[i].region,
+                v->links[i].up);
+}
+
 char *http_status_metrics(const coord_snapshot *s)
 {
     text t = {0};
@@ -252,6 +319,7 @@ char *http_status_metrics(const coord_snapshot *s)
     family(&t, "cirrus_rebalance_withdrawn_total", "counter",
            "Move instructions withdrawn because the peer did not move in time.");
     tprintf(&t, "cirrus_rebalance_withdrawn_total %llu\n", (unsigned long long)s->withdrawn);
+    if (s->has_outer) outer_metrics(&t, &s->outer);
     if (t.failed) {
         free(t.p);
         return NULL;

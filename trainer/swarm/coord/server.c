@@ -33,6 +33,10 @@ static int serve(coordinator *co, const wire_header *h, const uint8_t *p, wire_w
         cirrus_fail(&oc->err, CIRRUS_ECORRUPT, "PING with a %u-byte payload", h->payload_len);
         return coord_malformed(oc);
     default:
+        if (co->o.ext_handler && h->type >= COORD_EXT_FIRST && h->type <= COORD_EXT_LAST &&
+            !(h->type & 1))
+            return co->o.ext_handler(co->o.ext_ctx, h->type, p, h->payload_len, reply,
+                                     &oc->drop, &oc->err);
         cirrus_fail(&oc->err, CIRRUS_ECORRUPT, "unknown request type %u", h->type);
         return coord_malformed(oc);
     }
@@ -70,7 +74,9 @@ static void *conn_main(void *arg)
     cirrus_error err = {0};
     uint16_t role;
     uint32_t hello_id;
-    net_set_max_payload(c, COORD_REQUEST_LIMIT);
+    net_set_max_payload(c, co->o.ext_handler && co->o.ext_request_limit > COORD_REQUEST_LIMIT
+                               ? co->o.ext_request_limit
+                               : COORD_REQUEST_LIMIT);
     if (net_hello_server(c, co->job_id, &role, &hello_id, COORD_IO_TIMEOUT_MS, &err)) {
         log_warn("dropped %s: %s", net_peer_name(c), err.msg);
         goto out;

@@ -32,6 +32,27 @@ typedef struct coord_move {
     double at_s;                  /* coordinator uptime then */
 } coord_move;
 
+/* The gateway's outer sync across regions, as /status and /metrics show it (filled by the
+ * coordinator's extension: coordinator_options.ext_status). */
+#define COORD_OUTER_LINKS 16
+typedef struct coord_outer_view {
+    int64_t step;                 /* latest outer step; -1: no global parameters yet */
+    uint64_t digest;              /* of the global parameters and momentum after it */
+    uint64_t wan_sent, wan_received; /* bytes on the WAN sockets, TLS records included */
+    uint64_t payload_sent;        /* pseudo-gradient message bytes sent */
+    uint64_t digest_mismatches;   /* rounds in which another region's digest differed */
+    double last_sync_unix_s;      /* when the last outer step completed; 0: never */
+    double last_duration_s;       /* from the region's push to the new global parameters */
+    char codec[48];
+    uint32_t sync_every;
+    uint32_t n_links;
+    struct {
+        char region[64];
+        int up;
+        char last_error[256];
+    } links[COORD_OUTER_LINKS];
+} coord_outer_view;
+
 typedef struct coord_snapshot {
     char job_id[WIRE_JOB_ID_MAX + 1];
     uint64_t epoch;
@@ -52,6 +73,8 @@ typedef struct coord_snapshot {
     size_t n_clients;
     size_t n_members;
     coord_member_view *members; /* [n_members], by id */
+    int has_outer;              /* the gateway runs outer steps across regions */
+    coord_outer_view outer;
 } coord_snapshot;
 
 /* Free the arrays of a filled snapshot and zero it (a zeroed one is fine too). */

@@ -273,6 +273,32 @@ static int put_state(peer *p, wire_reader *r, wire_writer *w)
     return 0;
 }
 
+/* PARAMS_SET: the global parameters of an outer step (or a slice of them) replace this
+ * peer's, between two steps; the optimizer state stays. */
+static int set_params(peer *p, wire_reader *r, const char **why)
+{
+    stage_params_set q;
+    if (stage_msg_get_params_set(r, p->adam.state_count, &q)) return CIRRUS_ECORRUPT;
+    if (q.steps != p->steps || p->mb_since_step || p->summed) {
+        *why = "PARAMS_SET refused: the peer is not between the steps the client names";
+        return CIRRUS_EMISMATCH;
+    }
+    uint64_t off = q.offset, count = q.count, at = 0;
+    const uint8_t *src = q.floats;
+    for (int s = 0; s < p->adam.n_seg && count > 0; s++) {
+        const uint64_t len = p->adam.seg[s].count;
+        if (off < at + len) {
+            const uint64_t from = off - at, take = len - from < count ? len - from : count;
+            memcpy(p->model.params + p->adam.seg[s].offset + from, src, take * sizeof(float));
+            src += take * sizeof(float);
+            off += take;
+            count -= take;
+        }
+        at += len;
+    }
+    return 0;
+}
+
 /* A connection to the donor at host:port, checked (INFO) to serve layers [l0, l1) of this
  * peer's model: a donor that moved to another stage since it was named must not hand over
  * that stage's state, even one of the same size. */
@@ -541,6 +567,9 @@ static int serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *pay
     case STAGE_STATE_GET:
         *why = "malformed STATE_GET: a slice outside the state, or over its size limit";
         return put_state(p, &r, reply);
+    case STAGE_PARAMS_SET:
+        *why = "malformed PARAMS_SET: a slice outside the parameters, or over its size limit";
+        return set_params(p, &r, why);
     case STAGE_SYNC: {
         char donor[STAGE_ADDR_MAX];
         if (stage_msg_get_sync(&r, donor)) return CIRRUS_ECORRUPT;

@@ -547,6 +547,19 @@ static int call(coord_client *c, uint16_t type, const wire_writer *req, int64_t 
     return rc;
 }
 
+int coord_client_ext_call(coord_client *c, uint16_t type, const wire_writer *req,
+                          int timeout_ms, const uint8_t **reply, uint32_t *reply_len,
+                          cirrus_error *err)
+{
+    if (type < COORD_EXT_FIRST || type > COORD_EXT_LAST || (type & 1))
+        return cirrus_fail(err, CIRRUS_EINVAL, "type %u is not an extension request", type);
+    pthread_mutex_lock(&c->mu);
+    int rc = call(c, type, req, timeout_ms < 0 ? -1 : mono_ms() + timeout_ms, reply, reply_len,
+                  err);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 static int do_register(coord_client *c, const coord_registration *reg, int64_t deadline,
                        cirrus_error *err)
 {

@@ -77,6 +77,17 @@ enum coord_role { COORD_ROLE_STAGE = 1, COORD_ROLE_CLIENT = 2 };
 #define COORD_NOTICE_KEEP 64       /* REDO notices the coordinator remembers (newest) */
 #define COORD_STEP_WAIT_MAX_MS 2000 /* the longest an ARRIVE may ask its answer to be held */
 
+/* Types a coordinator hands to its extension (coordinator_options.ext_handler): requests
+ * are even, replies the type + 1. The region's outer sync (gateway/outer_msg.h) uses them. */
+#define COORD_EXT_FIRST 48
+#define COORD_EXT_LAST 63
+
+/* Serves one extension request: p[0..n) is its payload; appends the reply to *reply, or
+ * returns a code with a message in err (answered as WIRE_ERROR). *drop: the request was
+ * malformed and its connection is dropped. */
+typedef int (*coord_ext_handler)(void *ctx, uint16_t type, const uint8_t *p, size_t n,
+                                 wire_writer *reply, int *drop, cirrus_error *err);
+
 typedef struct coord_registration {
     uint16_t role;                   /* enum coord_role */
     uint32_t stage;                  /* < n_stages; COORD_NO_STAGE for a client */
@@ -236,6 +247,14 @@ int coord_client_peers(coord_client *c, uint32_t stage, int timeout_ms,
  * and for a REDO stage >= its n_stages. Needs no registration. */
 int coord_client_step_sync(coord_client *c, const coord_step_sync *req, int timeout_ms,
                            coord_step_state *out, cirrus_error *err);
+
+/* One request -> reply of an extension type (COORD_EXT_FIRST..COORD_EXT_LAST, even) with
+ * req's payload; on success *reply and *reply_len point at the answer's payload, valid until
+ * the next call on c (hold no other call meanwhile: the caller serialises). Needs no
+ * registration. */
+int coord_client_ext_call(coord_client *c, uint16_t type, const wire_writer *req,
+                          int timeout_ms, const uint8_t **reply, uint32_t *reply_len,
+                          cirrus_error *err);
 
 /* Leave the membership now rather than expiring; forgets the registration. */
 int coord_client_leave(coord_client *c, int timeout_ms, cirrus_error *err);

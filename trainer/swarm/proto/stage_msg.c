@@ -326,6 +326,31 @@ int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice 
     return 0;
 }
 
+void stage_msg_put_params_set(wire_writer *w, const stage_params_set *q, const float *x)
+{
+    wire_put_u64(w, q->steps);
+    wire_put_u64(w, q->n);
+    wire_put_u64(w, q->offset);
+    wire_put_u64(w, q->count);
+    if (x) wire_put_bytes(w, x, (size_t)q->count * sizeof(float));
+}
+
+int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q)
+{
+    q->steps = wire_get_u64(r);
+    q->n = wire_get_u64(r);
+    q->offset = wire_get_u64(r);
+    q->count = wire_get_u64(r);
+    q->floats = NULL;
+    if (r->failed || q->n != n || q->offset > n || q->count > n - q->offset ||
+        q->count > STAGE_STATE_SLICE)
+        return CIRRUS_ECORRUPT;
+    const uint8_t *f = wire_get_bytes(r, (size_t)q->count * sizeof(float));
+    if (!f || done(r)) return CIRRUS_ECORRUPT;
+    q->floats = f;
+    return 0;
+}
+
 void stage_msg_put_sync(wire_writer *w, const char *donor)
 {
     wire_put_str(w, donor);

@@ -35,6 +35,12 @@
  *             state (STATE_GET) and taken it as its own; how a new peer joins a stage
  *   RESET     -> OK: empty. A client taking over (the previous one died mid-step) drops the
  *             gradients of the unfinished step; parameters and optimizer state are kept
+ *   PARAMS_SET u64 steps, u64 n, u64 offset, u64 count, count f32 -> OK: empty. Between two
+ *             steps, parameters [offset, offset + count) of the peer's n (its optimizer
+ *             segments, in buffer order: the first third of STATE_GET) are replaced; the
+ *             AdamW moments stay. The region's leader client installs the global
+ *             parameters of an outer step this way (gateway/). Refused unless the peer has
+ *             taken exactly `steps` steps and holds no gradients of an unfinished step
  *
  * A peer that moved to another stage (rebalancing) answers ERROR(STAGE_MOVED) to every
  * request on a connection opened before the move, and to every request while it moves.
@@ -75,6 +81,8 @@ enum stage_msg {
     STAGE_SYNC_OK = 85,
     STAGE_RESET = 86,
     STAGE_RESET_OK = 87,
+    STAGE_PARAMS_SET = 88,
+    STAGE_PARAMS_SET_OK = 89,
 };
 
 enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
@@ -241,6 +249,21 @@ typedef struct stage_state_slice {
 void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n);
 void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count);
 int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice *s);
+
+/* PARAMS_SET: get checks that the slice lies inside the n parameters the receiver has
+ * (n must equal its own) and is at most STAGE_STATE_SLICE floats; *floats points at them
+ * inside the payload (little-endian, possibly unaligned). */
+typedef struct stage_params_set {
+    uint64_t steps;          /* the optimizer steps the peer must have taken */
+    uint64_t n;              /* the peer's parameter count, as the sender knows it */
+    uint64_t offset, count;
+    const uint8_t *floats;
+} stage_params_set;
+
+/* Put writes the head and, if x is not NULL, x[0..count); with NULL the caller appends the
+ * count floats (stage_msg_put_state_floats), e.g. piece by piece. */
+void stage_msg_put_params_set(wire_writer *w, const stage_params_set *q, const float *x);
+int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q);
 
 /* SYNC: the donor's "host:port". */
 void stage_msg_put_sync(wire_writer *w, const char *donor);

@@ -112,6 +112,43 @@ static int check_days(int days, cirrus_error *err)
     return 0;
 }
 
+/* A job or region name of an identity: a DNS label of lowercase letters, digits and '-'
+ * (see certs.h). n bytes of s, which need not be NUL-terminated: the same check reads
+ * names back out of a peer's certificate, where an embedded NUL must fail too. Lowercase
+ * only, so that two spellings can never name the same job or region. */
+static int check_label(const char *what, const char *s, size_t n, cirrus_error *err)
+{
+    if (!s || n == 0) return cirrus_fail(err, CIRRUS_EINVAL, "%s is empty", what);
+    if (n > CERTS_MAX_LABEL)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s is %zu bytes, more than %d", what, n,
+                           CERTS_MAX_LABEL);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'))
+            return cirrus_fail(err, CIRRUS_EINVAL,
+                               "%s: byte 0x%02x at %zu is not a lowercase letter, digit or '-'",
+                               what, c, i);
+    }
+    if (s[0] == '-' || s[n - 1] == '-')
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s \"%.*s\" starts or ends with '-'", what,
+                           (int)n, s);
+    return 0;
+}
+
+/* Offsets from now for notBefore / notAfter, in seconds. */
+static int check_validity(long not_before_s, long not_after_s, cirrus_error *err)
+{
+    const long max = (long)CERTS_MAX_DAYS * 86400;
+    if (not_before_s < -max || not_before_s > max || not_after_s < -max || not_after_s > max)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "validity offsets %ld..%ld s are outside +-%d days", not_before_s,
+                           not_after_s, CERTS_MAX_DAYS);
+    if (not_before_s >= not_after_s)
+        return cirrus_fail(err, CIRRUS_EINVAL, "validity ends (%ld s) before it starts (%ld s)",
+                           not_after_s, not_before_s);
+    return 0;
+}
+
 /* ---- building ---- */
 
 static int gen_key(EVP_PKEY **out, cirrus_error *err)
@@ -157,16 +194,20 @@ static int set_cn(X509 *x, const char *cn, cirrus_error *err)
     return 0;
 }
 
-/* What CA and leaf share: version 3, random serial, valid from BACKDATE_S ago to
- * now + days, subject CN, public key. The issuer and extensions are the caller's. */
-static int new_cert(EVP_PKEY *key, const char *cn, int days, X509 **out, cirrus_error *err)
+/* What CA and leaf share: version 3, random serial, valid from now + nb_s to now + na_s
+ * (seconds), subject CN, public key. The issuer and extensions are the caller's. */
+static int new_cert(EVP_PKEY *key, const char *cn, long nb_s, long na_s, X509 **out,
+                    cirrus_error *err)
 {
     time_t now = time(NULL);
     X509 *x = X509_new();
     *out = NULL;
+    /* Whole days apart from seconds: the offsets fit an int day count and a small long
+     * whatever the width of long. */
     if (!x || !X509_set_version(x, X509_VERSION_3) ||
-        !X509_time_adj_ex(X509_getm_notBefore(x), 0, -BACKDATE_S, &now) ||
-        !X509_time_adj_ex(X509_getm_notAfter(x), days, 0, &now) || !X509_set_pubkey(x, key)) {
+        !X509_time_adj_ex(X509_getm_notBefore(x), (int)(nb_s / 86400), nb_s % 86400, &now) ||
+        !X509_time_adj_ex(X509_getm_notAfter(x), (int)(na_s / 86400), na_s % 86400, &now) ||
+        !X509_set_pubkey(x, key)) {
         X509_free(x);
         return ssl_fail(err, CIRRUS_EIO, "new certificate");
     }
@@ -194,22 +235,22 @@ static int add_ext(X509 *x, X509 *issuer, int nid, const char *value, cirrus_err
 }
 
 /* subjectAltName built as objects, not as a "DNS:a,DNS:b" config string, so no name can
- * smuggle in another entry. */
-static int add_san(X509 *x, const char *const *dns, size_t n, cirrus_error *err)
+ * smuggle in another entry: the DNS names, then the URI identity (the last entry). */
+static int add_san(X509 *x, const char *const *dns, size_t n, const char *uri,
+                   cirrus_error *err)
 {
-    if (n == 0) return 0;
     GENERAL_NAMES *names = GENERAL_NAMES_new();
     int ok = names != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
+    for (size_t i = 0; ok && i <= n; i++) {
         GENERAL_NAME *gn = GENERAL_NAME_new();
         ASN1_IA5STRING *s = ASN1_IA5STRING_new();
-        if (!gn || !s || !ASN1_STRING_set(s, dns[i], -1)) {
+        if (!gn || !s || !ASN1_STRING_set(s, i < n ? dns[i] : uri, -1)) {
             GENERAL_NAME_free(gn);
             ASN1_IA5STRING_free(s);
             ok = 0;
             break;
         }
-        GENERAL_NAME_set0_value(gn, GEN_DNS, s); /* gn owns s now */
+        GENERAL_NAME_set0_value(gn, i < n ? GEN_DNS : GEN_URI, s); /* gn owns s now */
         if (!sk_GENERAL_NAME_push(names, gn)) {
             GENERAL_NAME_free(gn);
             ok = 0;
@@ -346,7 +387,7 @@ static int make_ca(const char *job_name, int days, certs_pair *out, cirrus_error
     EVP_PKEY *key = NULL;
     X509 *x = NULL;
     rc = gen_key(&key, err);
-    if (rc == 0) rc = new_cert(key, cn, days, &x, err);
+    if (rc == 0) rc = new_cert(key, cn, -BACKDATE_S, days * 86400L, &x, err);
     if (rc == 0 && !X509_set_issuer_name(x, X509_get_subject_name(x)))
         rc = ssl_fail(err, CIRRUS_EIO, "issuer name");
     if (rc == 0) rc = add_ext(x, x, NID_basic_constraints, "critical,CA:TRUE", err);
@@ -368,12 +409,15 @@ int certs_make_ca(const char *job_name, int days, certs_pair *out, cirrus_error 
     return rc;
 }
 
-static int check_leaf_args(const certs_pair *ca, const char *common_name,
-                           const char *const *dns, size_t n_dns, int days, cirrus_error *err)
+static int check_leaf_args(const certs_pair *ca, const char *job, const char *region,
+                           const char *common_name, const char *const *dns, size_t n_dns,
+                           long nb_s, long na_s, cirrus_error *err)
 {
     if (!ca) return cirrus_fail(err, CIRRUS_EINVAL, "no CA given");
-    int rc = check_name("common name", common_name, err);
-    if (rc == 0) rc = check_days(days, err);
+    int rc = check_label("job", job, job ? strlen(job) : 0, err);
+    if (rc == 0) rc = check_label("region", region, region ? strlen(region) : 0, err);
+    if (rc == 0) rc = check_name("common name", common_name, err);
+    if (rc == 0) rc = check_validity(nb_s, na_s, err);
     if (rc < 0) return rc;
     if (n_dns > CERTS_MAX_DNS)
         return cirrus_fail(err, CIRRUS_EINVAL, "%zu DNS names, more than %d", n_dns,
@@ -398,18 +442,21 @@ static int clamp_to_issuer(X509 *x, X509 *ca, cirrus_error *err)
     return 0;
 }
 
-static int make_leaf(const certs_pair *ca, const char *common_name, const char *const *dns,
-                     size_t n_dns, int days, certs_pair *out, cirrus_error *err)
+static int make_leaf(const certs_pair *ca, const char *job, const char *region,
+                     const char *common_name, const char *const *dns, size_t n_dns, long nb_s,
+                     long na_s, certs_pair *out, cirrus_error *err)
 {
-    int rc = check_leaf_args(ca, common_name, dns, n_dns, days, err);
+    int rc = check_leaf_args(ca, job, region, common_name, dns, n_dns, nb_s, na_s, err);
     if (rc < 0) return rc;
+    char uri[sizeof CERTS_URI_SCHEME + 2 * CERTS_MAX_LABEL + 1];
+    snprintf(uri, sizeof uri, CERTS_URI_SCHEME "%s/%s", job, region);
     X509 *ca_cert = NULL, *x = NULL;
     EVP_PKEY *ca_key = NULL, *key = NULL;
     rc = parse_cert(ca->cert_pem, "CA certificate", &ca_cert, err);
     if (rc == 0) rc = parse_key(ca->key_pem, "CA key", &ca_key, err);
     if (rc == 0) rc = check_issuer(ca_cert, ca_key, err);
     if (rc == 0) rc = gen_key(&key, err);
-    if (rc == 0) rc = new_cert(key, common_name, days, &x, err);
+    if (rc == 0) rc = new_cert(key, common_name, nb_s, na_s, &x, err);
     if (rc == 0 && !X509_set_issuer_name(x, X509_get_subject_name(ca_cert)))
         rc = ssl_fail(err, CIRRUS_EIO, "issuer name");
     if (rc == 0) rc = clamp_to_issuer(x, ca_cert, err);
@@ -418,7 +465,7 @@ static int make_leaf(const certs_pair *ca, const char *common_name, const char *
     if (rc == 0) rc = add_ext(x, ca_cert, NID_ext_key_usage, "serverAuth,clientAuth", err);
     if (rc == 0) rc = add_ext(x, ca_cert, NID_subject_key_identifier, "hash", err);
     if (rc == 0) rc = add_ext(x, ca_cert, NID_authority_key_identifier, "keyid:always", err);
-    if (rc == 0) rc = add_san(x, dns, n_dns, err);
+    if (rc == 0) rc = add_san(x, dns, n_dns, uri, err);
     if (rc == 0) rc = sign_export(x, ca_key, key, out, err);
     X509_free(x);
     X509_free(ca_cert);
@@ -427,15 +474,30 @@ static int make_leaf(const certs_pair *ca, const char *common_name, const char *
     return rc;
 }
 
-int certs_make_leaf(const certs_pair *ca, const char *common_name, const char *const *dns,
-                    size_t n_dns, int days, certs_pair *out, cirrus_error *err)
+int certs_make_leaf_valid(const certs_pair *ca, const char *job, const char *region,
+                          const char *common_name, const char *const *dns, size_t n_dns,
+                          long not_before_s, long not_after_s, certs_pair *out,
+                          cirrus_error *err)
 {
     if (!out) return cirrus_fail(err, CIRRUS_EINVAL, "certs_make_leaf: out is NULL");
     out->cert_pem = out->key_pem = NULL;
     ERR_clear_error();
-    int rc = make_leaf(ca, common_name, dns, n_dns, days, out, err);
+    int rc = make_leaf(ca, job, region, common_name, dns, n_dns, not_before_s, not_after_s,
+                       out, err);
     ERR_clear_error();
     return rc;
+}
+
+int certs_make_leaf(const certs_pair *ca, const char *job, const char *region,
+                    const char *common_name, const char *const *dns, size_t n_dns, int days,
+                    certs_pair *out, cirrus_error *err)
+{
+    if (!out) return cirrus_fail(err, CIRRUS_EINVAL, "certs_make_leaf: out is NULL");
+    out->cert_pem = out->key_pem = NULL;
+    int rc = check_days(days, err);
+    if (rc < 0) return rc;
+    return certs_make_leaf_valid(ca, job, region, common_name, dns, n_dns, -BACKDATE_S,
+                                 days * 86400L, out, err);
 }
 
 /* The chain, with OpenSSL's strict RFC 5280 checks (what a Go or rustls peer would also
@@ -500,6 +562,101 @@ int certs_verify(const char *ca_cert_pem, const char *cert_pem, const char *dns_
 {
     ERR_clear_error();
     int rc = verify(ca_cert_pem, cert_pem, dns_name, err);
+    ERR_clear_error();
+    return rc;
+}
+
+/* ---- identity ---- */
+
+/* Copy n bytes of src as a NUL-terminated string into out (skipped when out is NULL). */
+static int copy_out(const char *what, const char *src, size_t n, char *out, size_t size,
+                    cirrus_error *err)
+{
+    if (!out) return 0;
+    if (n >= size)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "the certificate's %s (%zu bytes) does not fit %zu", what, n, size);
+    memcpy(out, src, n);
+    out[n] = '\0';
+    return 0;
+}
+
+/* "cirrus://<job>/<region>", n bytes of u (an IA5String: may hold a NUL, so never strlen). */
+static int parse_identity(const char *u, size_t n, char *job, size_t job_size, char *region,
+                          size_t region_size, cirrus_error *err)
+{
+    const size_t pre = sizeof CERTS_URI_SCHEME - 1;
+    const char *j = u + pre, *slash = memchr(j, '/', n - pre);
+    if (!slash)
+        return cirrus_fail(err, CIRRUS_EINVAL, "the certificate's identity URI has no region");
+    size_t jn = (size_t)(slash - j), rn = n - pre - jn - 1;
+    int rc = check_label("the certificate's job", j, jn, err);
+    if (rc == 0) rc = check_label("the certificate's region", slash + 1, rn, err);
+    if (rc == 0) rc = copy_out("job", j, jn, job, job_size, err);
+    if (rc == 0) rc = copy_out("region", slash + 1, rn, region, region_size, err);
+    return rc;
+}
+
+static int identity(const X509 *cert, char *job, size_t job_size, char *region,
+                    size_t region_size, cirrus_error *err)
+{
+    int crit = 0;
+    GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, &crit, NULL);
+    if (!names)
+        return cirrus_fail(err, CIRRUS_EINVAL, "the certificate %s",
+                           crit == -2 ? "has two subjectAltName extensions"
+                                      : "names no cirrus:// identity");
+    const ASN1_IA5STRING *uri = NULL;
+    int found = 0;
+    for (int i = 0; i < sk_GENERAL_NAME_num(names); i++) {
+        const GENERAL_NAME *gn = sk_GENERAL_NAME_value(names, i);
+        if (gn->type != GEN_URI) continue;
+        const char *d = (const char *)ASN1_STRING_get0_data(gn->d.uniformResourceIdentifier);
+        int len = ASN1_STRING_length(gn->d.uniformResourceIdentifier);
+        if (len >= (int)sizeof CERTS_URI_SCHEME - 1 &&
+            memcmp(d, CERTS_URI_SCHEME, sizeof CERTS_URI_SCHEME - 1) == 0) {
+            uri = gn->d.uniformResourceIdentifier;
+            found++;
+        }
+    }
+    /* Two identities would let one certificate pass as either: refuse rather than pick. */
+    int rc;
+    if (found == 1)
+        rc = parse_identity((const char *)ASN1_STRING_get0_data(uri),
+                            (size_t)ASN1_STRING_length(uri), job, job_size, region, region_size,
+                            err);
+    else if (found > 1)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "the certificate names %d cirrus:// identities",
+                         found);
+    else
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "the certificate names no cirrus:// identity");
+    GENERAL_NAMES_free(names);
+    return rc;
+}
+
+int certs_identity_x509(const struct x509_st *cert, char *job, size_t job_size, char *region,
+                        size_t region_size, cirrus_error *err)
+{
+    if (job && job_size) job[0] = '\0';
+    if (region && region_size) region[0] = '\0';
+    if (!cert) return cirrus_fail(err, CIRRUS_EINVAL, "no certificate");
+    int rc = identity(cert, job, job_size, region, region_size, err);
+    if (rc) { /* never half an identity */
+        if (job && job_size) job[0] = '\0';
+        if (region && region_size) region[0] = '\0';
+    }
+    ERR_clear_error(); /* a malformed extension leaves decoding errors */
+    return rc;
+}
+
+int certs_identity(const char *cert_pem, char *job, size_t job_size, char *region,
+                   size_t region_size, cirrus_error *err)
+{
+    ERR_clear_error();
+    X509 *x = NULL;
+    int rc = parse_cert(cert_pem, "certificate", &x, err);
+    if (rc == 0) rc = certs_identity_x509(x, job, job_size, region, region_size, err);
+    X509_free(x);
     ERR_clear_error();
     return rc;
 }

@@ -1,0 +1,140 @@
+/* The outer optimizer and the outer sync's messages (region side and WAN). */
+#include <string.h>
+
+#include "../../trainer/gateway/outer_msg.h"
+#include "../../trainer/gateway/wan_msg.h"
+#include "../../trainer/optim/outer.h"
+#include "test.h"
+
+/* Nesterov as torch.optim.SGD(nesterov=True), step by step in double. */
+TEST(outer_step_is_nesterov_momentum)
+{
+    const outer_options o = {0.7f, 0.9f};
+    float theta[3] = {1.0f, -2.0f, 0.5f}, mom[3] = {0};
+    double t[3] = {1.0, -2.0, 0.5}, m[3] = {0};
+    const float deltas[2][3] = {{0.1f, -0.2f, 0.0f}, {0.3f, 0.1f, -0.05f}};
+    for (int round = 0; round < 2; round++) {
+        outer_step(&o, theta, mom, deltas[round], 3);
+        for (int i = 0; i < 3; i++) {
+            m[i] = 0.9 * m[i] + deltas[round][i];
+            t[i] -= 0.7 * (deltas[round][i] + 0.9 * m[i]);
+            ASSERT_NEAR(theta[i], t[i], 1e-6);
+            ASSERT_NEAR(mom[i], m[i], 1e-6);
+        }
+    }
+}
+
+/* lr 1, momentum 0 takes the region's parameters back (plain averaging of one). */
+TEST(outer_step_lr1_without_momentum_is_averaging)
+{
+    const outer_options o = {1.0f, 0.0f};
+    float theta[2] = {1.0f, 3.0f};
+    const float region[2] = {1.5f, 2.0f};
+    float delta[2] = {theta[0] - region[0], theta[1] - region[1]};
+    outer_step(&o, theta, NULL, delta, 2);
+    ASSERT(theta[0] == 1.5f && theta[1] == 2.0f);
+}
+
+TEST(outer_msg_push_pull_round_trip_and_bounds)
+{
+    float x[5] = {1, 2, 3, 4, 5};
+    wire_writer w;
+    wire_writer_init(&w, 1 << 20);
+    const outer_push q = {.round = 3, .inner_step = 30, .tokens = 640, .n_params = 10,
+                          .offset = 5, .count = 5};
+    outer_msg_put_push(&w, &q, x);
+    wire_reader r;
+    outer_push g;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(outer_msg_get_push(&r, 10, &g));
+    ASSERT_EQ(g.round, 3);
+    ASSERT_EQ(g.tokens, 640);
+    ASSERT(memcmp(g.floats, x, sizeof x) == 0);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(outer_msg_get_push(&r, 9, &g) != 0); /* another model */
+    for (size_t cut = 0; cut < w.len; cut++) { /* every truncation refused */
+        wire_reader_init(&r, w.data, cut);
+        ASSERT(outer_msg_get_push(&r, 10, &g) != 0);
+    }
+    wire_writer_free(&w);
+    /* a slice past the end */
+    wire_writer_init(&w, 1 << 20);
+    const outer_pull bad = {1, 8, 5};
+    outer_msg_put_pull(&w, &bad);
+    outer_pull p;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(outer_msg_get_pull(&r, 10, &p) != 0);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(outer_msg_get_pull(&r, 13, &p));
+    wire_writer_free(&w);
+    /* PULL_OK, ready and not */
+    wire_writer_init(&w, 1 << 20);
+    const outer_pull_ok a = {.done = 2, .digest = 0xabc, .wan_bytes = 99, .ready = 1};
+    outer_msg_put_pull_ok(&w, &a, x, 5);
+    outer_pull_ok b;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(outer_msg_get_pull_ok(&r, 5, &b));
+    ASSERT(b.ready && b.done == 2 && b.digest == 0xabc && b.wan_bytes == 99);
+    ASSERT(memcmp(b.floats, x, sizeof x) == 0);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(outer_msg_get_pull_ok(&r, 4, &b) != 0);
+    wire_writer_free(&w);
+}
+
+TEST(wan_msg_join_part_done_round_trip_and_refusals)
+{
+    wire_writer w;
+    wire_reader r;
+    wire_writer_init(&w, 1 << 20);
+    wan_join j = {.index = 1, .n_regions = 2, .n_params = 1000, .round = 4, .digest = 7};
+    strcpy(j.region, "eu-west");
+    wan_msg_put_join(&w, &j);
+    wan_join g;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(wan_msg_get_join(&r, &g));
+    ASSERT(strcmp(g.region, "eu-west") == 0 && g.index == 1 && g.round == 4 && g.digest == 7);
+    wire_writer_free(&w);
+    j.index = 2; /* index past the region count */
+    wire_writer_init(&w, 1 << 20);
+    wan_msg_put_join(&w, &j);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_join(&r, &g) != 0);
+    wire_writer_free(&w);
+    strcpy(j.region, "bad name");
+    j.index = 0;
+    wire_writer_init(&w, 1 << 20);
+    wan_msg_put_join(&w, &j);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_join(&r, &g) != 0);
+    wire_writer_free(&w);
+
+    uint8_t bytes[100];
+    memset(bytes, 7, sizeof bytes);
+    const wan_part p = {.round = 2, .total = 150, .offset = 50, .bytes = bytes, .len = 100};
+    wire_writer_init(&w, 1 << 20);
+    wan_msg_put_part(&w, &p);
+    wan_part gp;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(wan_msg_get_part(&r, 1000, &gp));
+    ASSERT(gp.len == 100 && gp.offset == 50 && gp.bytes[99] == 7);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_part(&r, 149, &gp) != 0); /* total over the cap */
+    wire_writer_free(&w);
+    const wan_part past = {.round = 2, .total = 120, .offset = 50, .bytes = bytes, .len = 100};
+    wire_writer_init(&w, 1 << 20);
+    wan_msg_put_part(&w, &past);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_part(&r, 1000, &gp) != 0); /* runs past its total */
+    wire_writer_free(&w);
+
+    const wan_done d = {.round = 3, .tokens = 10, .prev_digest = 5, .total = 150, .hash = 9};
+    wire_writer_init(&w, 1 << 20);
+    wan_msg_put_done(&w, &d);
+    wan_done gd;
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(wan_msg_get_done(&r, 1000, &gd));
+    ASSERT(gd.round == 3 && gd.hash == 9 && gd.total == 150);
+    wire_reader_init(&r, w.data, w.len - 1);
+    ASSERT(wan_msg_get_done(&r, 1000, &gd) != 0);
+    wire_writer_free(&w);
+}

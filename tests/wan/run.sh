@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Regions joined by gateways (outer steps across a WAN), on this machine: `local --regions`.
+# Usage: tests/wan/run.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
+set -u
+bin=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+model=(--layers 2 --width 64 --heads 4 --context 32 --batch 4 --eval-batches 4)
+# The value of "key" in a JSON line.
+field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" <<<"$2"; }
+# Each region's final JSON line, by region name.
+final_of() { grep '"final":true' "$1" | grep "\"region\":\"$2\""; }
+
+# 1. Two regions, TLS between their gateways: every outer step leaves both with the same
+#    global parameters (the digest of parameters and momentum, reported by each region
+#    after it took them), WAN bytes moved, and the validation loss is a trained model's.
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 20 --sync-every 5 --codec q8 \
+    --json >"$tmp/two.json" 2>"$tmp/two.err"; then
+    f0=$(final_of "$tmp/two.json" r0) f1=$(final_of "$tmp/two.json" r1)
+    d0=$(field digest "$f0") d1=$(field digest "$f1")
+    if [ -n "$d0" ] && [ "$d0" = "$d1" ] && [ "$(field outer_step "$f0")" = 4 ] &&
+        [ "$(field outer_step "$f1")" = 4 ]; then
+        ok two_regions_end_bit_identical
+    else
+        bad two_regions_end_bit_identical; echo "r0: $f0"; echo "r1: $f1"
+    fi
+    w0=$(field wan_bytes "$f0")
+    v0=$(field val_loss "$f0")
+    if [ "${w0:-0}" -gt 0 ] && awk -v v="$v0" 'BEGIN { exit !(v > 0 && v < 4.0) }'; then
+        ok two_regions_move_wan_bytes_and_learn
+    else
+        bad two_regions_move_wan_bytes_and_learn; echo "$f0"
+    fi
+    # Every round's digest, as each gateway logged it, is the same in both regions.
+    r0=$(grep -o 'local r0.*outer round [0-9]* done.*digest [0-9a-f]*' "$tmp/two.err" | sed 's/.*round \([0-9]*\) .*digest \([0-9a-f]*\)/\1 \2/')
+    r1=$(grep -o 'local r1.*outer round [0-9]* done.*digest [0-9a-f]*' "$tmp/two.err" | sed 's/.*round \([0-9]*\) .*digest \([0-9a-f]*\)/\1 \2/')
+    if [ "$(wc -l <<<"$r0")" -eq 4 ] && [ "$r0" = "$r1" ] && grep -q 'TLS 1.3' "$tmp/two.err"; then
+        ok every_round_digest_equal_over_tls
+    else
+        bad every_round_digest_equal_over_tls; echo "r0: $r0"; echo "r1: $r1"; tail -5 "$tmp/two.err"
+    fi
+else
+    bad two_regions_ran; tail -20 "$tmp/two.err"
+fi
+
+# 2. One region with H = 1, no compression, outer lr 1 and no momentum: the outer step sets
+#    the parameters to the region's own, so training follows plain SWARM training. (Not
+#    bit for bit: theta_g - (theta_g - theta) rounds; within 1e-5.)
+"$bin" local --stages 2 "${model[@]}" --steps 15 --log-every 1 --json >"$tmp/plain.json" 2>"$tmp/plain.err" ||
+    bad "plain local ran"
+if "$bin" local --regions 1 --stages 2 "${model[@]}" --steps 15 --log-every 1 --sync-every 1 \
+    --codec none --outer-lr 1 --outer-momentum 0 --wan-insecure --json \
+    >"$tmp/one.json" 2>"$tmp/one.err"; then
+    worst=$(paste -d' ' <(grep -o '"loss":[0-9.e-]*' "$tmp/plain.json" | cut -d: -f2) \
+        <(grep -o '"loss":[0-9.e-]*' "$tmp/one.json" | cut -d: -f2) |
+        awk '{ d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; if (d > w) w = d } END { printf "%g", w + 0 }')
+    n=$(grep -c '"loss"' "$tmp/one.json")
+    if [ "$n" -ge 15 ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then
+        ok one_region_h1_follows_plain_training "(worst relative difference $worst)"
+    else
+        bad one_region_h1_follows_plain_training; echo "worst $worst over $n lines"
+    fi
+else
+    bad one_region_h1_ran; tail -5 "$tmp/one.err"
+fi
+
+# 3. While two regions train, region 0's /status shows the outer sync (step, digest, WAN
+#    bytes, the link to r1 up) and /metrics the same series; SIGTERM ends every region after
+#    the step in progress (an outer step still waiting is abandoned), as a finished run.
+status_port=$(python3 "$(dirname "$0")/../swarm/free_port.py")
+"$bin" local --regions 2 --stages 2 "${model[@]}" --steps 1000000 --sync-every 5 --json \
+    --status-port "$status_port" >"$tmp/status.json" 2>"$tmp/status.err" &
+pid=$!
+if python3 - "$status_port" <<'PY'; then ok outer_sync_on_status_and_metrics; else bad outer_sync_on_status_and_metrics; fi
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+deadline = time.time() + 60
+while True:
+    try:
+        st = json.load(urllib.request.urlopen(url + "/status", timeout=2))
+        if st.get("outer", {}).get("step", -1) >= 2:
+            break
+    except OSError:
+        pass
+    assert time.time() < deadline, "no /status with outer step >= 2"
+    time.sleep(0.2)
+o = st["outer"]
+assert len(o["digest"]) == 16 and o["wan_bytes_sent"] > 0 and o["wan_bytes_received"] > 0, o
+assert o["payload_bytes_sent"] > 0 and o["payload_bytes_sent"] < o["wan_bytes_sent"], o
+assert o["digest_mismatches"] == 0 and o["codec"] == "q8" and o["sync_every"] == 5, o
+assert o["links"] == [{"region": "r1", "up": True, "last_error": ""}], o
+assert o["last_sync_unix_s"] > 1.7e9 and o["last_sync_duration_s"] >= 0, o
+metrics = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode().splitlines()
+assert 'cirrus_wan_link_up{region="r1"} 1' in metrics, metrics
+assert any(l.startswith("cirrus_outer_step ") and int(l.split()[1]) >= 2 for l in metrics)
+assert any(l.startswith("cirrus_wan_bytes_sent_total ") for l in metrics)
+print(f"    /status: outer step {o['step']}, WAN {o['wan_bytes_sent']} B sent")
+PY
+kill -TERM "$pid" 2>/dev/null
+if timeout 60 tail --pid="$pid" -f /dev/null && wait "$pid" &&
+    [ "$(grep -c '"final":true' "$tmp/status.json")" -eq 2 ]; then
+    ok two_regions_stop_cleanly_on_sigterm
+else
+    bad two_regions_stop_cleanly_on_sigterm; kill -KILL "$pid" 2>/dev/null; tail -5 "$tmp/status.err"
+fi
+
+# 4. Bad input: an unknown codec and --regions without room are refused with one line.
+"$bin" local --regions 2 --codec zip --steps 1 >/dev/null 2>"$tmp/bad.err"
+if [ $? -eq 2 ] && grep -q "codec" "$tmp/bad.err" && [ "$(wc -l <"$tmp/bad.err")" -eq 1 ]; then
+    ok unknown_codec_refused
+else
+    bad unknown_codec_refused; cat "$tmp/bad.err"
+fi
+
+echo "wan: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

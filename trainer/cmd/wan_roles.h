@@ -1,0 +1,57 @@
+/* wan_roles: the command line of the outer sync across regions, shared by `gateway` (one
+ * region's gateway, as the operator runs it) and `local --regions R` (R regions on this
+ * machine): the flags, the TLS identity, and starting the gateway's outer sync.
+ */
+#ifndef CIRRUS_WAN_ROLES_H
+#define CIRRUS_WAN_ROLES_H
+
+#include <sys/types.h>
+
+#include "../gateway/outer_sync.h"
+#include "cli.h"
+
+typedef struct wan_flags {
+    int sync_every;         /* inner steps per outer step; 0: no outer steps */
+    const char *codec;      /* wan_codec_parse spec */
+    float outer_lr, outer_momentum;
+    int insecure;           /* --wan-insecure: plaintext between gateways */
+    int sync_timeout_s;     /* how long an outer round may wait for the other regions */
+    int sync_delay;         /* local: inner steps the regions train on while a round runs */
+} wan_flags;
+
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0}
+
+/* The flag table's entries (shared by local, gateway and client). */
+#define WAN_FLAGS(w)                                                                          \
+    {"sync-every", FLAG_INT, &(w).sync_every, 0, 1000000,                                     \
+     "inner steps between outer steps across regions (0: none; default 0)", 0},              \
+        {"codec", FLAG_STR, &(w).codec, 0, 0,                                                 \
+         "how pseudo-gradients cross the WAN: none, fp16, q8, topk:DENSITY, lowbit:BITS, "    \
+         "each optionally +zstd (default q8)",                                                \
+         0},                                                                                  \
+        {"outer-lr", FLAG_FLOAT, &(w).outer_lr, 0, 10, "outer learning rate (default 0.7)", 0}, \
+        {"outer-momentum", FLAG_FLOAT, &(w).outer_momentum, 0, 0.999f,                        \
+         "outer Nesterov momentum (default 0.9; 0: plain averaging when --outer-lr 1)", 0},   \
+        {"wan-insecure", FLAG_BOOL, &(w).insecure, 0, 0,                                      \
+         "plaintext between gateways (default: TLS 1.3, both ends authenticated)", 0},        \
+        {"sync-timeout-s", FLAG_INT, &(w).sync_timeout_s, 1, 86400,                           \
+         "seconds an outer step may wait for the other regions (default 600)", 0}
+
+/* The gateway's outer sync over its WAN listening socket listen_fd (or the address of its
+ * region when -1), with TLS from tls (NULL with --wan-insecure). */
+int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regions,
+                    const char *const *names, const char *const *addrs, int listen_fd,
+                    uint64_t n_params, net_tls_ctx *tls, outer_sync **out, cirrus_error *err);
+
+/* `local --regions R`: make the job's throwaway CA and each region's certificate (the
+ * operator's code, common/certs.h) unless insecure, bind each region's WAN socket on
+ * loopback, and fork one process per region after the first. Returns in every process:
+ * *region is its index (0 in the parent), *listen_fd its WAN socket, *tls its identity
+ * (NULL if insecure); children[] (parent only) the regions' pids. names and addrs receive
+ * every region's name and WAN address. */
+#define WAN_LOCAL_ADDR_MAX 32
+int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *region,
+                      int *listen_fd, net_tls_ctx **tls, char names[][WAN_REGION_MAX + 1],
+                      char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, cirrus_error *err);
+
+#endif

@@ -1,0 +1,71 @@
+/* outer_internal: the outer sync's shared state (outer_sync.c: rounds and the region's
+ * requests; wan_link.c: the connections to the other gateways). */
+#ifndef CIRRUS_OUTER_INTERNAL_H
+#define CIRRUS_OUTER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../net/conn.h"
+#include "outer_sync.h"
+
+/* One region's message of one round, as it arrives (or, for this region, as sent). */
+typedef struct round_slot {
+    uint64_t round;      /* 0: empty */
+    uint8_t *bytes;
+    uint64_t total, got; /* got: bytes received in order */
+    uint64_t tokens, prev_digest;
+    int complete;
+} round_slot;
+
+/* This gateway's view of the link to another region. */
+typedef struct wan_peer {
+    int up;                 /* a connection to it is established (sender side) */
+    char last_error[256];
+    net_conn *out;          /* the sender's connection; only region j's sender touches it */
+    uint64_t out_sent, out_received; /* its byte counters already added to the totals */
+} wan_peer;
+
+struct outer_sync {
+    outer_sync_options o;
+    char job[WIRE_JOB_ID_MAX + 1];
+    char names[WAN_MAX_REGIONS][WAN_REGION_MAX + 1];
+    char addrs[WAN_MAX_REGIONS][280];
+    uint64_t n;
+    size_t max_message;        /* the largest codec message any gateway may send */
+    int lfd;
+    atomic_int stopping;
+    pthread_t acceptor, worker;
+    int acceptor_started, worker_started;
+
+    pthread_mutex_t mu;        /* everything below */
+    pthread_cond_t changed;    /* a push completed, a message arrived, a round ended */
+    int receivers;             /* receiver threads alive */
+    /* Global state: theta and outer momentum after round `round` (-1: none yet). */
+    float *theta, *mom;
+    int64_t round;
+    uint64_t digest;
+    uint64_t digest_prev;      /* after round - 1 (what round's senders must carry) */
+    /* The region's push in progress (round push_round; push_got floats in order). */
+    float *region;
+    uint64_t push_round, push_got, push_tokens;
+    int push_ready;            /* a whole push of round + 1 waits for the worker */
+    double push_time;
+    /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
+    round_slot slot[2][WAN_MAX_REGIONS];
+    wan_peer peer[WAN_MAX_REGIONS];
+    /* counters */
+    uint64_t wan_sent, wan_received, payload_sent, mismatches;
+    double last_sync_s, last_duration_s;
+};
+
+/* wan_link.c */
+int wan_link_start(outer_sync *os, cirrus_error *err); /* the acceptor */
+void wan_link_stop(outer_sync *os);                    /* waits for receivers */
+/* Send this region's message of `round` to region j until it is acknowledged, the round's
+ * deadline passes or the gateway stops. */
+int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+                  uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err);
+int64_t outer_now_ms(void);
+
+#endif

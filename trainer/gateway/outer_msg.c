@@ -1,0 +1,80 @@
+/* outer_msg: see outer_msg.h. */
+#include "outer_msg.h"
+
+#include "../../common/cerr.h"
+
+/* The reader consumed its payload exactly, without running past it. */
+static int done(const wire_reader *r)
+{
+    return r->failed || r->pos != r->len;
+}
+
+static int slice_ok(uint64_t n, uint64_t offset, uint64_t count)
+{
+    return offset <= n && count <= n - offset && count <= OUTER_SLICE;
+}
+
+void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x)
+{
+    wire_put_u64(w, q->round);
+    wire_put_u64(w, q->inner_step);
+    wire_put_u64(w, q->tokens);
+    wire_put_u64(w, q->n_params);
+    wire_put_u64(w, q->offset);
+    wire_put_u64(w, q->count);
+    wire_put_bytes(w, x, (size_t)q->count * sizeof(float));
+}
+
+int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
+{
+    q->round = wire_get_u64(r);
+    q->inner_step = wire_get_u64(r);
+    q->tokens = wire_get_u64(r);
+    q->n_params = wire_get_u64(r);
+    q->offset = wire_get_u64(r);
+    q->count = wire_get_u64(r);
+    q->floats = NULL;
+    if (r->failed || q->n_params != n || !slice_ok(n, q->offset, q->count))
+        return CIRRUS_ECORRUPT;
+    q->floats = wire_get_bytes(r, (size_t)q->count * sizeof(float));
+    return !q->floats || done(r) ? CIRRUS_ECORRUPT : 0;
+}
+
+void outer_msg_put_pull(wire_writer *w, const outer_pull *q)
+{
+    wire_put_u64(w, q->round);
+    wire_put_u64(w, q->offset);
+    wire_put_u64(w, q->count);
+}
+
+int outer_msg_get_pull(wire_reader *r, uint64_t n, outer_pull *q)
+{
+    q->round = wire_get_u64(r);
+    q->offset = wire_get_u64(r);
+    q->count = wire_get_u64(r);
+    return done(r) || !slice_ok(n, q->offset, q->count) ? CIRRUS_ECORRUPT : 0;
+}
+
+void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *x,
+                           uint64_t count)
+{
+    wire_put_u64(w, a->done);
+    wire_put_u64(w, a->digest);
+    wire_put_u64(w, a->wan_bytes);
+    wire_put_bytes(w, &a->ready, 1);
+    if (a->ready && x) wire_put_bytes(w, x, (size_t)count * sizeof(float));
+}
+
+int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
+{
+    a->done = wire_get_u64(r);
+    a->digest = wire_get_u64(r);
+    a->wan_bytes = wire_get_u64(r);
+    const uint8_t *b = wire_get_bytes(r, 1);
+    a->floats = NULL;
+    if (!b || *b > 1 || count > OUTER_SLICE) return CIRRUS_ECORRUPT;
+    a->ready = *b;
+    if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
+        return CIRRUS_ECORRUPT;
+    return done(r) ? CIRRUS_ECORRUPT : 0;
+}

@@ -1,0 +1,417 @@
+/* wan_link: the outer sync's connections to the other gateways (see wan_msg.h).
+ *
+ * Each gateway sends on connections it opened and receives on connections it accepted, so
+ * every connection carries one direction of messages and its own replies: a receiver never
+ * waits on a sender and the other way round. A connection is TLS 1.3 with the job's
+ * certificates (the other end must present a certificate of this job's CA naming the
+ * region it claims) unless the gateway runs --wan-insecure; either way the sync code below
+ * speaks frames over a net_conn and never asks which.
+ */
+#include "outer_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../../common/log.h"
+#include "../swarm/proto/rpc.h"
+
+#define WAN_IO_TIMEOUT_MS 30000   /* a frame that started must finish in this time */
+#define WAN_HANDSHAKE_MS 10000    /* TCP + TLS + HELLO + JOIN */
+#define WAN_POLL_MS 100
+#define WAN_MAX_RECEIVERS (4 * WAN_MAX_REGIONS) /* accepted connections served at once */
+
+/* Bytes this connection moved since last counted, added to the totals. Under mu. */
+static void count_bytes(outer_sync *os, net_conn *c, uint64_t *seen_sent, uint64_t *seen_recv)
+{
+    uint64_t s = 0, r = 0;
+    net_conn_bytes(c, &s, &r);
+    os->wan_sent += s - *seen_sent;
+    os->wan_received += r - *seen_recv;
+    *seen_sent = s;
+    *seen_recv = r;
+}
+
+static wan_join my_join(outer_sync *os)
+{
+    wan_join j = {.index = (uint32_t)os->o.region_index, .n_regions = (uint32_t)os->o.n_regions,
+                  .n_params = os->n};
+    snprintf(j.region, sizeof j.region, "%s", os->names[os->o.region_index]);
+    pthread_mutex_lock(&os->mu);
+    j.round = os->round < 0 ? 0 : (uint64_t)os->round;
+    j.digest = os->digest;
+    pthread_mutex_unlock(&os->mu);
+    return j;
+}
+
+/* The other end's JOIN must fit this job's layout: the region it names at the index it
+ * names, (with TLS) the region its certificate names, and the same model. */
+static int check_join(outer_sync *os, const wan_join *j, const char *cert_region,
+                      cirrus_error *err)
+{
+    if (j->n_regions != (uint32_t)os->o.n_regions || j->index == (uint32_t)os->o.region_index ||
+        strcmp(j->region, os->names[j->index]) != 0)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "gateway says it is region '%s' (%u of %u); "
+                           "this job has %d regions", j->region, j->index, j->n_regions,
+                           os->o.n_regions);
+    if (cert_region && strcmp(cert_region, j->region) != 0)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "gateway of region '%s' says it is region "
+                           "'%s'", cert_region, j->region);
+    if (j->n_params != os->n)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "region '%s' trains %llu parameters, this "
+                           "one %llu", j->region, (unsigned long long)j->n_params,
+                           (unsigned long long)os->n);
+    pthread_mutex_lock(&os->mu);
+    const int differ = os->round == 0 && j->round == 0 && j->digest != os->digest;
+    pthread_mutex_unlock(&os->mu);
+    if (differ)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "region '%s' starts from other initial "
+                           "parameters (digest %016llx, here %016llx): use the same seed and "
+                           "model", j->region, (unsigned long long)j->digest,
+                           (unsigned long long)os->digest);
+    return 0;
+}
+
+/* ---- the receiving side ---- */
+
+typedef struct receiver {
+    outer_sync *os;
+    net_conn *c;
+    int from; /* the region at the other end, once it JOINed */
+    uint64_t seen_sent, seen_recv;
+} receiver;
+
+/* A PART of region rv->from's message: kept if it continues what has arrived. Under mu. */
+static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *err)
+{
+    const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
+    if (p->round <= base) return 0; /* a round done here already: a resend after a cut */
+    if (p->round > base + 2)
+        return cirrus_fail(err, CIRRUS_EINVAL, "round %llu is too far ahead of round %llu",
+                           (unsigned long long)p->round, (unsigned long long)base);
+    round_slot *sl = &os->slot[p->round & 1][from];
+    if (sl->round == p->round && sl->complete) return 0; /* already whole */
+    if (p->offset == 0 || sl->round != p->round || sl->total != p->total) {
+        if (p->offset != 0) return 0; /* the middle of a message we never saw begin: skip */
+        uint8_t *b = realloc(sl->bytes, p->total ? p->total : 1);
+        if (!b) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for a %llu-byte message",
+                                   (unsigned long long)p->total);
+        *sl = (round_slot){.round = p->round, .bytes = b, .total = p->total};
+    }
+    if (p->offset != sl->got) return 0; /* out of order (cannot happen on one stream) */
+    memcpy(sl->bytes + sl->got, p->bytes, p->len);
+    sl->got += p->len;
+    return 0;
+}
+
+/* DONE: the message must be whole and hash right; then the round holds it. Under mu. */
+static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *err)
+{
+    const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
+    if (d->round <= base) return 0;
+    round_slot *sl = &os->slot[d->round & 1][from];
+    if (sl->round == d->round && sl->complete) return 0;
+    if (sl->round != d->round || sl->got != d->total || sl->total != d->total)
+        return cirrus_fail(err, CIRRUS_ETRUNC, "round %llu message incomplete (%llu of %llu "
+                           "bytes)", (unsigned long long)d->round, (unsigned long long)sl->got,
+                           (unsigned long long)d->total);
+    if (XXH3_64bits(sl->bytes, sl->total) != d->hash)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "round %llu message hashes wrong",
+                           (unsigned long long)d->round);
+    sl->tokens = d->tokens;
+    sl->prev_digest = d->prev_digest;
+    sl->complete = 1;
+    pthread_cond_broadcast(&os->changed);
+    return 0;
+}
+
+static int receive_handshake(receiver *rv, cirrus_error *err)
+{
+    outer_sync *os = rv->os;
+    char cert_region[WAN_REGION_MAX + 1] = "";
+    int rc = 0;
+    if (os->o.tls)
+        rc = net_tls_accept(rv->c, os->o.tls, NULL, cert_region, sizeof cert_region,
+                            WAN_HANDSHAKE_MS, err);
+    uint16_t role = 0;
+    uint32_t id = 0;
+    if (!rc) rc = net_hello_server(rv->c, os->job, &role, &id, WAN_HANDSHAKE_MS, err);
+    if (!rc && role != WAN_ROLE_GATEWAY)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "HELLO role %u is not a gateway's", role);
+    wire_header h;
+    const uint8_t *p = NULL;
+    if (!rc) rc = net_recv_frame(rv->c, &h, &p, WAN_HANDSHAKE_MS, err);
+    wan_join j;
+    wire_reader r;
+    if (!rc) {
+        wire_reader_init(&r, p, h.payload_len);
+        if (h.type != WAN_JOIN || wan_msg_get_join(&r, &j))
+            rc = cirrus_fail(err, CIRRUS_ECORRUPT, "expected a JOIN");
+    }
+    if (!rc) rc = check_join(os, &j, os->o.tls ? cert_region : NULL, err);
+    if (rc) {
+        if (rc != CIRRUS_ECORRUPT && rc != CIRRUS_ECLOSED && rc != CIRRUS_ETIMEDOUT)
+            rpc_refuse(rv->c, 0, rc, err->msg, 1000);
+        return rc;
+    }
+    wire_writer w;
+    wire_writer_init(&w, 512);
+    wan_join me = my_join(os);
+    wan_msg_put_join(&w, &me);
+    rc = net_send_frame(rv->c, WAN_JOIN_OK, h.request_id, w.data, (uint32_t)w.len,
+                        WAN_IO_TIMEOUT_MS);
+    wire_writer_free(&w);
+    rv->from = (int)j.index;
+    return rc;
+}
+
+static void *receive_main(void *arg)
+{
+    receiver *rv = arg;
+    outer_sync *os = rv->os;
+    cirrus_error err = {0};
+    net_set_max_payload(rv->c, WAN_PART_BYTES + 256);
+    int rc = receive_handshake(rv, &err);
+    if (rc) log_warn("outer: refused WAN connection from %s: %s", net_peer_name(rv->c), err.msg);
+    while (!rc && !atomic_load(&os->stopping)) {
+        struct pollfd pfd = {.fd = net_fd(rv->c), .events = POLLIN};
+        const net_transport *tp = net_conn_transport(rv->c);
+        if (!(tp->pending && tp->pending(rv->c))) { /* TLS may hold a decrypted record */
+            int pr = poll(&pfd, 1, WAN_POLL_MS);
+            if (pr < 0 && errno != EINTR) break;
+            if (pr <= 0) continue;
+        }
+        wire_header h;
+        const uint8_t *p;
+        if ((rc = net_recv_frame(rv->c, &h, &p, WAN_IO_TIMEOUT_MS, &err))) {
+            if (rc != CIRRUS_ECLOSED)
+                log_warn("outer: WAN connection from region %s dropped: %s", os->names[rv->from],
+                         err.msg);
+            break;
+        }
+        wire_reader r;
+        wire_reader_init(&r, p, h.payload_len);
+        pthread_mutex_lock(&os->mu);
+        if (h.type == WAN_PART) {
+            wan_part part;
+            rc = wan_msg_get_part(&r, os->max_message, &part)
+                     ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed PART")
+                     : take_part(os, rv->from, &part, &err);
+        } else if (h.type == WAN_DONE) {
+            wan_done d;
+            rc = wan_msg_get_done(&r, os->max_message, &d)
+                     ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed DONE")
+                     : take_done(os, rv->from, &d, &err);
+            if (rc == 0 || rc == CIRRUS_ETRUNC) {
+                pthread_mutex_unlock(&os->mu);
+                wire_writer w;
+                wire_writer_init(&w, 16);
+                wan_msg_put_done_ok(&w, d.round);
+                int src = rc ? rpc_refuse(rv->c, h.request_id, rc, err.msg, WAN_IO_TIMEOUT_MS)
+                             : net_send_frame(rv->c, WAN_DONE_OK, h.request_id, w.data,
+                                              (uint32_t)w.len, WAN_IO_TIMEOUT_MS);
+                wire_writer_free(&w);
+                rc = rc ? 0 : src; /* an incomplete message is resent; not a reason to drop */
+                pthread_mutex_lock(&os->mu);
+            }
+        } else {
+            rc = cirrus_fail(&err, CIRRUS_ECORRUPT, "unexpected frame type %u", h.type);
+        }
+        count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
+        pthread_mutex_unlock(&os->mu);
+        if (rc) log_warn("outer: dropped the WAN connection from region %s: %s",
+                         os->names[rv->from], err.msg);
+    }
+    pthread_mutex_lock(&os->mu);
+    count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
+    os->receivers--;
+    pthread_cond_broadcast(&os->changed);
+    pthread_mutex_unlock(&os->mu);
+    net_close(rv->c);
+    free(rv);
+    return NULL;
+}
+
+static void *accept_main(void *arg)
+{
+    outer_sync *os = arg;
+    while (!atomic_load(&os->stopping)) {
+        net_conn *c = NULL;
+        cirrus_error err = {0};
+        int rc = net_accept(os->lfd, WAN_POLL_MS, &c, &err);
+        if (rc == CIRRUS_ETIMEDOUT) continue;
+        if (rc) {
+            log_warn("outer: accept: %s", err.msg);
+            usleep(50 * 1000);
+            continue;
+        }
+        pthread_mutex_lock(&os->mu);
+        const int full = os->receivers >= WAN_MAX_RECEIVERS;
+        if (!full) os->receivers++;
+        pthread_mutex_unlock(&os->mu);
+        receiver *rv = full ? NULL : calloc(1, sizeof *rv);
+        pthread_t th;
+        pthread_attr_t attr;
+        int ok = 0;
+        if (rv && pthread_attr_init(&attr) == 0) {
+            *rv = (receiver){.os = os, .c = c, .from = 0};
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            ok = pthread_create(&th, &attr, receive_main, rv) == 0;
+            pthread_attr_destroy(&attr);
+        }
+        if (ok) continue;
+        log_warn("outer: refused WAN connection from %s: %s", net_peer_name(c),
+                 full ? "too many open" : "cannot start a thread");
+        free(rv);
+        net_close(c);
+        if (!full) {
+            pthread_mutex_lock(&os->mu);
+            os->receivers--;
+            pthread_mutex_unlock(&os->mu);
+        }
+    }
+    return NULL;
+}
+
+int wan_link_start(outer_sync *os, cirrus_error *err)
+{
+    if (os->lfd < 0) {
+        char host[256];
+        int port, bound;
+        int rc = net_split_hostport(os->addrs[os->o.region_index], host, sizeof host, &port, 1,
+                                    err);
+        if (!rc) rc = net_listen(host, port, &os->lfd, &bound, err);
+        if (rc) return rc;
+    }
+    if (pthread_create(&os->acceptor, NULL, accept_main, os) != 0)
+        return cirrus_fail(err, CIRRUS_ENOMEM, "cannot start the WAN accept thread");
+    os->acceptor_started = 1;
+    return 0;
+}
+
+void wan_link_stop(outer_sync *os)
+{
+    atomic_store(&os->stopping, 1);
+    if (os->acceptor_started) pthread_join(os->acceptor, NULL);
+    pthread_mutex_lock(&os->mu);
+    while (os->receivers > 0) pthread_cond_wait(&os->changed, &os->mu);
+    pthread_mutex_unlock(&os->mu);
+    for (int j = 0; j < WAN_MAX_REGIONS; j++)
+        if (os->peer[j].out) net_close(os->peer[j].out);
+    if (os->lfd >= 0) close(os->lfd);
+}
+
+/* ---- the sending side ---- */
+
+static void sender_drop(outer_sync *os, int j, const cirrus_error *why)
+{
+    wan_peer *pe = &os->peer[j];
+    pthread_mutex_lock(&os->mu);
+    if (pe->out) count_bytes(os, pe->out, &pe->out_sent, &pe->out_received);
+    pe->up = 0;
+    snprintf(pe->last_error, sizeof pe->last_error, "%s", why->msg);
+    pthread_mutex_unlock(&os->mu);
+    if (pe->out) net_close(pe->out);
+    pe->out = NULL;
+}
+
+static int sender_connect(outer_sync *os, int j, cirrus_error *err)
+{
+    wan_peer *pe = &os->peer[j];
+    char host[256];
+    int port;
+    int rc = net_split_hostport(os->addrs[j], host, sizeof host, &port, 0, err);
+    if (!rc) rc = net_connect(host, port, WAN_HANDSHAKE_MS, &pe->out, err);
+    if (rc) {
+        pe->out = NULL;
+        return rc;
+    }
+    pe->out_sent = pe->out_received = 0;
+    char cert_region[WAN_REGION_MAX + 1] = "";
+    if (os->o.tls)
+        rc = net_tls_connect(pe->out, os->o.tls, os->names[j], cert_region, sizeof cert_region,
+                             WAN_HANDSHAKE_MS, err);
+    if (!rc)
+        rc = net_hello_client(pe->out, os->job, WAN_ROLE_GATEWAY,
+                              (uint32_t)os->o.region_index, WAN_HANDSHAKE_MS, err);
+    wire_writer w;
+    wire_writer_init(&w, 512);
+    wan_join me = my_join(os), them;
+    wan_msg_put_join(&w, &me);
+    wire_reader r;
+    if (!rc) rc = rpc_call(pe->out, WAN_JOIN, 1, &w, WAN_HANDSHAKE_MS, os->names[j], &r, err);
+    wire_writer_free(&w);
+    if (!rc && wan_msg_get_join(&r, &them))
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed JOIN_OK");
+    if (!rc && them.index != (uint32_t)j)
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the gateway at %s is region %u, not %d",
+                         os->addrs[j], them.index, j);
+    if (!rc) rc = check_join(os, &them, os->o.tls ? cert_region : NULL, err);
+    if (rc) return rc;
+    net_set_max_payload(pe->out, 4096);
+    pthread_mutex_lock(&os->mu);
+    pe->up = 1;
+    pe->last_error[0] = '\0';
+    pthread_mutex_unlock(&os->mu);
+    log_info("outer: WAN link to region %s (%s) up%s", os->names[j], os->addrs[j],
+             os->o.tls ? ", TLS 1.3, certificate checked" : ", plaintext (--wan-insecure)");
+    return 0;
+}
+
+/* One attempt: the message as PARTs, then DONE and its answer. */
+static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+                     uint64_t tokens, uint64_t prev_digest, cirrus_error *err)
+{
+    net_conn *c = os->peer[j].out;
+    int rc = 0;
+    for (uint64_t off = 0; !rc && (off < len || off == 0);) {
+        const uint64_t take = len - off < WAN_PART_BYTES ? len - off : WAN_PART_BYTES;
+        wire_writer w;
+        wire_writer_init(&w, WAN_PART_BYTES + 64);
+        const wan_part part = {.round = round, .total = len, .offset = off, .bytes = msg + off,
+                               .len = take};
+        wan_msg_put_part(&w, &part);
+        rc = net_send_frame(c, WAN_PART, 0, w.data, (uint32_t)w.len, WAN_IO_TIMEOUT_MS);
+        wire_writer_free(&w);
+        off += take;
+        if (atomic_load(&os->stopping)) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stopping");
+        if (len == 0) break;
+    }
+    if (rc) return rc == CIRRUS_ECLOSED ? rc : cirrus_fail(err, rc, "sending the delta failed");
+    pthread_mutex_lock(&os->mu);
+    os->payload_sent += len;
+    count_bytes(os, c, &os->peer[j].out_sent, &os->peer[j].out_received);
+    pthread_mutex_unlock(&os->mu);
+    wire_writer w;
+    wire_writer_init(&w, 64);
+    const wan_done d = {round, tokens, prev_digest, len, XXH3_64bits(msg, len)};
+    wan_msg_put_done(&w, &d);
+    wire_reader r;
+    rc = rpc_call(c, WAN_DONE, round, &w, WAN_IO_TIMEOUT_MS, os->names[j], &r, err);
+    wire_writer_free(&w);
+    uint64_t acked;
+    if (!rc && (wan_msg_get_done_ok(&r, &acked) || acked != round))
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed DONE_OK");
+    return rc;
+}
+
+int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+                  uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err)
+{
+    int backoff_ms = 100;
+    for (;;) {
+        int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
+        if (!rc) rc = send_once(os, j, round, msg, len, tokens, prev_digest, err);
+        if (!rc) return 0;
+        sender_drop(os, j, err);
+        if (atomic_load(&os->stopping) || outer_now_ms() + backoff_ms > deadline_ms) return rc;
+        log_warn("outer: WAN link to region %s: %s; again in %d ms", os->names[j], err->msg,
+                 backoff_ms);
+        usleep((useconds_t)backoff_ms * 1000);
+        backoff_ms = backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2;
+    }
+}

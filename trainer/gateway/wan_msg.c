@@ -1,0 +1,101 @@
+/* wan_msg: see wan_msg.h. */
+#include "wan_msg.h"
+
+#include <string.h>
+
+#include "../../common/cerr.h"
+
+static int done(const wire_reader *r)
+{
+    return r->failed || r->pos != r->len;
+}
+
+static int region_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > WAN_REGION_MAX) return 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+void wan_msg_put_join(wire_writer *w, const wan_join *j)
+{
+    wire_put_str(w, j->region);
+    wire_put_u32(w, j->index);
+    wire_put_u32(w, j->n_regions);
+    wire_put_u64(w, j->n_params);
+    wire_put_u64(w, j->round);
+    wire_put_u64(w, j->digest);
+}
+
+int wan_msg_get_join(wire_reader *r, wan_join *j)
+{
+    if (wire_get_str(r, j->region, sizeof j->region)) return CIRRUS_ECORRUPT;
+    j->index = wire_get_u32(r);
+    j->n_regions = wire_get_u32(r);
+    j->n_params = wire_get_u64(r);
+    j->round = wire_get_u64(r);
+    j->digest = wire_get_u64(r);
+    if (done(r) || !region_name_ok(j->region) ||
+        j->n_regions < 1 || j->n_regions > WAN_MAX_REGIONS || j->index >= j->n_regions)
+        return CIRRUS_ECORRUPT;
+    return 0;
+}
+
+void wan_msg_put_part(wire_writer *w, const wan_part *p)
+{
+    wire_put_u64(w, p->round);
+    wire_put_u64(w, p->total);
+    wire_put_u64(w, p->offset);
+    wire_put_bytes(w, p->bytes, (size_t)p->len);
+}
+
+int wan_msg_get_part(wire_reader *r, uint64_t max_total, wan_part *p)
+{
+    p->round = wire_get_u64(r);
+    p->total = wire_get_u64(r);
+    p->offset = wire_get_u64(r);
+    if (r->failed) return CIRRUS_ECORRUPT;
+    p->len = r->len - r->pos;
+    p->bytes = wire_get_bytes(r, (size_t)p->len);
+    if (!p->bytes && p->len) return CIRRUS_ECORRUPT;
+    if (done(r) || p->total > max_total || p->offset > p->total ||
+        p->len > p->total - p->offset || p->len > WAN_PART_BYTES)
+        return CIRRUS_ECORRUPT;
+    return 0;
+}
+
+void wan_msg_put_done(wire_writer *w, const wan_done *d)
+{
+    wire_put_u64(w, d->round);
+    wire_put_u64(w, d->tokens);
+    wire_put_u64(w, d->prev_digest);
+    wire_put_u64(w, d->total);
+    wire_put_u64(w, d->hash);
+}
+
+int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d)
+{
+    d->round = wire_get_u64(r);
+    d->tokens = wire_get_u64(r);
+    d->prev_digest = wire_get_u64(r);
+    d->total = wire_get_u64(r);
+    d->hash = wire_get_u64(r);
+    return done(r) || d->total > max_total || d->round == 0 ? CIRRUS_ECORRUPT : 0;
+}
+
+void wan_msg_put_done_ok(wire_writer *w, uint64_t round)
+{
+    wire_put_u64(w, round);
+}
+
+int wan_msg_get_done_ok(wire_reader *r, uint64_t *round)
+{
+    *round = wire_get_u64(r);
+    return done(r) ? CIRRUS_ECORRUPT : 0;
+}

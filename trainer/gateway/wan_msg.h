@@ -1,0 +1,69 @@
+/* wan_msg: the messages between the gateways of a job's regions (wire types 128..143).
+ *
+ * A gateway connects to every other one (TLS 1.3 with the job's certificates unless
+ * --wan-insecure), says HELLO with role WAN_ROLE_GATEWAY and its region index, then JOIN;
+ * over that connection it sends its own pseudo-gradient of each outer round to that
+ * region. Each round's message (a wan_codec message) goes as PARTs, one-way frames of at
+ * most WAN_PART_BYTES, pipelined without waiting, then DONE, which is answered once the
+ * receiver holds the whole message and it hashes right. A connection cut mid-message is
+ * re-established and the message sent again; the receiver keeps a round it has once.
+ *
+ *   JOIN     str region, u32 index, u32 n_regions, u64 n_params, u64 round, u64 digest
+ *     -> OK  the same fields, of the receiver
+ *   PART     u64 round, u64 total, u64 offset, bytes (to the frame's end)
+ *   DONE     u64 round, u64 tokens, u64 prev_digest, u64 total, u64 hash (XXH3-64 of the
+ *            message) -> OK: u64 round
+ *
+ * round: the gateway's latest completed outer step; digest: of its global parameters and
+ * momentum after it. prev_digest in DONE: the sender's digest after round - 1, which every
+ * receiver compares with its own (one model everywhere, checked every round).
+ */
+#ifndef CIRRUS_WAN_MSG_H
+#define CIRRUS_WAN_MSG_H
+
+#include <stdint.h>
+
+#include "../net/wire.h"
+
+enum wan_msg {
+    WAN_JOIN = 128,
+    WAN_JOIN_OK = 129,
+    WAN_DONE = 130,
+    WAN_DONE_OK = 131,
+    WAN_PART = 132, /* one-way */
+};
+
+#define WAN_ROLE_GATEWAY 8           /* HELLO role of a gateway's WAN connection */
+#define WAN_PART_BYTES (256u << 10)  /* message bytes per PART (>= 64 KiB: WAN-sized) */
+#define WAN_REGION_MAX 63            /* bytes of a region name */
+#define WAN_MAX_REGIONS 16           /* the CRD's maxItems */
+
+typedef struct wan_join {
+    char region[WAN_REGION_MAX + 1];
+    uint32_t index, n_regions;
+    uint64_t n_params, round, digest;
+} wan_join;
+
+typedef struct wan_part {
+    uint64_t round, total, offset;
+    const uint8_t *bytes; /* get: inside the payload */
+    uint64_t len;
+} wan_part;
+
+typedef struct wan_done {
+    uint64_t round, tokens, prev_digest, total, hash;
+} wan_done;
+
+void wan_msg_put_join(wire_writer *w, const wan_join *j);
+/* Refuses a region name that is empty, too long or not [A-Za-z0-9._-], index >=
+ * n_regions and n_regions outside 1..WAN_MAX_REGIONS. */
+int wan_msg_get_join(wire_reader *r, wan_join *j);
+void wan_msg_put_part(wire_writer *w, const wan_part *p);
+/* Refuses offset + len past total and total over max_total. */
+int wan_msg_get_part(wire_reader *r, uint64_t max_total, wan_part *p);
+void wan_msg_put_done(wire_writer *w, const wan_done *d);
+int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d);
+void wan_msg_put_done_ok(wire_writer *w, uint64_t round);
+int wan_msg_get_done_ok(wire_reader *r, uint64_t *round);
+
+#endif

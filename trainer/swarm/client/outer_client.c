@@ -1,0 +1,202 @@
+/* outer_client: see outer_client.h. */
+#include "outer_client.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../../common/log.h"
+#include "../../gateway/outer_msg.h"
+
+#define OUTER_CALL_MS 30000 /* one PUSH or PULL exchange */
+#define OUTER_POLL_MS 20    /* between PULLs while the round runs */
+/* pull's code for a round given up because the run ends (not an error of the run). */
+#define OUTER_ABANDONED CIRRUS_ECLOSED
+
+struct outer_client {
+    pipeline *p;
+    coord_client *cc;
+    uint64_t n;
+    int every, timeout_ms;
+    int delay;     /* inner steps the region trains on while a round runs */
+    /* The region's parameters when pushed, the global ones pulled, the region's now. */
+    float *pushed, *global, *now;
+    int pending;   /* a round was pushed and is not applied yet */
+    uint64_t final_step; /* the run's last inner step */
+    uint64_t pending_round, pushed_at;
+    const volatile sig_atomic_t *stop;
+    uint64_t tokens, outer_step, wan_bytes, digest;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
+                      int delay, uint64_t final_step, int timeout_ms,
+                      const volatile sig_atomic_t *stop, outer_client **out, cirrus_error *err)
+{
+    *out = NULL;
+    if (!cc) return cirrus_fail(err, CIRRUS_EINVAL, "outer steps need the region's gateway "
+                                "(--coordinator)");
+    if (delay < 0 || delay >= every)
+        return cirrus_fail(err, CIRRUS_EINVAL, "--sync-delay %d must be below --sync-every %d",
+                           delay, every);
+    outer_client *oc = calloc(1, sizeof *oc);
+    if (!oc) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    *oc = (outer_client){.p = p, .cc = cc, .n = gpt_num_params(cfg), .every = every,
+                         .delay = delay, .final_step = final_step, .timeout_ms = timeout_ms,
+                         .stop = stop};
+    oc->pushed = malloc(oc->n * sizeof(float));
+    oc->global = malloc(oc->n * sizeof(float));
+    oc->now = delay ? malloc(oc->n * sizeof(float)) : NULL;
+    if (!oc->pushed || !oc->global || (delay && !oc->now)) {
+        outer_client_close(oc);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the parameters");
+    }
+    *out = oc;
+    return 0;
+}
+
+void outer_client_close(outer_client *oc)
+{
+    if (!oc) return;
+    free(oc->pushed);
+    free(oc->global);
+    free(oc->now);
+    free(oc);
+}
+
+static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *err)
+{
+    int rc = pipeline_gather_params(oc->p, oc->pushed, err);
+    for (uint64_t off = 0; !rc && off < oc->n;) {
+        const uint64_t count = oc->n - off < OUTER_SLICE ? oc->n - off : OUTER_SLICE;
+        const outer_push q = {.round = round, .inner_step = step, .tokens = oc->tokens,
+                              .n_params = oc->n, .offset = off, .count = count};
+        wire_writer w;
+        wire_writer_init(&w, 64 + count * sizeof(float));
+        outer_msg_put_push(&w, &q, oc->pushed + off);
+        const uint8_t *reply;
+        uint32_t len;
+        rc = coord_client_ext_call(oc->cc, OUTER_PUSH, &w, OUTER_CALL_MS, &reply, &len, err);
+        wire_writer_free(&w);
+        off += count;
+    }
+    return rc;
+}
+
+/* PULL round's global parameters into theta once the gateway has them. */
+static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
+{
+    const int64_t deadline = mono_ms() + oc->timeout_ms;
+    for (uint64_t off = 0; off < oc->n;) {
+        const uint64_t count = oc->n - off < OUTER_SLICE ? oc->n - off : OUTER_SLICE;
+        const outer_pull q = {round, off, count};
+        wire_writer w;
+        wire_writer_init(&w, 64);
+        outer_msg_put_pull(&w, &q);
+        const uint8_t *reply;
+        uint32_t len;
+        int rc = coord_client_ext_call(oc->cc, OUTER_PULL, &w, OUTER_CALL_MS, &reply, &len, err);
+        wire_writer_free(&w);
+        if (rc) return rc;
+        wire_reader r;
+        wire_reader_init(&r, reply, len);
+        outer_pull_ok a;
+        if (outer_msg_get_pull_ok(&r, count, &a))
+            return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed PULL reply from the gateway");
+        oc->wan_bytes = a.wan_bytes;
+        if (!a.ready) {
+            if (oc->stop && *oc->stop)
+                return cirrus_fail(err, OUTER_ABANDONED, "outer step %llu abandoned: the run "
+                                   "is ending", (unsigned long long)round);
+            if (mono_ms() > deadline)
+                return cirrus_fail(err, CIRRUS_ETIMEDOUT, "outer step %llu not done by the "
+                                   "gateway within %d ms", (unsigned long long)round,
+                                   oc->timeout_ms);
+            usleep(OUTER_POLL_MS * 1000);
+            off = 0; /* a round completing mid-pull: every slice from one state */
+            continue;
+        }
+        if (off > 0 && a.done != oc->outer_step)
+            return cirrus_fail(err, CIRRUS_EMISMATCH, "the gateway moved from outer step %llu "
+                               "to %llu during a pull", (unsigned long long)oc->outer_step,
+                               (unsigned long long)a.done);
+        oc->outer_step = a.done;
+        oc->digest = a.digest;
+        memcpy(oc->global + off, a.floats, count * sizeof(float));
+        off += count;
+    }
+    return 0;
+}
+
+int outer_client_begin(outer_client *oc, cirrus_error *err)
+{
+    const uint64_t step = pipeline_steps_done(oc->p);
+    int rc = push(oc, 0, step, err);
+    if (!rc) rc = pull(oc, 0, err);
+    if (!rc) rc = pipeline_set_params(oc->p, oc->global, err);
+    if (!rc)
+        log_info("outer: region at inner step %llu takes the global parameters of outer step "
+                 "%llu (digest %016llx)", (unsigned long long)step,
+                 (unsigned long long)oc->outer_step, (unsigned long long)oc->digest);
+    /* Inner steps already taken belong to rounds before this one: count from here. */
+    return rc;
+}
+
+/* The round pushed at step `pushed_at` is applied: its global parameters replace the
+ * region's. Where the region trained on meanwhile (overlap), the progress it made since
+ * the push is kept on top: theta = global + (theta_now - theta_at_push), the delayed merge
+ * of one-step-delayed outer updates. */
+static int apply_round(outer_client *oc, cirrus_error *err)
+{
+    int rc = pull(oc, oc->pending_round, err);
+    if (rc == OUTER_ABANDONED && oc->stop && *oc->stop) {
+        log_warn("%s", err->msg); /* the region ends with its own parameters */
+        oc->pending = 0;
+        return 0;
+    }
+    if (rc) return rc;
+    if (pipeline_steps_done(oc->p) != oc->pushed_at) {
+        if ((rc = pipeline_gather_params(oc->p, oc->now, err))) return rc;
+        for (uint64_t i = 0; i < oc->n; i++) oc->now[i] = oc->global[i] + (oc->now[i] - oc->pushed[i]);
+        rc = pipeline_set_params(oc->p, oc->now, err);
+    } else {
+        rc = pipeline_set_params(oc->p, oc->global, err);
+    }
+    oc->pending = 0;
+    return rc;
+}
+
+int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
+                            cirrus_error *err)
+{
+    oc->tokens += tokens;
+    int rc = 0;
+    if (oc->pending && step >= oc->pushed_at + (uint64_t)oc->delay &&
+        (rc = apply_round(oc, err)))
+        return rc;
+    if (step % (uint64_t)oc->every == 0) {
+        oc->pending_round = oc->outer_step + 1;
+        oc->pushed_at = step;
+        if ((rc = push(oc, oc->pending_round, step, err))) return rc;
+        oc->tokens = 0;
+        oc->pending = 1;
+    }
+    /* The last step waits for its round: the model the run ends with is the global one. */
+    if (oc->pending && (oc->delay == 0 || step >= oc->final_step)) rc = apply_round(oc, err);
+    return rc;
+}
+
+void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
+                           uint64_t *digest)
+{
+    *outer_step = oc->outer_step;
+    *wan_bytes = oc->wan_bytes;
+    *digest = oc->digest;
+}

@@ -1,0 +1,49 @@
+/* outer_client: the region's leader client taking part in the outer steps across regions.
+ *
+ * Every `every` inner steps, between two steps, the leader gathers the region's parameters
+ * from its stage peers, PUSHes them to its gateway (gateway/outer_msg.h, over the
+ * coordinator connection), waits for the gateway to complete the outer round with the
+ * other regions, PULLs the new global parameters and installs them on every peer of every
+ * stage (pipeline_set_params); AdamW's moments stay on the peers. With a delay, the region
+ * goes on training while the round crosses the WAN, and takes the result `delay` inner
+ * steps later (Streaming DiLoCo's overlap, one-step-delayed outer updates). At the start
+ * it pushes
+ * the initial parameters (round 0: the gateway adopts them, or keeps the global state it
+ * already has, which the region then takes).
+ */
+#ifndef CIRRUS_OUTER_CLIENT_H
+#define CIRRUS_OUTER_CLIENT_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "../../../common/cerr.h"
+#include "../proto/coord_msg.h"
+#include "pipeline.h"
+
+typedef struct outer_client outer_client;
+
+/* every >= 1 inner steps per outer step. delay (0 .. every - 1): inner steps the region
+ * trains on while its round runs on the WAN (0: it waits); the global parameters are then
+ * merged with the progress made meanwhile (theta = global + theta_now - theta_pushed).
+ * final_step: the run's last step, which always waits for its round. timeout_ms: how long
+ * a round may take; stop (may be NULL): once set, a round still waited for is abandoned. */
+int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
+                      int delay, uint64_t final_step, int timeout_ms,
+                      const volatile sig_atomic_t *stop, outer_client **out,
+                      cirrus_error *err);
+void outer_client_close(outer_client *oc);
+
+/* Round 0, before the first step. */
+int outer_client_begin(outer_client *oc, cirrus_error *err);
+/* After inner step `step` (tokens: trained on since the last call): the outer step, when
+ * step is a multiple of every. */
+int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
+                            cirrus_error *err);
+
+/* For progress lines: the latest outer step the region took part in, and the gateway's
+ * WAN bytes (both directions) as it last said. */
+void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
+                           uint64_t *digest);
+
+#endif
