@@ -602,10 +602,11 @@ static int identity(const X509 *cert, char *job, size_t job_size, char *region,
 {
     int crit = 0;
     GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, &crit, NULL);
-    if (!names)
+    if (!names) /* crit: -1 no extension, -2 two of them, else one that did not decode */
         return cirrus_fail(err, CIRRUS_EINVAL, "the certificate %s",
-                           crit == -2 ? "has two subjectAltName extensions"
-                                      : "names no cirrus:// identity");
+                           crit == -1   ? "names no cirrus:// identity"
+                           : crit == -2 ? "has two subjectAltName extensions"
+                                        : "has a subjectAltName that does not decode");
     const ASN1_IA5STRING *uri = NULL;
     int found = 0;
     for (int i = 0; i < sk_GENERAL_NAME_num(names); i++) {

@@ -328,11 +328,12 @@ TEST_T(tls_recv_into_buffered_records, 30)
         cirrus_error err = {0};
         ASSERT_OK(net_recv_frame_into(s, &h, in, sizeof in, 4000, &err));
         ASSERT(h.request_id == 1 && memcmp(in, a, sizeof a) == 0);
+        ASSERT(net_pending(s)); /* b's record, read ahead with a's */
         double t0 = now_ms();
         if (net_recv_frame_into(s, &h, in, sizeof in, 4000, &err))
             TEST_FAIL("second frame: %s", err.msg);
         ASSERT_LT(now_ms() - t0, 2000);
-        ASSERT(h.request_id == 2 && memcmp(in, b, sizeof b) == 0);
+        ASSERT(h.request_id == 2 && memcmp(in, b, sizeof b) == 0 && !net_pending(s));
     }
     net_close(c);
     net_close(s);

@@ -845,6 +845,30 @@ TEST(wan_codec_reject_zstd)
     memcpy(two + z1, b + WAN_HEADER_SIZE, z2 - WAN_HEADER_SIZE);
     expect_corrupt(two, z1 + z2 - WAN_HEADER_SIZE, n, "two frames");
     free(a), free(b), free(two);
+    /* A skippable frame after the real one: ZSTD_decompress would accept it, the message not. */
+    z = zstd_msg(m, body, blen, 1, &zl);
+    uint8_t *skip = xmalloc(zl + 12);
+    memcpy(skip, z, zl);
+    le_put(skip + zl, 0x184D2A50, 4);
+    le_put(skip + zl + 4, 4, 4);
+    memset(skip + zl + 8, 0, 4);
+    expect_corrupt(skip, zl + 12, n, "a skippable frame after the body");
+    free(z), free(skip);
+    /* Header and frame agreeing on 2^40 bytes: refused by the bound for n, before any
+     * allocation (frame: magic, single-segment descriptor with an 8-byte content size, one
+     * last RLE block). */
+    uint8_t huge[WAN_HEADER_SIZE + 17];
+    memcpy(huge, m, WAN_HEADER_SIZE);
+    huge[6] = WAN_FLAG_ZSTD;
+    le_put(huge + 24, 1ull << 40, 8);
+    uint8_t *f = huge + WAN_HEADER_SIZE;
+    le_put(f, 0xFD2FB528, 4);
+    f[4] = 0xE0;
+    le_put(f + 5, 1ull << 40, 8);
+    le_put(f + 13, 1 | 1 << 1 | 1000 << 3, 3);
+    f[16] = 0;
+    ASSERT(ZSTD_getFrameContentSize(f, 17) == 1ull << 40 && ZSTD_findFrameCompressedSize(f, 17) == 17);
+    expect_corrupt(huge, sizeof huge, n, "zstd frame of 2^40 bytes");
     /* Garbage after a frame, and flipped bits inside one. */
     z = zstd_msg(m, body, blen, 1, &zl);
     uint8_t *g = xmalloc(zl + 3);

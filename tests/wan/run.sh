@@ -108,7 +108,41 @@ else
     bad two_regions_stop_cleanly_on_sigterm; kill -KILL "$pid" 2>/dev/null; tail -5 "$tmp/status.err"
 fi
 
-# 4. Bad input: an unknown codec and --regions without room are refused with one line.
+# 4. One model everywhere, repaired: region r1's gateway changes a global parameter after
+#    outer step 2 (a silent divergence); the next round's digests show it, the majority's
+#    state wins and r1 takes it from r0; all three regions end bit-identical.
+if "$bin" local --regions 3 --stages 2 "${model[@]}" --steps 30 --sync-every 5 --json \
+    --test-region-fault 1:corrupt:2 >"$tmp/repair.json" 2>"$tmp/repair.err"; then
+    d=$(for r in r0 r1 r2; do field digest "$(final_of "$tmp/repair.json" $r)"; done | sort -u)
+    if [ "$(wc -l <<<"$d")" -eq 1 ] && [ -n "$d" ] &&
+        grep -q 'local r1.*differs from the regions.*repairing from region r0' "$tmp/repair.err" &&
+        grep -q 'local r1.*took the global state of outer step 3 from region r0' "$tmp/repair.err"; then
+        ok diverged_region_detected_and_repaired
+    else
+        bad diverged_region_detected_and_repaired; echo "$d"; grep -E 'repair|differs' "$tmp/repair.err"
+    fi
+else
+    bad three_regions_with_a_divergence_ran; tail -5 "$tmp/repair.err"
+fi
+
+# 5. A region lost: r2's whole process (gateway and client) ends during inner step 17. The
+#    others go on without it after a deadline learned from the rounds before (not the
+#    10-minute timeout), end bit-identical, and `local` reports the lost region.
+start=$SECONDS
+"$bin" local --regions 3 --stages 2 "${model[@]}" --steps 40 --sync-every 5 --json \
+    --test-region-fault 2:exit:17 >"$tmp/lost.json" 2>"$tmp/lost.err"
+rc=$? took=$((SECONDS - start))
+f0=$(final_of "$tmp/lost.json" r0) f1=$(final_of "$tmp/lost.json" r1)
+if [ "$rc" -eq 1 ] && grep -q 'region r2 failed' "$tmp/lost.err" && [ "$took" -lt 60 ] &&
+    [ "$(field outer_step "$f0")" = 8 ] && [ -n "$(field digest "$f0")" ] &&
+    [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+    grep -q 'local r0.*going on without region(s) r2' "$tmp/lost.err"; then
+    ok lost_region_left_out_after_learned_deadline "(${took} s)"
+else
+    bad lost_region_left_out_after_learned_deadline; echo "rc $rc, ${took} s"; echo "$f0"; echo "$f1"
+fi
+
+# 6. Bad input: an unknown codec and --regions without room are refused with one line.
 "$bin" local --regions 2 --codec zip --steps 1 >/dev/null 2>"$tmp/bad.err"
 if [ $? -eq 2 ] && grep -q "codec" "$tmp/bad.err" && [ "$(wc -l <"$tmp/bad.err")" -eq 1 ]; then
     ok unknown_codec_refused

@@ -73,6 +73,8 @@ int roles_cmd_gateway(int argc, char **argv)
         {"tls-dir", FLAG_STR, &tls_dir, 0, 0,
          "directory with the job's ca.crt and this gateway's tls.crt and tls.key", 0},
         WAN_FLAGS(wan),
+        {"test-corrupt-after", FLAG_U64, &wan.test_corrupt_after, 0, 0,
+         "tests only: change a global parameter after this outer step (digest repair)", 0},
         {"test-exit-after-redo", FLAG_BOOL, &exit_after_redo, 0, 0,
          "tests only: exit on the first step-barrier call after a REDO notice was posted", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},

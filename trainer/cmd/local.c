@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -244,6 +245,24 @@ static int parse_stall_peer(const char *text, int n_stages, int n_peers, stall_p
     return 0;
 }
 
+/* --test-region-fault R:corrupt:K or R:exit:S, applied in region R's process. */
+static int apply_region_fault(const char *text, int region, wan_flags *wan, int *exit_step,
+                              cirrus_error *err)
+{
+    int r;
+    char kind[16];
+    unsigned long long at;
+    char tail;
+    if (sscanf(text, "%d:%15[a-z]:%llu%c", &r, kind, &at, &tail) != 3 || at == 0 ||
+        (strcmp(kind, "corrupt") != 0 && strcmp(kind, "exit") != 0))
+        return cirrus_fail(err, CIRRUS_EINVAL, "--test-region-fault must be R:corrupt:K or "
+                           "R:exit:S, got '%s'", text);
+    if (r != region) return 0;
+    if (kind[0] == 'c') wan->test_corrupt_after = at;
+    else *exit_step = (int)at;
+    return 0;
+}
+
 int roles_cmd_local(int argc, char **argv)
 {
     train_options o;
@@ -257,7 +276,9 @@ int roles_cmd_local(int argc, char **argv)
     stall_peer stall = {-1, -1, 0, 0.0};
     int n_stages = 2, n_peers = 1, micro = 0, help = 0, status_port = 0, rebalance_s = 0;
     int act_slots = 0, n_clients = 1, n_regions = 1;
+    const char *region_fault = NULL;
     wan_flags wan = WAN_FLAGS_DEFAULTS;
+    int exit_step = 0;
     float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -299,6 +320,11 @@ int roles_cmd_local(int argc, char **argv)
          "here, on disjoint shards of the data, joined by outer steps (default 1)",
          0},
         WAN_FLAGS(wan),
+        {"test-region-fault", FLAG_STR, &region_fault, 0, 0,
+         "tests only: R:corrupt:K changes a global parameter in region R's gateway after "
+         "outer step K; R:exit:S ends region R's process (gateway and client) half-way "
+         "through inner step S, as a region lost",
+         0},
         {"sync-delay", FLAG_INT, &wan.sync_delay, 0, 999999,
          "inner steps the regions train on while an outer step crosses the WAN, then merge "
          "(below --sync-every; 0, the default: they wait for it)",
@@ -361,6 +387,10 @@ int roles_cmd_local(int argc, char **argv)
         log_set_role(role);
         o.data_rank = region;
         o.data_world = n_regions;
+        if (region_fault && apply_region_fault(region_fault, region, &wan, &exit_step, &err)) {
+            fprintf(stderr, "cirrus-trainer local: %s\n", err.msg);
+            return EXIT_BAD_INPUT;
+        }
         if (region > 0) status_port = 0; /* region 0 keeps the port asked for */
         if (wan_start_outer(&wan, job, region, n_regions, names, addrs_wan, wan_fd,
                             gpt_num_params(&o.model), tls, &os, &err)) {
@@ -443,7 +473,7 @@ int roles_cmd_local(int argc, char **argv)
         if ((clients[followers] = spawn_follower(&fs)) < 0) rc = 1;
         else followers++;
     }
-    client_share share = {n_clients, 0, 0, wan.sync_every, wan.sync_timeout_s, wan.sync_delay,
+    client_share share = {n_clients, 0, exit_step, wan.sync_every, wan.sync_timeout_s, wan.sync_delay,
                           wan.sync_every ? region_names[region] : NULL};
     if (!rc)
         rc = roles_run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);

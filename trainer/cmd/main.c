@@ -22,6 +22,7 @@
 #include "../model/gpt.h"
 #include "../sample.h"
 #include "roles.h"
+#include "wan_roles.h"
 #include "../train.h"
 
 static int cmd_train(int argc, char **argv)
@@ -190,7 +191,9 @@ static void usage(void)
             "  stage   serve layers of the model to pipeline clients (SWARM peer)\n"
             "  client  train through a pipeline of stage peers\n"
             "  local   a pipeline region on loopback: stage processes and a client\n"
-            "  gateway the region's coordinator: membership, /status, /metrics\n"
+            "  gateway the region's gateway: its coordinator (membership, /status, /metrics)\n"
+            "          and, with --sync-every, outer steps with the other regions' gateways\n"
+            "  certs   a job's CA and its regions' gateway certificates, as files\n"
             "Run 'cirrus-trainer COMMAND --help' for the flags of a command.\n");
 }
 
@@ -212,6 +215,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "client") == 0) return roles_cmd_client(argc - 2, argv + 2);
     if (strcmp(cmd, "local") == 0) return roles_cmd_local(argc - 2, argv + 2);
     if (strcmp(cmd, "gateway") == 0) return roles_cmd_gateway(argc - 2, argv + 2);
+    if (strcmp(cmd, "certs") == 0) return roles_cmd_certs(argc - 2, argv + 2);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0) {
         usage();
         return 0;

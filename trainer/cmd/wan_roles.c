@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../common/certs.h"
@@ -24,7 +25,8 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
                             .n_params = n_params,
                             .opt = {.lr = w->outer_lr, .momentum = w->outer_momentum},
                             .tls = tls, .round_timeout_ms = w->sync_timeout_s * 1000,
-                            .sync_every = w->sync_every};
+                            .sync_every = w->sync_every,
+                            .test_corrupt_after = w->test_corrupt_after};
     int rc = wan_codec_parse(w->codec, &o.codec, err);
     return rc ? rc : outer_sync_start(&o, out, err);
 }
@@ -85,4 +87,81 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
     if (!rc && !w->insecure) rc = local_identity(job, names[*region], &ca, tls, err);
     certs_pair_free(&ca);
     return rc;
+}
+
+/* Write text to path (mode 0600 for keys, 0644 otherwise), whole or not at all. */
+static int write_file(const char *path, const char *text, int secret, cirrus_error *err)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wx");
+    if (!f) return cirrus_fail(err, CIRRUS_EIO, "cannot create %s", tmp);
+    if (secret) fchmod(fileno(f), 0600);
+    const size_t n = strlen(text);
+    int ok = fwrite(text, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return cirrus_fail(err, CIRRUS_EIO, "cannot write %s", path);
+    }
+    return 0;
+}
+
+int roles_cmd_certs(int argc, char **argv)
+{
+    const char *job = NULL, *out = NULL;
+    flag_str_list regions = {0};
+    int days = 30, help = 0;
+    flag_spec flags[] = {
+        {"job", FLAG_STR, &job, 0, 0, "the job id the gateways run with (--job)", 0},
+        {"region", FLAG_STR_LIST, &regions, 0, 0, "a region (repeat for each)", 0},
+        {"out", FLAG_STR, &out, 0, 0, "directory to create: ca.crt, and per region "
+         "REGION/ca.crt, REGION/tls.crt, REGION/tls.key (a gateway's --tls-dir)", 0},
+        {"days", FLAG_INT, &days, 1, CERTS_MAX_DAYS, "validity in days (default 30)", 0},
+        {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
+    };
+    cirrus_error err = {0};
+    if (flags_parse(flags, NFLAGS(flags), argc, argv, &err)) return cli_fail_input("certs", &err);
+    if (help) {
+        fprintf(stderr, "usage: cirrus-trainer certs --job ID --region R1 --region R2 --out DIR\n"
+                        "The job's CA and a certificate per region's gateway, as the operator "
+                        "makes them for a SwarmJob's Secret.\n");
+        flags_usage(flags, NFLAGS(flags));
+        return 0;
+    }
+    if (!job || !out || regions.n == 0) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--job, --out and at least one --region are needed");
+        return cli_fail_input("certs", &err);
+    }
+    if (mkdir(out, 0755) != 0) {
+        cirrus_fail(&err, CIRRUS_EIO, "cannot create %s (it must not exist)", out);
+        return cli_fail_input("certs", &err);
+    }
+    certs_pair ca = {0};
+    char path[4096];
+    int rc = certs_make_ca(job, days, &ca, &err);
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/ca.crt", out);
+        rc = write_file(path, ca.cert_pem, 0, &err);
+    }
+    for (int i = 0; i < regions.n && !rc; i++) {
+        certs_pair leaf = {0};
+        const char *r = regions.items[i];
+        rc = certs_make_leaf(&ca, job, r, r, NULL, 0, days, &leaf, &err);
+        snprintf(path, sizeof path, "%s/%s", out, r);
+        if (!rc && mkdir(path, 0755) != 0) rc = cirrus_fail(&err, CIRRUS_EIO, "cannot create %s", path);
+        const char *files[3][2] = {{"ca.crt", ca.cert_pem}, {"tls.crt", leaf.cert_pem},
+                                   {"tls.key", leaf.key_pem}};
+        for (int f = 0; f < 3 && !rc; f++) {
+            snprintf(path, sizeof path, "%s/%s/%s", out, r, files[f][0]);
+            rc = write_file(path, files[f][1], f == 2, &err);
+        }
+        certs_pair_free(&leaf);
+    }
+    certs_pair_free(&ca);
+    if (rc) {
+        fprintf(stderr, "cirrus-trainer certs: %s\n", err.msg);
+        return rc == CIRRUS_EINVAL ? EXIT_BAD_INPUT : 1;
+    }
+    return 0;
 }

@@ -17,9 +17,10 @@ typedef struct wan_flags {
     int insecure;           /* --wan-insecure: plaintext between gateways */
     int sync_timeout_s;     /* how long an outer round may wait for the other regions */
     int sync_delay;         /* local: inner steps the regions train on while a round runs */
+    uint64_t test_corrupt_after; /* tests: outer_sync_options.test_corrupt_after */
 } wan_flags;
 
-#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0}
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, 0}
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \
@@ -53,5 +54,8 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
 int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *region,
                       int *listen_fd, net_tls_ctx **tls, char names[][WAN_REGION_MAX + 1],
                       char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, cirrus_error *err);
+
+/* `cirrus-trainer certs`: a job's CA and its regions' gateway certificates into files. */
+int roles_cmd_certs(int argc, char **argv);
 
 #endif

@@ -23,6 +23,9 @@ typedef struct wan_peer {
     int up;                 /* a connection to it is established (sender side) */
     char last_error[256];
     net_conn *out;          /* the sender's connection; only region j's sender touches it */
+    int64_t round_seen;     /* its latest completed round as it last said (-1: unknown) */
+    uint64_t digest_seen;
+    int absent;             /* it missed the last round: later rounds do not wait for it */
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */
 } wan_peer;
 
@@ -54,10 +57,20 @@ struct outer_sync {
     /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
     round_slot slot[2][WAN_MAX_REGIONS];
     wan_peer peer[WAN_MAX_REGIONS];
+    /* Seconds the last rounds waited for the other regions (a ring), for the deadline. */
+    double waits[8];
+    int n_waits;
     /* counters */
-    uint64_t wan_sent, wan_received, payload_sent, mismatches;
+    uint64_t wan_sent, wan_received, payload_sent, mismatches, repairs;
     double last_sync_s, last_duration_s;
 };
+
+/* outer_sync.c */
+double outer_wall_s(void);
+uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n);
+
+/* outer_round.c: the rounds' thread */
+void *outer_round_main(void *arg);
 
 /* wan_link.c */
 int wan_link_start(outer_sync *os, cirrus_error *err); /* the acceptor */
@@ -67,5 +80,12 @@ void wan_link_stop(outer_sync *os);                    /* waits for receivers */
 int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
                   uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err);
 int64_t outer_now_ms(void);
+/* Connect to every other region not connected (their JOINs update round_seen). */
+void wan_link_probe(outer_sync *os, int64_t deadline_ms);
+/* Region j's global state of a round >= min_round (asked again until it has one, or the
+ * deadline), checked against its digest, into theta and mom (n floats each). */
+int wan_link_fetch_state(outer_sync *os, int j, int64_t min_round, int64_t deadline_ms,
+                         float *theta, float *mom, int64_t *round, uint64_t *digest,
+                         cirrus_error *err);
 
 #endif

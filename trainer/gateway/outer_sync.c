@@ -18,7 +18,7 @@ int64_t outer_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static double wall_s(void)
+double outer_wall_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -26,7 +26,7 @@ static double wall_s(void)
 }
 
 /* The digest of the global state: XXH3-64 of the parameters, then the momentum. */
-static uint64_t state_digest(const float *theta, const float *mom, uint64_t n)
+uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
@@ -53,7 +53,12 @@ static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *e
     pthread_mutex_lock(&os->mu);
     int rc = 0;
     const uint64_t next = (uint64_t)(os->round + 1);
-    if (q.round != 0 && (os->round < 0 || q.round != next || os->push_ready)) {
+    if (q.round != 0 && os->round >= 0 && q.round <= (uint64_t)os->round) {
+        /* This gateway took a later global state from another region (it rejoined or
+         * repaired): the region's push is stale; its client takes the global state. */
+        rc = cirrus_fail(err, CIRRUS_ECONFLICT, "outer step %llu is past: the gateway is at "
+                         "outer step %lld", (unsigned long long)q.round, (long long)os->round);
+    } else if (q.round != 0 && (os->round < 0 || q.round != next || os->push_ready)) {
         rc = cirrus_fail(err, CIRRUS_EINVAL, "outer round %llu pushed while the gateway is at "
                          "round %lld%s", (unsigned long long)q.round, (long long)os->round,
                          os->push_ready ? " with a round in progress" : "");
@@ -75,12 +80,12 @@ static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *e
                 memcpy(os->theta, os->region, os->n * sizeof(float));
                 memset(os->mom, 0, os->n * sizeof(float));
                 os->round = 0;
-                os->digest = state_digest(os->theta, os->mom, os->n);
+                os->digest = outer_state_digest(os->theta, os->mom, os->n);
                 log_info("outer: initial parameters adopted (%llu floats, digest %016llx)",
                          (unsigned long long)os->n, (unsigned long long)os->digest);
             } else {
                 os->push_ready = 1;
-                os->push_time = wall_s();
+                os->push_time = outer_wall_s();
             }
             os->push_got = 0;
             pthread_cond_broadcast(&os->changed);
@@ -123,169 +128,6 @@ int outer_sync_serve(void *ctx, uint16_t type, const uint8_t *p, size_t n, wire_
     }
 }
 
-/* ---- rounds ---- */
-
-typedef struct send_job {
-    outer_sync *os;
-    int j;
-    uint64_t round, len, tokens, prev_digest;
-    const uint8_t *msg;
-    int64_t deadline;
-    int rc;
-} send_job;
-
-static void *send_main(void *arg)
-{
-    send_job *sj = arg;
-    cirrus_error err = {0};
-    sj->rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, sj->tokens,
-                           sj->prev_digest, sj->deadline, &err);
-    if (sj->rc && !atomic_load(&sj->os->stopping))
-        log_warn("outer round %llu: region %s did not take our delta: %s",
-                 (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
-    return NULL;
-}
-
-/* Whether every region's message of round k is here. Under mu. */
-static int round_complete(const outer_sync *os, uint64_t k)
-{
-    for (int r = 0; r < os->o.n_regions; r++) {
-        const round_slot *sl = &os->slot[k & 1][r];
-        if (sl->round != k || !sl->complete) return 0;
-    }
-    return 1;
-}
-
-/* Decode every region's message of round k in region order, weighted by its tokens, into
- * avg; then the outer step. Under mu (the messages and the state). */
-static int finish_round(outer_sync *os, uint64_t k, float *avg, float *dec, cirrus_error *err)
-{
-    double tokens = 0.0;
-    for (int r = 0; r < os->o.n_regions; r++) tokens += (double)os->slot[k & 1][r].tokens;
-    memset(avg, 0, os->n * sizeof(float));
-    int mismatch = 0;
-    for (int r = 0; r < os->o.n_regions; r++) {
-        round_slot *sl = &os->slot[k & 1][r];
-        if (sl->prev_digest != os->digest) mismatch = 1;
-        int rc = wan_decode(sl->bytes, sl->total, dec, os->n, err);
-        if (rc) return rc;
-        /* Equal weights when no tokens were reported (every region alike). */
-        const float w = tokens > 0 ? (float)((double)sl->tokens / tokens)
-                                   : 1.0f / (float)os->o.n_regions;
-        for (uint64_t i = 0; i < os->n; i++) avg[i] += w * dec[i];
-    }
-    if (mismatch) {
-        os->mismatches++;
-        log_error("outer round %llu: a region's global state differs from ours (digest "
-                  "%016llx here)", (unsigned long long)k, (unsigned long long)os->digest);
-    }
-    outer_step(&os->o.opt, os->theta, os->mom, avg, os->n);
-    os->digest_prev = os->digest;
-    os->digest = state_digest(os->theta, os->mom, os->n);
-    os->round = (int64_t)k;
-    return 0;
-}
-
-static void *worker_main(void *arg)
-{
-    outer_sync *os = arg;
-    const size_t n = os->n;
-    float *delta = malloc(n * sizeof(float)), *residual = calloc(n, sizeof(float));
-    float *avg = malloc(n * sizeof(float)), *dec = malloc(n * sizeof(float));
-    if (!delta || !residual || !avg || !dec) {
-        log_error("outer: out of memory for %zu parameters", n);
-        goto out;
-    }
-    pthread_mutex_lock(&os->mu);
-    while (!atomic_load(&os->stopping)) {
-        if (!os->push_ready) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&os->changed, &os->mu, &ts);
-            continue;
-        }
-        const uint64_t k = (uint64_t)os->round + 1;
-        const int64_t t0 = outer_now_ms();
-        for (size_t i = 0; i < n; i++) delta[i] = os->theta[i] - os->region[i];
-        const uint64_t tokens = os->push_tokens, prev_digest = os->digest;
-        pthread_mutex_unlock(&os->mu);
-
-        /* Encode with error feedback; the message goes into our own slot, decoded later
-         * like every other region's. */
-        cirrus_error err = {0};
-        const size_t cap = wan_encode_bound(n, &os->o.codec);
-        uint8_t *msg = malloc(cap);
-        size_t len = 0;
-        int rc = msg ? wan_encode(&os->o.codec, delta, residual, n, msg, cap, &len, &err)
-                     : cirrus_fail(&err, CIRRUS_ENOMEM, "out of memory for the message");
-        if (rc) {
-            log_error("outer round %llu: %s", (unsigned long long)k, err.msg);
-            free(msg);
-            pthread_mutex_lock(&os->mu);
-            os->push_ready = 0; /* the client sees no progress and times out */
-            continue;
-        }
-        const int64_t deadline = outer_now_ms() + os->o.round_timeout_ms;
-        send_job jobs[WAN_MAX_REGIONS];
-        pthread_t th[WAN_MAX_REGIONS];
-        int started[WAN_MAX_REGIONS] = {0};
-        for (int j = 0; j < os->o.n_regions; j++) {
-            if (j == os->o.region_index) continue;
-            jobs[j] = (send_job){os, j, k, len, tokens, prev_digest, msg, deadline, 0};
-            started[j] = pthread_create(&th[j], NULL, send_main, &jobs[j]) == 0;
-            if (!started[j]) send_main(&jobs[j]);
-        }
-        pthread_mutex_lock(&os->mu);
-        round_slot *own = &os->slot[k & 1][os->o.region_index];
-        free(own->bytes);
-        *own = (round_slot){.round = k, .bytes = msg, .total = len, .got = len,
-                            .tokens = tokens, .prev_digest = prev_digest, .complete = 1};
-        pthread_cond_broadcast(&os->changed);
-        pthread_mutex_unlock(&os->mu);
-        for (int j = 0; j < os->o.n_regions; j++)
-            if (started[j]) pthread_join(th[j], NULL);
-
-        pthread_mutex_lock(&os->mu);
-        while (!atomic_load(&os->stopping) && !round_complete(os, k)) {
-            if (outer_now_ms() > deadline) break;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&os->changed, &os->mu, &ts);
-        }
-        if (atomic_load(&os->stopping)) break;
-        if (!round_complete(os, k)) {
-            /* Lost regions are not yet left out: the round stays open, the client waits. */
-            log_warn("outer round %llu: not every region's delta arrived within %d ms",
-                     (unsigned long long)k, os->o.round_timeout_ms);
-            continue;
-        }
-        if ((rc = finish_round(os, k, avg, dec, &err))) {
-            log_error("outer round %llu: %s", (unsigned long long)k, err.msg);
-            continue;
-        }
-        os->push_ready = 0;
-        os->last_sync_s = wall_s();
-        os->last_duration_s = os->last_sync_s - os->push_time;
-        log_info("outer round %llu done in %.2f s (%lld ms on the WAN): digest %016llx, "
-                 "%zu-byte delta, WAN bytes %llu sent, %llu received",
-                 (unsigned long long)k, os->last_duration_s, (long long)(outer_now_ms() - t0),
-                 (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
-                 (unsigned long long)os->wan_received);
-        pthread_cond_broadcast(&os->changed);
-    }
-    pthread_mutex_unlock(&os->mu);
-out:
-    free(delta);
-    free(residual);
-    free(avg);
-    free(dec);
-    return NULL;
-}
-
 /* ---- life ---- */
 
 int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error *err)
@@ -302,6 +144,7 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
     os->o = *o;
     snprintf(os->job, sizeof os->job, "%s", o->job);
     os->o.job = os->job;
+    for (int r = 0; r < o->n_regions; r++) os->peer[r].round_seen = -1;
     for (int r = 0; r < o->n_regions; r++) {
         if (strlen(o->region_names[r]) > WAN_REGION_MAX ||
             strlen(o->wan_addrs[r]) >= sizeof os->addrs[r]) {
@@ -330,7 +173,7 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
     if (!rc) rc = wan_link_start(os, err);
     /* One region alone runs its rounds too (on its own delta): the same code path. */
     if (!rc) {
-        if (pthread_create(&os->worker, NULL, worker_main, os) == 0) os->worker_started = 1;
+        if (pthread_create(&os->worker, NULL, outer_round_main, os) == 0) os->worker_started = 1;
         else rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot start the outer sync thread");
     }
     if (rc) {

@@ -25,7 +25,7 @@
  *                      codec's bound for topk; a zstd frame must declare exactly this
  *
  * No checksum: the frame carrying the message (trainer/net/wire) has one. The bodies are
- * described in wan_codec_dense.c (none, fp16, q8, lowbit) and wan_codec.c (topk).
+ * described in wan_codec_dense.c (none, fp16, q8, lowbit) and wan_codec_topk.c.
  *
  * Decoding is a pure function of the bytes: no threads, no dependence on the CPU (fast
  * paths use the same operations in the same order as the references; the build's -std=c11
@@ -156,11 +156,16 @@ int wan_decode(const uint8_t *in, size_t len, float *out, size_t n, cirrus_error
 int wan_message_info(const uint8_t *in, size_t len, wan_codec_params *p, size_t *n,
                      cirrus_error *err);
 
-/* The dense codecs, defined in wan_codec_dense.c and listed by the table in wan_codec.c
- * (top-k sends its values through fp16 or q8). Use wan_codec_by_id / _by_name. */
+/* The k a topk message carries for n values with p (p->k if set, else from p->density);
+ * SIZE_MAX for params topk does not take. */
+size_t wan_codec_topk_k(size_t n, const wan_codec_params *p);
+
+/* The table's entries, defined in wan_codec_dense.c and wan_codec_topk.c (top-k sends its
+ * values through fp16 or q8). Elsewhere, use wan_codec_by_id / _by_name. */
 extern const wan_codec wan_codec_none_def;
 extern const wan_codec wan_codec_fp16_def;
 extern const wan_codec wan_codec_q8_def;
 extern const wan_codec wan_codec_lowbit_def;
+extern const wan_codec wan_codec_topk_def;
 
 #endif

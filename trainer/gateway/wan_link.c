@@ -76,6 +76,15 @@ static int check_join(outer_sync *os, const wan_join *j, const char *cert_region
     return 0;
 }
 
+/* What region j said of its latest round (JOIN). */
+static void note_round(outer_sync *os, int j, uint64_t round, uint64_t digest)
+{
+    pthread_mutex_lock(&os->mu);
+    os->peer[j].round_seen = (int64_t)round;
+    os->peer[j].digest_seen = digest;
+    pthread_mutex_unlock(&os->mu);
+}
+
 /* ---- the receiving side ---- */
 
 typedef struct receiver {
@@ -112,6 +121,9 @@ static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *
 static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *err)
 {
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
+    /* Sending round r, it has completed r - 1. */
+    if ((int64_t)d->round - 1 > os->peer[from].round_seen)
+        os->peer[from].round_seen = (int64_t)d->round - 1;
     if (d->round <= base) return 0;
     round_slot *sl = &os->slot[d->round & 1][from];
     if (sl->round == d->round && sl->complete) return 0;
@@ -127,6 +139,38 @@ static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *
     sl->complete = 1;
     pthread_cond_broadcast(&os->changed);
     return 0;
+}
+
+/* STATE: a slice of our global state (parameters, then momentum), with its round and
+ * digest. Called and returns under mu; sends outside it. */
+static int serve_state(outer_sync *os, net_conn *c, const wire_header *h, wire_reader *r,
+                       cirrus_error *err)
+{
+    uint64_t off, count;
+    if (wan_msg_get_state(r, os->n, &off, &count))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed STATE");
+    if (os->round < 0) {
+        pthread_mutex_unlock(&os->mu);
+        rpc_refuse(c, h->request_id, CIRRUS_ENOENT, "this gateway has no global state yet",
+                   WAN_IO_TIMEOUT_MS);
+        pthread_mutex_lock(&os->mu);
+        return 0;
+    }
+    wire_writer w;
+    wire_writer_init(&w, count * sizeof(float) + 64);
+    /* The slice may span the parameters and the momentum. */
+    const uint64_t p_end = off < os->n ? (off + count < os->n ? off + count : os->n) : off;
+    wan_msg_put_state_ok(&w, (uint64_t)os->round, os->digest, NULL, 0);
+    if (p_end > off) wire_put_bytes(&w, os->theta + off, (p_end - off) * sizeof(float));
+    if (off + count > p_end)
+        wire_put_bytes(&w, os->mom + (p_end - os->n), (off + count - p_end) * sizeof(float));
+    pthread_mutex_unlock(&os->mu);
+    int rc = w.failed ? cirrus_fail(err, CIRRUS_ENOMEM, "STATE reply too large")
+                      : net_send_frame(c, WAN_STATE_OK, h->request_id, w.data, (uint32_t)w.len,
+                                       WAN_IO_TIMEOUT_MS);
+    wire_writer_free(&w);
+    pthread_mutex_lock(&os->mu);
+    return rc;
 }
 
 static int receive_handshake(receiver *rv, cirrus_error *err)
@@ -153,6 +197,7 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
             rc = cirrus_fail(err, CIRRUS_ECORRUPT, "expected a JOIN");
     }
     if (!rc) rc = check_join(os, &j, os->o.tls ? cert_region : NULL, err);
+    if (!rc) note_round(os, (int)j.index, j.round, j.digest);
     if (rc) {
         if (rc != CIRRUS_ECORRUPT && rc != CIRRUS_ECLOSED && rc != CIRRUS_ETIMEDOUT)
             rpc_refuse(rv->c, 0, rc, err->msg, 1000);
@@ -218,6 +263,8 @@ static void *receive_main(void *arg)
                 rc = rc ? 0 : src; /* an incomplete message is resent; not a reason to drop */
                 pthread_mutex_lock(&os->mu);
             }
+        } else if (h.type == WAN_STATE) {
+            rc = serve_state(os, rv->c, &h, &r, &err); /* unlocks and locks mu */
         } else {
             rc = cirrus_fail(&err, CIRRUS_ECORRUPT, "unexpected frame type %u", h.type);
         }
@@ -352,7 +399,8 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
                          os->addrs[j], them.index, j);
     if (!rc) rc = check_join(os, &them, os->o.tls ? cert_region : NULL, err);
     if (rc) return rc;
-    net_set_max_payload(pe->out, 4096);
+    note_round(os, j, them.round, them.digest);
+    net_set_max_payload(pe->out, (uint32_t)(WAN_STATE_SLICE * sizeof(float) + 64));
     pthread_mutex_lock(&os->mu);
     pe->up = 1;
     pe->last_error[0] = '\0';
@@ -413,5 +461,61 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
                  backoff_ms);
         usleep((useconds_t)backoff_ms * 1000);
         backoff_ms = backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2;
+    }
+}
+
+void wan_link_probe(outer_sync *os, int64_t deadline_ms)
+{
+    for (int j = 0; j < os->o.n_regions && outer_now_ms() < deadline_ms; j++) {
+        if (j == os->o.region_index || os->peer[j].out) continue;
+        cirrus_error err = {0};
+        if (sender_connect(os, j, &err)) sender_drop(os, j, &err);
+    }
+}
+
+int wan_link_fetch_state(outer_sync *os, int j, int64_t min_round, int64_t deadline_ms,
+                         float *theta, float *mom, int64_t *round, uint64_t *digest,
+                         cirrus_error *err)
+{
+    for (int attempt = 0;; attempt++) {
+        int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
+        uint64_t r0 = 0, d0 = 0;
+        for (uint64_t off = 0; !rc && off < 2 * os->n;) {
+            const uint64_t count = 2 * os->n - off < WAN_STATE_SLICE ? 2 * os->n - off
+                                                                     : WAN_STATE_SLICE;
+            wire_writer w;
+            wire_reader r;
+            wire_writer_init(&w, 32);
+            wan_msg_put_state(&w, off, count);
+            rc = rpc_call(os->peer[j].out, WAN_STATE, off + 1, &w, WAN_IO_TIMEOUT_MS,
+                          os->names[j], &r, err);
+            wire_writer_free(&w);
+            wan_state_slice sl;
+            if (!rc && wan_msg_get_state_ok(&r, count, &sl))
+                rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed STATE_OK");
+            if (!rc && off == 0) r0 = sl.round, d0 = sl.digest;
+            if (!rc && (sl.round != r0 || sl.digest != d0))
+                rc = cirrus_fail(err, CIRRUS_ECONFLICT, "its state changed during the fetch");
+            if (!rc && (int64_t)r0 < min_round)
+                rc = cirrus_fail(err, CIRRUS_ECONFLICT, "it is at outer step %llu, not yet %lld",
+                                 (unsigned long long)r0, (long long)min_round);
+            for (uint64_t i = 0; !rc && i < count; i++) { /* the slice may span both */
+                float v;
+                memcpy(&v, sl.floats + i * sizeof(float), sizeof v);
+                if (off + i < os->n) theta[off + i] = v;
+                else mom[off + i - os->n] = v;
+            }
+            off += count;
+        }
+        if (!rc && outer_state_digest(theta, mom, os->n) != d0)
+            rc = cirrus_fail(err, CIRRUS_ECORRUPT, "the state does not match its digest");
+        if (!rc) {
+            *round = (int64_t)r0;
+            *digest = d0;
+            return 0;
+        }
+        if (rc != CIRRUS_ECONFLICT && rc != CIRRUS_ENOENT) sender_drop(os, j, err);
+        if (atomic_load(&os->stopping) || outer_now_ms() + 200 > deadline_ms) return rc;
+        usleep(attempt < 10 ? 100 * 1000 : 500 * 1000);
     }
 }

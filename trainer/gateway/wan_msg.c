@@ -99,3 +99,35 @@ int wan_msg_get_done_ok(wire_reader *r, uint64_t *round)
     *round = wire_get_u64(r);
     return done(r) ? CIRRUS_ECORRUPT : 0;
 }
+
+void wan_msg_put_state(wire_writer *w, uint64_t offset, uint64_t count)
+{
+    wire_put_u64(w, offset);
+    wire_put_u64(w, count);
+}
+
+int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *count)
+{
+    *offset = wire_get_u64(r);
+    *count = wire_get_u64(r);
+    if (done(r) || n > UINT64_MAX / 2 || *offset > 2 * n || *count > 2 * n - *offset ||
+        *count > WAN_STATE_SLICE)
+        return CIRRUS_ECORRUPT;
+    return 0;
+}
+
+void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
+                          uint64_t count)
+{
+    wire_put_u64(w, round);
+    wire_put_u64(w, digest);
+    wire_put_bytes(w, x, (size_t)count * sizeof(float));
+}
+
+int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s)
+{
+    s->round = wire_get_u64(r);
+    s->digest = wire_get_u64(r);
+    s->floats = count <= WAN_STATE_SLICE ? wire_get_bytes(r, (size_t)count * sizeof(float)) : NULL;
+    return !s->floats || done(r) ? CIRRUS_ECORRUPT : 0;
+}

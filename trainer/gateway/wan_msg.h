@@ -14,6 +14,12 @@
  *   DONE     u64 round, u64 tokens, u64 prev_digest, u64 total, u64 hash (XXH3-64 of the
  *            message) -> OK: u64 round
  *
+ *   STATE    u64 offset, u64 count -> OK: u64 round, u64 digest, count f32: floats
+ *            [offset, offset + count) of the sender's global state (n parameters, then n
+ *            outer momentum), at most WAN_STATE_SLICE a frame. How a gateway that lost its
+ *            state (restarted, cut off past the others) or holds a different one (digest)
+ *            takes the job's from a live gateway, instead of from a checkpoint file.
+ *
  * round: the gateway's latest completed outer step; digest: of its global parameters and
  * momentum after it. prev_digest in DONE: the sender's digest after round - 1, which every
  * receiver compares with its own (one model everywhere, checked every round).
@@ -31,7 +37,11 @@ enum wan_msg {
     WAN_DONE = 130,
     WAN_DONE_OK = 131,
     WAN_PART = 132, /* one-way */
+    WAN_STATE = 134,
+    WAN_STATE_OK = 135,
 };
+
+#define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) */
 
 #define WAN_ROLE_GATEWAY 8           /* HELLO role of a gateway's WAN connection */
 #define WAN_PART_BYTES (256u << 10)  /* message bytes per PART (>= 64 KiB: WAN-sized) */
@@ -63,6 +73,17 @@ void wan_msg_put_part(wire_writer *w, const wan_part *p);
 int wan_msg_get_part(wire_reader *r, uint64_t max_total, wan_part *p);
 void wan_msg_put_done(wire_writer *w, const wan_done *d);
 int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d);
+typedef struct wan_state_slice {
+    uint64_t round, digest;
+    const uint8_t *floats; /* get: count f32 inside the payload */
+} wan_state_slice;
+
+void wan_msg_put_state(wire_writer *w, uint64_t offset, uint64_t count);
+/* Refuses a slice outside the 2n floats of the state or over WAN_STATE_SLICE. */
+int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *count);
+void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
+                          uint64_t count);
+int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s);
 void wan_msg_put_done_ok(wire_writer *w, uint64_t round);
 int wan_msg_get_done_ok(wire_reader *r, uint64_t *round);
 

@@ -83,6 +83,8 @@ void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state)
     c->tp_state = state;
 }
 
+int net_pending(const net_conn *c) { return c->tp->pending && c->tp->pending(c); }
+
 void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received)
 {
     if (sent) *sent = __atomic_load_n(&c->sent, __ATOMIC_RELAXED);
@@ -494,8 +496,8 @@ int net_recv_frame_into(net_conn *c, wire_header *h, void *buf, uint32_t len, in
      * A closed or failed link wakes poll() whatever the mark; a peer that sends less than
      * the mark asks for runs into the deadline, and the reads then tell a frame of the wrong
      * size (a protocol error) from one cut short (a timeout). */
-    int buffered = c->tp->pending && c->tp->pending(c); /* then the socket may stay quiet */
-    if (!buffered && frame <= INT_MAX && set_lowat(c, (int)frame) > 1) {
+    /* Bytes the transport already holds (TLS) may be all the frame: no wait for the socket. */
+    if (!net_pending(c) && frame <= INT_MAX && set_lowat(c, (int)frame) > 1) {
         /* A timeout here is not yet the answer: what did arrive may be a wrong frame, and
          * the reads below say which (they end at the same deadline). */
         int rc = wait_fd(c->fd, POLLIN, deadline);

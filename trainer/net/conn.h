@@ -46,6 +46,11 @@ const net_transport *net_conn_transport(const net_conn *c);
 void *net_conn_transport_state(const net_conn *c);
 void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state);
 
+/* Whether a receive on c can make progress with the socket not readable (its transport
+ * holds bytes already read: TLS records). A caller that polls net_fd(c) before receiving
+ * must skip the poll then, or those bytes wait for the next packet (or forever). */
+int net_pending(const net_conn *c);
+
 /* Bytes this connection moved on the socket so far (for TLS: records and handshake
  * included): the WAN byte counters. Safe to call from another thread while it is used. */
 void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received);

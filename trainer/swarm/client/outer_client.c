@@ -135,12 +135,20 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
     return 0;
 }
 
+/* The gateway's latest global parameters, installed as the region's. */
+static int take_latest(outer_client *oc, cirrus_error *err)
+{
+    int rc = pull(oc, 0, err);
+    if (!rc) rc = pipeline_set_params(oc->p, oc->global, err);
+    oc->pending = 0;
+    return rc;
+}
+
 int outer_client_begin(outer_client *oc, cirrus_error *err)
 {
     const uint64_t step = pipeline_steps_done(oc->p);
     int rc = push(oc, 0, step, err);
-    if (!rc) rc = pull(oc, 0, err);
-    if (!rc) rc = pipeline_set_params(oc->p, oc->global, err);
+    if (!rc) rc = take_latest(oc, err);
     if (!rc)
         log_info("outer: region at inner step %llu takes the global parameters of outer step "
                  "%llu (digest %016llx)", (unsigned long long)step,
@@ -184,7 +192,14 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
     if (step % (uint64_t)oc->every == 0) {
         oc->pending_round = oc->outer_step + 1;
         oc->pushed_at = step;
-        if ((rc = push(oc, oc->pending_round, step, err))) return rc;
+        if ((rc = push(oc, oc->pending_round, step, err)) == CIRRUS_ECONFLICT) {
+            /* The gateway took a later global state from another region (this region was
+             * cut off, or its gateway restarted or repaired): the region takes it too. */
+            log_warn("outer: %s; the region takes the global parameters", err->msg);
+            oc->tokens = 0;
+            return take_latest(oc, err);
+        }
+        if (rc) return rc;
         oc->tokens = 0;
         oc->pending = 1;
     }

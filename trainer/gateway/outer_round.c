@@ -1,0 +1,352 @@
+/* outer_round: the outer sync's rounds (see outer_sync.h), on one thread.
+ *
+ * A round: the region pushed its parameters; the delta is encoded (with error feedback)
+ * and sent to every other region while theirs arrive; once all are in — or the round's
+ * deadline passes, learned from the rounds before — the present regions' deltas are
+ * averaged and the outer step taken.
+ *
+ * Staying one model. Every region's message carries the digest of the global state it
+ * started the round from. If they differ, the digest most regions carry wins (a tie goes
+ * to the lowest region index): a gateway holding a losing digest does not take the outer
+ * step itself but fetches the round's result from a gateway holding the winning one. A
+ * gateway without state (new, restarted) or two or more rounds behind another (it was
+ * cut off while the others went on) fetches the latest state from that gateway likewise;
+ * its region's client then finds its next push refused as stale and takes the global
+ * parameters. So a difference is never trained on for more than one round.
+ *
+ * A region lost. A region whose message has not arrived by the deadline is left out of
+ * the round (the weights are the present regions' tokens) and marked absent: later rounds
+ * do not wait for it beyond a short grace, until a message of it arrives again. Gateways
+ * that disagree on who was present end with different digests, which the next round
+ * repairs as above.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../common/log.h"
+#include "outer_internal.h"
+
+#define ROUND_DEADLINE_MIN_MS 3000   /* never less, whatever the rounds before took */
+#define ROUND_ABSENT_GRACE_MS 1000   /* how long a round waits for an absent region */
+#define ROUND_PROBE_MS 3000          /* the first look for other regions' state */
+
+/* Sleep on the condition for up to 100 ms. Under mu. */
+static void wait_a_while(outer_sync *os)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&os->changed, &os->mu, &ts);
+}
+
+/* How long a round may wait for the other regions: 4x the longest of the last rounds'
+ * waits plus 2 s, at least ROUND_DEADLINE_MIN_MS, at most --sync-timeout-s; the timeout
+ * itself before any round was seen. Under mu. */
+static int64_t round_deadline_ms(const outer_sync *os)
+{
+    if (os->n_waits == 0) return os->o.round_timeout_ms;
+    double worst = 0;
+    const int n = os->n_waits < 8 ? os->n_waits : 8;
+    for (int i = 0; i < n; i++) worst = os->waits[i] > worst ? os->waits[i] : worst;
+    int64_t ms = (int64_t)(4000.0 * worst) + 2000;
+    if (ms < ROUND_DEADLINE_MIN_MS) ms = ROUND_DEADLINE_MIN_MS;
+    return ms < os->o.round_timeout_ms ? ms : os->o.round_timeout_ms;
+}
+
+typedef struct send_job {
+    outer_sync *os;
+    int j;
+    uint64_t round, len, tokens, prev_digest;
+    const uint8_t *msg;
+    int64_t deadline;
+} send_job;
+
+static void *send_main(void *arg)
+{
+    send_job *sj = arg;
+    cirrus_error err = {0};
+    int rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, sj->tokens,
+                           sj->prev_digest, sj->deadline, &err);
+    if (rc && !atomic_load(&sj->os->stopping))
+        log_warn("outer round %llu: region %s did not take our delta: %s",
+                 (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
+    return NULL;
+}
+
+/* Whether the round can be finished: every region's message is in, or every present
+ * (not absent) region's is and absent ones had their grace. Under mu. */
+static int round_ready(const outer_sync *os, uint64_t k, int64_t started_ms)
+{
+    const int graced = outer_now_ms() - started_ms > ROUND_ABSENT_GRACE_MS;
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const round_slot *sl = &os->slot[k & 1][r];
+        if (sl->round == k && sl->complete) continue;
+        if (!(os->peer[r].absent && graced)) return 0;
+    }
+    return 1;
+}
+
+/* The digest most of round k's messages carry (ties: the lowest region's); *ours: whether
+ * ours is it. Under mu. */
+static uint64_t winning_digest(const outer_sync *os, uint64_t k, int *winner_region)
+{
+    uint64_t best = os->digest;
+    int best_votes = -1;
+    *winner_region = os->o.region_index;
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const round_slot *a = &os->slot[k & 1][r];
+        if (a->round != k || !a->complete) continue;
+        int votes = 0;
+        for (int q = 0; q < os->o.n_regions; q++) {
+            const round_slot *b = &os->slot[k & 1][q];
+            votes += b->round == k && b->complete && b->prev_digest == a->prev_digest;
+        }
+        if (votes > best_votes) { /* regions in order: a tie keeps the lower one */
+            best_votes = votes;
+            best = a->prev_digest;
+            *winner_region = r;
+        }
+    }
+    return best;
+}
+
+/* Average the present regions' deltas of round k (decoded from their bytes, in region
+ * order, weighted by tokens) and take the outer step. Under mu. */
+static int take_step(outer_sync *os, uint64_t k, float *avg, float *dec, int *present,
+                     cirrus_error *err)
+{
+    double tokens = 0.0;
+    *present = 0;
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const round_slot *sl = &os->slot[k & 1][r];
+        if (sl->round == k && sl->complete) tokens += (double)sl->tokens, (*present)++;
+    }
+    memset(avg, 0, os->n * sizeof(float));
+    for (int r = 0; r < os->o.n_regions; r++) {
+        round_slot *sl = &os->slot[k & 1][r];
+        if (sl->round != k || !sl->complete) continue;
+        int rc = wan_decode(sl->bytes, sl->total, dec, os->n, err);
+        if (rc) return rc;
+        /* Equal weights when no tokens were reported (every region alike). */
+        const float w = tokens > 0 ? (float)((double)sl->tokens / tokens) : 1.0f / (float)*present;
+        for (uint64_t i = 0; i < os->n; i++) avg[i] += w * dec[i];
+    }
+    outer_step(&os->o.opt, os->theta, os->mom, avg, os->n);
+    os->digest_prev = os->digest;
+    os->digest = outer_state_digest(os->theta, os->mom, os->n);
+    os->round = (int64_t)k;
+    return 0;
+}
+
+/* Take region j's global state (of a round >= min_round) as ours. Not under mu. */
+static int adopt_from(outer_sync *os, int j, int64_t min_round, int64_t deadline,
+                      const char *why)
+{
+    float *theta = malloc(os->n * sizeof(float)), *mom = malloc(os->n * sizeof(float));
+    cirrus_error err = {0};
+    int64_t round = -1;
+    uint64_t digest = 0;
+    int rc = theta && mom ? wan_link_fetch_state(os, j, min_round, deadline, theta, mom, &round,
+                                                 &digest, &err)
+                          : cirrus_fail(&err, CIRRUS_ENOMEM, "out of memory");
+    pthread_mutex_lock(&os->mu);
+    if (!rc && round > os->round) {
+        memcpy(os->theta, theta, os->n * sizeof(float));
+        memcpy(os->mom, mom, os->n * sizeof(float));
+        os->round = round;
+        os->digest = digest;
+        os->repairs++;
+        log_warn("outer: took the global state of outer step %lld from region %s (%s): "
+                 "digest %016llx", (long long)round, os->names[j], why,
+                 (unsigned long long)digest);
+        pthread_cond_broadcast(&os->changed);
+    } else if (rc) {
+        log_warn("outer: could not take region %s's global state (%s): %s", os->names[j], why,
+                 err.msg);
+    }
+    pthread_mutex_unlock(&os->mu);
+    free(theta);
+    free(mom);
+    return rc;
+}
+
+/* A region two or more rounds ahead of us (or with state when we have none): we missed
+ * rounds; take its state. */
+static void catch_up(outer_sync *os, int startup)
+{
+    pthread_mutex_lock(&os->mu);
+    int best = -1;
+    for (int r = 0; r < os->o.n_regions; r++) {
+        if (r == os->o.region_index || os->peer[r].round_seen < 0) continue;
+        /* Round 0 is every region's initial state, which a region's client provides
+         * itself (and the next round's digests check): only later rounds are fetched. */
+        const int64_t gap = os->peer[r].round_seen - os->round;
+        if (os->peer[r].round_seen >= 1 && (gap >= 2 || (gap >= 1 && (startup || os->round < 0))) &&
+            (best < 0 || os->peer[r].round_seen > os->peer[best].round_seen))
+            best = r;
+    }
+    const int64_t want = best >= 0 ? os->peer[best].round_seen : -1;
+    pthread_mutex_unlock(&os->mu);
+    if (best >= 0)
+        adopt_from(os, best, want, outer_now_ms() + os->o.round_timeout_ms,
+                   startup ? "joining" : "this gateway fell behind");
+}
+
+/* One round, from the region's push to the new global state. Called and returns under mu. */
+static void run_round(outer_sync *os, float *delta, float *residual, float *avg, float *dec)
+{
+    const size_t n = os->n;
+    const uint64_t k = (uint64_t)os->round + 1;
+    const int64_t t0 = outer_now_ms();
+    for (size_t i = 0; i < n; i++) delta[i] = os->theta[i] - os->region[i];
+    const uint64_t tokens = os->push_tokens, prev_digest = os->digest;
+    const int64_t deadline = t0 + round_deadline_ms(os);
+    int absent[WAN_MAX_REGIONS];
+    for (int j = 0; j < os->o.n_regions; j++) absent[j] = os->peer[j].absent;
+    pthread_mutex_unlock(&os->mu);
+
+    /* Encode with error feedback; the message goes into our own slot, decoded later like
+     * every other region's. */
+    cirrus_error err = {0};
+    const size_t cap = wan_encode_bound(n, &os->o.codec);
+    uint8_t *msg = malloc(cap);
+    size_t len = 0;
+    int rc = msg ? wan_encode(&os->o.codec, delta, residual, n, msg, cap, &len, &err)
+                 : cirrus_fail(&err, CIRRUS_ENOMEM, "out of memory for the message");
+    if (rc) {
+        log_error("outer round %llu: %s", (unsigned long long)k, err.msg);
+        free(msg);
+        pthread_mutex_lock(&os->mu);
+        os->push_ready = 0; /* the client sees no progress and times out */
+        return;
+    }
+    send_job jobs[WAN_MAX_REGIONS];
+    pthread_t th[WAN_MAX_REGIONS];
+    int started[WAN_MAX_REGIONS] = {0};
+    for (int j = 0; j < os->o.n_regions; j++) {
+        if (j == os->o.region_index) continue;
+        const int64_t until = absent[j] ? t0 + ROUND_ABSENT_GRACE_MS : deadline;
+        jobs[j] = (send_job){os, j, k, len, tokens, prev_digest, msg, until};
+        started[j] = pthread_create(&th[j], NULL, send_main, &jobs[j]) == 0;
+        if (!started[j]) send_main(&jobs[j]);
+    }
+    pthread_mutex_lock(&os->mu);
+    round_slot *own = &os->slot[k & 1][os->o.region_index];
+    free(own->bytes);
+    *own = (round_slot){.round = k, .bytes = msg, .total = len, .got = len, .tokens = tokens,
+                        .prev_digest = prev_digest, .complete = 1};
+    pthread_cond_broadcast(&os->changed);
+    pthread_mutex_unlock(&os->mu);
+    for (int j = 0; j < os->o.n_regions; j++)
+        if (started[j]) pthread_join(th[j], NULL);
+
+    pthread_mutex_lock(&os->mu);
+    while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) && outer_now_ms() <= deadline &&
+           os->round < (int64_t)k)
+        wait_a_while(os);
+    if (atomic_load(&os->stopping) || os->round >= (int64_t)k) {
+        os->push_ready = 0; /* stopping, or the round's result was taken from another region */
+        return;
+    }
+    /* Who is in: the others are absent from now on, until a message of theirs arrives. */
+    char missing[WAN_MAX_REGIONS * (WAN_REGION_MAX + 2)] = "";
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const round_slot *sl = &os->slot[k & 1][r];
+        const int in = sl->round == k && sl->complete;
+        os->peer[r].absent = !in;
+        if (!in) strcat(strcat(missing, " "), os->names[r]);
+    }
+    if (*missing)
+        log_warn("outer round %llu: going on without region(s)%s (no delta after %lld ms)",
+                 (unsigned long long)k, missing, (long long)(outer_now_ms() - t0));
+    else
+        os->waits[os->n_waits++ % 8] = (outer_now_ms() - t0) / 1000.0;
+    int winner;
+    const uint64_t win = winning_digest(os, k, &winner);
+    if (win != prev_digest) {
+        /* Most regions started this round from another state than ours: theirs is the
+         * job's; take the round's result from one of them. */
+        os->mismatches++;
+        log_error("outer round %llu: our global state (digest %016llx) differs from the "
+                  "regions' (%016llx): repairing from region %s", (unsigned long long)k,
+                  (unsigned long long)prev_digest, (unsigned long long)win, os->names[winner]);
+        pthread_mutex_unlock(&os->mu);
+        adopt_from(os, winner, (int64_t)k, outer_now_ms() + os->o.round_timeout_ms,
+                   "digest repair");
+        pthread_mutex_lock(&os->mu);
+    } else {
+        int present = 0;
+        for (int r = 0; r < os->o.n_regions; r++) {
+            const round_slot *sl = &os->slot[k & 1][r];
+            if (sl->round == k && sl->complete && sl->prev_digest != prev_digest) {
+                os->mismatches++; /* they are repairing from us */
+                log_warn("outer round %llu: region %s started from another state (digest "
+                         "%016llx); it takes ours", (unsigned long long)k, os->names[r],
+                         (unsigned long long)sl->prev_digest);
+            }
+        }
+        if ((rc = take_step(os, k, avg, dec, &present, &err))) {
+            log_error("outer round %llu: %s", (unsigned long long)k, err.msg);
+            return;
+        }
+        if (os->o.test_corrupt_after == k) {
+            os->theta[0] += 1e-3f;
+            os->digest = outer_state_digest(os->theta, os->mom, os->n);
+            log_warn("outer round %llu: global parameter 0 changed (--test-corrupt-after)",
+                     (unsigned long long)k);
+        }
+    }
+    if (os->round < (int64_t)k) return; /* the repair failed: the client waits, times out */
+    os->push_ready = 0;
+    os->last_sync_s = outer_wall_s();
+    os->last_duration_s = os->last_sync_s - os->push_time;
+    log_info("outer round %llu done in %.2f s (%lld ms on the WAN): digest %016llx, "
+             "%zu-byte delta, WAN bytes %llu sent, %llu received",
+             (unsigned long long)k, os->last_duration_s, (long long)(outer_now_ms() - t0),
+             (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
+             (unsigned long long)os->wan_received);
+    pthread_cond_broadcast(&os->changed);
+}
+
+void *outer_round_main(void *arg)
+{
+    outer_sync *os = arg;
+    const size_t n = os->n;
+    float *delta = malloc(n * sizeof(float)), *residual = calloc(n, sizeof(float));
+    float *avg = malloc(n * sizeof(float)), *dec = malloc(n * sizeof(float));
+    if (!delta || !residual || !avg || !dec) {
+        log_error("outer: out of memory for %zu parameters", n);
+        goto out;
+    }
+    /* Joining: a region that already has the job's global state gives it to us. */
+    if (os->o.n_regions > 1) {
+        wan_link_probe(os, outer_now_ms() + ROUND_PROBE_MS);
+        catch_up(os, 1);
+    }
+    int64_t next_probe = outer_now_ms() + ROUND_PROBE_MS;
+    pthread_mutex_lock(&os->mu);
+    while (!atomic_load(&os->stopping)) {
+        if (os->push_ready) {
+            run_round(os, delta, residual, avg, dec);
+            continue;
+        }
+        if (os->o.n_regions > 1 && outer_now_ms() > next_probe) {
+            pthread_mutex_unlock(&os->mu);
+            catch_up(os, 0);
+            next_probe = outer_now_ms() + ROUND_PROBE_MS;
+            pthread_mutex_lock(&os->mu);
+            continue;
+        }
+        wait_a_while(os);
+    }
+    pthread_mutex_unlock(&os->mu);
+out:
+    free(delta);
+    free(residual);
+    free(avg);
+    free(dec);
+    return NULL;
+}
