@@ -230,7 +230,9 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             fprintf(metrics, "{\"step\":%llu,\"loss\":%.9g,\"lr\":%.6g",
                     (unsigned long long)(step + 1), loss, lr);
             if (val >= 0) fprintf(metrics, ",\"val_loss\":%.6g", val);
-            fprintf(metrics, "}\n");
+            char where[512] = ""; /* where the model runs: stages, outer step, WAN bytes */
+            if (ex->describe) ex->describe(ex->ctx, 1, where, sizeof where);
+            fprintf(metrics, "%s}\n", where);
             fflush(metrics);
         }
         if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last || val >= 0)) {

@@ -150,13 +150,15 @@ expect local_resume_refused 2 'resume' -- "$bin" local --stages 2 "${tiny[@]}" -
 
 # The demo script end to end, briefly: a local region trains, the loss plot is drawn and
 # text is sampled from the checkpoint the region wrote.
-if CIRRUS_DEMO_STEPS=30 bash "$(dirname "$0")/../../trainer/scripts/demo.sh" "$bin" "$CIRRUS_CORPUS" \
+if CIRRUS_DEMO_STEPS=30 CIRRUS_DEMO_SYNC_EVERY=10 bash "$(dirname "$0")/../../trainer/scripts/demo.sh" "$bin" "$CIRRUS_CORPUS" \
     "$tmp/demo" >"$tmp/demo.out" 2>"$tmp/demo.err"; then
     check demo_ran true
 else
     check demo_ran false; tail -5 "$tmp/demo.err"
 fi
 check demo_loss_plot test -s "$tmp/demo/loss.png"
+# Both regions took outer steps 10, 20 and 30 over TLS: WAN bytes were plotted, and grew.
+check demo_wan_bytes awk 'NR == 1 { first = $2 } END { exit !(NR >= 30 && $2 > first && $2 > 0) }' "$tmp/demo/wan.dat"
 check demo_checkpoint_from_the_region test -s "$tmp/demo/ckpt/cirrus.ckpt"
 check demo_sampled grep -q '^And God said' "$tmp/demo.out"
 

@@ -374,6 +374,12 @@ int roles_cmd_local(int argc, char **argv)
     wan_codec_params codec_check;
     if (wan.sync_every && wan_codec_parse(wan.codec, &codec_check, &err))
         return cli_fail_input("local", &err);
+    if (n_regions > 1 && o.resume) {
+        /* The other regions would start from the seed, not from region 0's checkpoint. */
+        cirrus_fail(&err, CIRRUS_EINVAL, "--resume with --regions %d: not supported yet",
+                    n_regions);
+        return cli_fail_input("local", &err);
+    }
     if (wan.sync_every) {
         if (wan_local_regions(&wan, n_regions, job, &region, &wan_fd, &tls, region_names,
                               wan_addrs, regions, &err)) {
@@ -387,6 +393,9 @@ int roles_cmd_local(int argc, char **argv)
         log_set_role(role);
         o.data_rank = region;
         o.data_world = n_regions;
+        /* After the last outer step every region holds the same model: region 0 writes
+         * the checkpoint and the metrics; the others' would only collide with them. */
+        if (region > 0) o.ckpt_dir = o.metrics = NULL;
         if (region_fault && apply_region_fault(region_fault, region, &wan, &exit_step, &err)) {
             fprintf(stderr, "cirrus-trainer local: %s\n", err.msg);
             return EXIT_BAD_INPUT;

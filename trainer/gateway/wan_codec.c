@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "../../common/le.h"
 
@@ -283,7 +284,11 @@ int wan_encode(const wan_codec_params *p, const float *x, float *residual, size_
     uint8_t *body = r.zstd ? scratch : out + WAN_HEADER_SIZE;
     size_t body_len = 0;
     rc = c->encode(src, n, &r, body, body_cap, &body_len);
-    if (rc == CIRRUS_EINVAL) {
+    if (rc == CIRRUS_ENOMEM && residual) {
+        rc = cirrus_fail(err, rc, "wan_encode: %s: no memory (the residual keeps this x)",
+                         c->name);
+        goto out;
+    } else if (rc == CIRRUS_EINVAL) {
         rc = cirrus_fail(err, rc, "wan_encode: x is not finite at index %zu",
                          first_nonfinite(x, NULL, n));
         goto out;
@@ -425,7 +430,8 @@ int wan_decode(const uint8_t *in, size_t len, float *out, size_t n, cirrus_error
             return cirrus_fail(err, CIRRUS_ENOMEM, "wan_decode: no memory for %zu bytes", body_len);
         size_t dl = ZSTD_decompress(scratch, body_len, payload, plen);
         if (ZSTD_isError(dl) || dl != body_len) {
-            rc = cirrus_fail(err, CIRRUS_ECORRUPT, "wan message: zstd: %s",
+            int nomem = ZSTD_isError(dl) && ZSTD_getErrorCode(dl) == ZSTD_error_memory_allocation;
+            rc = cirrus_fail(err, nomem ? CIRRUS_ENOMEM : CIRRUS_ECORRUPT, "wan message: zstd: %s",
                              ZSTD_isError(dl) ? ZSTD_getErrorName(dl) : "short frame");
             goto out;
         }

@@ -135,9 +135,12 @@ size_t wan_message_max(size_t n);
 /* Encode x[0..n) as one message into out (cap >= wan_encode_bound(n, p)).
  * With residual != NULL (n floats, zeros at the start), sends y = x + residual and leaves
  * residual = y - wan_decode(message), bit for bit what the receiver decodes, so the mass
- * lost this round goes out in later rounds. CIRRUS_EINVAL (message in err) for bad params,
- * a small cap, or a non-finite x or x + residual; residual is then unchanged. Nothing fails
- * once residual has been touched (a failing zstd sends the body uncompressed). */
+ * lost this round goes out in later rounds. y is formed in residual itself (no n-float
+ * temporary). CIRRUS_EINVAL (message in err) for bad params, a small cap, or a non-finite x
+ * or x + residual: checked first, so residual is then unchanged. The one failure after that
+ * is topk's CIRRUS_ENOMEM (its ~0.5 MiB of selection scratch), which leaves residual = y:
+ * this round's x is kept as if nothing was sent, so do not add it again. A failing zstd
+ * does not fail the call: the body goes uncompressed. */
 int wan_encode(const wan_codec_params *p, const float *x, float *residual, size_t n,
                uint8_t *out, size_t cap, size_t *len, cirrus_error *err);
 

@@ -129,11 +129,11 @@ static int none_decode_ref(const uint8_t *in, size_t len, size_t n, const wan_co
 }
 
 /* Max of the sign-cleared patterns: >= EXP_MASK iff some value is NaN or Inf. */
-static uint32_t abs_bits_max(const uint32_t *restrict u, size_t n)
+static uint32_t abs_bits_max(const float *restrict x, size_t n)
 {
     uint32_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t a = u[i] & ABS_MASK;
+        uint32_t a = bits_of(x[i]) & ABS_MASK;
         m = a > m ? a : m;
     }
     return m;
@@ -144,8 +144,7 @@ static int none_encode(const float *x, size_t n, const wan_codec_params *p, uint
 {
     size_t need = none_bound(n, p);
     if (need == SIZE_MAX || cap < need) return CIRRUS_EINVAL;
-    if (n && abs_bits_max((const uint32_t *)(const void *)x, n) >= EXP_MASK)
-        return CIRRUS_EINVAL;
+    if (n && abs_bits_max(x, n) >= EXP_MASK) return CIRRUS_EINVAL;
     if (n) memcpy(out, x, need);
     *len = need;
     return 0;
@@ -158,7 +157,7 @@ static int none_decode(const uint8_t *in, size_t len, size_t n, const wan_codec_
     if (need == SIZE_MAX) return CIRRUS_EINVAL;
     if (len != need) return CIRRUS_ECORRUPT;
     if (n) memcpy(out, in, need);
-    if (n && abs_bits_max((const uint32_t *)(void *)out, n) >= EXP_MASK) return CIRRUS_ECORRUPT;
+    if (n && abs_bits_max(out, n) >= EXP_MASK) return CIRRUS_ECORRUPT;
     return 0;
 }
 

@@ -22,12 +22,9 @@
  */
 #include "wan_codec.h"
 
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../../common/le.h"
 
 #define ABS_MASK 0x7fffffffu
 #define EXP_MASK 0x7f800000u     /* |bits| >= this: Inf or NaN */
@@ -38,7 +35,6 @@ static uint32_t bits_of(float f)
     memcpy(&u, &f, sizeof u);
     return u;
 }
-
 
 /* k for n values, or SIZE_MAX for params topk does not take. */
 size_t wan_codec_topk_k(size_t n, const wan_codec_params *p)

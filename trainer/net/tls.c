@@ -26,8 +26,11 @@
 /* Room for one record on the wire: the payload, header, content type, tag, and a margin. */
 #define TLS_RECORD_ROOM (16384 + 256)
 /* Records go out, and come in, up to 16 per syscall rather than one: a syscall per 16 KiB
- * is a large share of a bulk transfer's cost (tls_throughput in tests/unit/test_tls.c). */
-#define TLS_READ_BUFFER (16 * TLS_RECORD_ROOM)
+ * is a large share of a bulk transfer's cost (tls_throughput in tests/unit/test_tls.c).
+ * The reading side is ours, not OpenSSL's read-ahead: that one moves everything still
+ * buffered to the front of its buffer before each record (for alignment), which with 16
+ * records buffered copies the stream 8 times over. */
+#define TLS_IN_BUFFER (16 * TLS_RECORD_ROOM)
 #define TLS_OUT_BUFFER (16 * TLS_RECORD_ROOM)
 
 struct net_tls_ctx {
@@ -55,6 +58,9 @@ typedef struct tls_conn {
      * records did not all get out; that writev said EAGAIN, and its retry reports them. */
     uint8_t *out;
     size_t out_off, out_len, unreported;
+    /* Socket bytes read ahead, handed to OpenSSL as it asks for them (bio_read). */
+    uint8_t *in;
+    size_t in_off, in_len;
     uint8_t wbuf[TLS_COALESCE];
 } tls_conn;
 
@@ -119,16 +125,25 @@ static int bio_write(BIO *b, const char *data, size_t len, size_t *written)
     return 0;
 }
 
+/* OpenSSL asks for a record's 5-byte header, then its body: both come from in, which one
+ * recv fills with as much as the socket has. */
 static int bio_read(BIO *b, char *data, size_t len, size_t *readbytes)
 {
     net_conn *c = BIO_get_data(b);
     tls_conn *t = state(c);
-    long r;
+    long r = 0;
     BIO_clear_retry_flags(b);
-    do r = net_tcp_transport.read(c, data, len);
-    while (r < 0 && errno == EINTR);
-    if (r > 0) {
-        *readbytes = (size_t)r;
+    if (t->in_off == t->in_len) {
+        t->in_off = t->in_len = 0;
+        do r = net_tcp_transport.read(c, t->in, TLS_IN_BUFFER);
+        while (r < 0 && errno == EINTR);
+        if (r > 0) t->in_len = (size_t)r;
+    }
+    if (t->in_off < t->in_len) {
+        size_t n = len < t->in_len - t->in_off ? len : t->in_len - t->in_off;
+        memcpy(data, t->in + t->in_off, n);
+        t->in_off += n;
+        *readbytes = n;
         return 1;
     }
     t->io_errno = r < 0 ? errno : 0;
@@ -140,9 +155,11 @@ static int bio_read(BIO *b, char *data, size_t len, size_t *readbytes)
 static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
 {
     (void)num, (void)ptr;
+    const tls_conn *t = state(BIO_get_data(b));
     switch (cmd) {
-    case BIO_CTRL_FLUSH: return 1; /* nothing is buffered here */
-    case BIO_CTRL_EOF: return state(BIO_get_data(b))->eof;
+    case BIO_CTRL_FLUSH: return 1; /* out is sent by the transport's calls, which wait */
+    case BIO_CTRL_EOF: return t->eof;
+    case BIO_CTRL_PENDING: return (long)(t->in_len - t->in_off);
     default: return 0;
     }
 }
@@ -304,12 +321,12 @@ static long tls_writev(net_conn *c, const struct iovec *iov, int iovcnt)
     return (long)done;
 }
 
-/* Records already read (read-ahead) or plaintext not yet returned: conn.c must not wait on
- * the socket for them. */
+/* Records already read (ours, in) or plaintext not yet returned (OpenSSL's): conn.c must
+ * not wait on the socket for them. */
 static int tls_pending(const net_conn *c)
 {
     const tls_conn *t = state(c);
-    return t->established && !t->fatal && SSL_has_pending(t->ssl);
+    return t->established && !t->fatal && (t->in_off < t->in_len || SSL_has_pending(t->ssl));
 }
 
 static const char *tls_last_error(const net_conn *c)
@@ -331,6 +348,7 @@ static void tls_close(net_conn *c)
     ERR_clear_error();
     OPENSSL_cleanse(t->wbuf, sizeof t->wbuf);
     free(t->out);
+    free(t->in);
     free(t);
     net_conn_set_transport(c, &net_tcp_transport, NULL);
     net_tcp_transport.close(c);
@@ -486,10 +504,12 @@ static int attach(net_conn *c, net_tls_ctx *ctx, int server, const char *expect,
 {
     pthread_once(&bio_once, bio_method_init);
     tls_conn *t = bio_method ? calloc(1, sizeof *t) : NULL;
-    SSL *ssl = t ? SSL_new(ctx->ssl) : NULL;
+    uint8_t *in = t ? malloc(TLS_IN_BUFFER) : NULL;
+    SSL *ssl = in ? SSL_new(ctx->ssl) : NULL;
     BIO *b = ssl ? BIO_new(bio_method) : NULL;
     if (!b) {
         SSL_free(ssl);
+        free(in);
         free(t);
         ERR_clear_error();
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for a TLS session");
@@ -503,6 +523,7 @@ static int attach(net_conn *c, net_tls_ctx *ctx, int server, const char *expect,
     else
         SSL_set_connect_state(ssl);
     t->ssl = ssl;
+    t->in = in;
     memcpy(t->job, ctx->job, sizeof t->job);
     snprintf(t->expect, sizeof t->expect, "%s", expect ? expect : "");
     net_conn_set_transport(c, &tls_transport, t);
@@ -648,8 +669,6 @@ static SSL_CTX *new_ssl_ctx(X509 *ca, X509 *leaf, EVP_PKEY *key)
     SSL_CTX_set_options(s, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_session_cache_mode(s, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_mode(s, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    SSL_CTX_set_read_ahead(s, 1);
-    SSL_CTX_set_default_read_buffer_len(s, TLS_READ_BUFFER);
     SSL_CTX_set_verify(s, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, verify_cb);
     X509_VERIFY_PARAM_set_depth(SSL_CTX_get0_param(s), 0); /* the CA signs leaves itself */
     return s;

@@ -189,7 +189,9 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
     if (oc->pending && step >= oc->pushed_at + (uint64_t)oc->delay &&
         (rc = apply_round(oc, err)))
         return rc;
-    if (step % (uint64_t)oc->every == 0) {
+    /* The last step is an outer step too (every region ends at the same step): the run
+     * ends with the global model whatever its length. */
+    if (step % (uint64_t)oc->every == 0 || step == oc->final_step) {
         oc->pending_round = oc->outer_step + 1;
         oc->pushed_at = step;
         if ((rc = push(oc, oc->pending_round, step, err)) == CIRRUS_ECONFLICT) {

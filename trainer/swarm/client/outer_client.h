@@ -26,7 +26,7 @@ typedef struct outer_client outer_client;
 /* every >= 1 inner steps per outer step. delay (0 .. every - 1): inner steps the region
  * trains on while its round runs on the WAN (0: it waits); the global parameters are then
  * merged with the progress made meanwhile (theta = global + theta_now - theta_pushed).
- * final_step: the run's last step, which always waits for its round. timeout_ms: how long
+ * final_step: the run's last step, always an outer step, which waits for its round. timeout_ms: how long
  * a round may take; stop (may be NULL): once set, a round still waited for is abandoned. */
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
                       int delay, uint64_t final_step, int timeout_ms,
