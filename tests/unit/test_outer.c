@@ -138,3 +138,36 @@ TEST(wan_msg_join_part_done_round_trip_and_refusals)
     ASSERT(wan_msg_get_done(&r, 1000, &gd) != 0);
     wire_writer_free(&w);
 }
+
+#include "../../trainer/gateway/adapt.h"
+
+/* The codec follows the link: a fast link sends fp32; 20 -> 2 Mbit/s compresses harder;
+ * back to 20 backs off again; a boundary rate does not flip it. */
+TEST(adapt_follows_the_link)
+{
+    char why[256];
+    const uint64_t n = 1000000;           /* 4 MB in fp32 */
+    const double window = 10.0;           /* s between syncs */
+    int r = adapt_choose(0, n, 1e9 / 8, window, why, sizeof why);
+    ASSERT_EQ(r, 0);                      /* 1 Gbit/s: fp32 fits */
+    r = adapt_choose(r, n, 20e6 / 8, window, why, sizeof why);
+    ASSERT(adapt_bytes(r, n) / (20e6 / 8) <= ADAPT_BUDGET * window);
+    const int at20 = r;
+    r = adapt_choose(r, n, 2e6 / 8, window, why, sizeof why);
+    ASSERT(r > at20);                     /* compressed harder */
+    ASSERT(adapt_bytes(r, n) / (2e6 / 8) <= ADAPT_BUDGET * window);
+    ASSERT(strstr(why, "compressing harder") != NULL);
+    r = adapt_choose(r, n, 20e6 / 8, window, why, sizeof why);
+    ASSERT(r <= at20 + 1 && r < ADAPT_RUNGS - 1); /* backed off */
+    /* Hysteresis: a rate where the denser rung just fits the budget but not the back-off
+     * budget keeps the current one. */
+    const int cur = 3;
+    const double rate = adapt_bytes(cur - 1, n) / (0.7 * window);
+    ASSERT_EQ(adapt_choose(cur, n, rate, window, why, sizeof why), cur);
+    /* Nothing fits: the sparsest rung, and the reason says to sync less often. */
+    r = adapt_choose(0, n, 100, window, why, sizeof why);
+    ASSERT_EQ(r, ADAPT_RUNGS - 1);
+    ASSERT(strstr(why, "sync less often") != NULL);
+    /* Not measured yet: stay. */
+    ASSERT_EQ(adapt_choose(2, n, 0, window, why, sizeof why), 2);
+}

@@ -107,7 +107,7 @@ int roles_cmd_gateway(int argc, char **argv)
         else {
             strcpy(regions_buf, regions_text);
             parse_regions(regions_buf, region, names, addrs, &n_regions, &index, &err);
-            if (!err.code) wan_codec_parse(wan.codec, &codec, &err);
+            if (!err.code && strcmp(wan.codec, "auto")) wan_codec_parse(wan.codec, &codec, &err);
         }
         if (err.code) return cli_fail_input("gateway", &err);
     }

@@ -372,7 +372,7 @@ int roles_cmd_local(int argc, char **argv)
     static char wan_addrs[WAN_MAX_REGIONS][WAN_LOCAL_ADDR_MAX];
     outer_sync *os = NULL;
     wan_codec_params codec_check;
-    if (wan.sync_every && wan_codec_parse(wan.codec, &codec_check, &err))
+    if (wan.sync_every && (strcmp(wan.codec, "auto") && wan_codec_parse(wan.codec, &codec_check, &err)))
         return cli_fail_input("local", &err);
     if (n_regions > 1 && o.resume) {
         /* The other regions would start from the seed, not from region 0's checkpoint. */

@@ -12,6 +12,7 @@
 #include "../../common/certs.h"
 #include "../../common/log.h"
 #include "../net/conn.h"
+#include "../gateway/adapt.h"
 #include "../net/tls.h"
 
 #define WAN_LOCAL_CERT_DAYS 1 /* `local`'s certificates live as long as the run */
@@ -27,7 +28,13 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
                             .tls = tls, .round_timeout_ms = w->sync_timeout_s * 1000,
                             .sync_every = w->sync_every,
                             .test_corrupt_after = w->test_corrupt_after};
-    int rc = wan_codec_parse(w->codec, &o.codec, err);
+    int rc = 0;
+    if (!strcmp(w->codec, "auto")) {
+        o.codec_auto = 1;
+        adapt_rung(ADAPT_START_RUNG, &o.codec);
+    } else {
+        rc = wan_codec_parse(w->codec, &o.codec, err);
+    }
     return rc ? rc : outer_sync_start(&o, out, err);
 }
 

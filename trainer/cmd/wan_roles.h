@@ -28,7 +28,8 @@ typedef struct wan_flags {
      "inner steps between outer steps across regions (0: none; default 0)", 0},              \
         {"codec", FLAG_STR, &(w).codec, 0, 0,                                                 \
          "how pseudo-gradients cross the WAN: none, fp16, q8, topk:DENSITY, lowbit:BITS, "    \
-         "each optionally +zstd (default q8)",                                                \
+         "each optionally +zstd, or auto: chosen each outer step from the links' measured "    \
+         "rate and the time between syncs (default q8)",                                      \
          0},                                                                                  \
         {"outer-lr", FLAG_FLOAT, &(w).outer_lr, 0, 10, "outer learning rate (default 0.7)", 0}, \
         {"outer-momentum", FLAG_FLOAT, &(w).outer_momentum, 0, 0.999f,                        \

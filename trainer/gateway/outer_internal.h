@@ -26,6 +26,7 @@ typedef struct wan_peer {
     int64_t round_seen;     /* its latest completed round as it last said (-1: unknown) */
     uint64_t digest_seen;
     int absent;             /* it missed the last round: later rounds do not wait for it */
+    double rate_Bps;        /* what sending to it carried, bytes/s (EWMA; 0: not measured) */
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */
 } wan_peer;
 
@@ -57,6 +58,10 @@ struct outer_sync {
     /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
     round_slot slot[2][WAN_MAX_REGIONS];
     wan_peer peer[WAN_MAX_REGIONS];
+    /* --codec auto: the ladder's rung, the time between the region's pushes, and why. */
+    int rung;
+    double window_s, last_push_s;
+    char codec_why[200];
     /* Seconds the last rounds waited for the other regions (a ring), for the deadline. */
     double waits[8];
     int n_waits;

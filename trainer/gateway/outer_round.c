@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "../../common/log.h"
+#include "adapt.h"
 #include "outer_internal.h"
 
 #define ROUND_DEADLINE_MIN_MS 3000   /* never less, whatever the rounds before took */
@@ -195,6 +196,30 @@ static void catch_up(outer_sync *os, int startup)
                    startup ? "joining" : "this gateway fell behind");
 }
 
+/* --codec auto: the rung for this round from the slowest present link's rate and the time
+ * between the region's pushes. Under mu. */
+static void choose_codec(outer_sync *os)
+{
+    const double now = outer_wall_s();
+    if (os->last_push_s > 0) {
+        const double w = now - os->last_push_s;
+        os->window_s = os->window_s > 0 ? 0.5 * os->window_s + 0.5 * w : w;
+    }
+    os->last_push_s = now;
+    double slowest = 0;
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const wan_peer *pe = &os->peer[r];
+        if (r == os->o.region_index || pe->absent || pe->rate_Bps <= 0) continue;
+        if (slowest == 0 || pe->rate_Bps < slowest) slowest = pe->rate_Bps;
+    }
+    const int was = os->rung;
+    os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s, os->codec_why,
+                            sizeof os->codec_why);
+    adapt_rung(os->rung, &os->o.codec);
+    if (os->rung != was)
+        log_info("outer round %lld: codec %s", (long long)os->round + 1, os->codec_why);
+}
+
 /* One round, from the region's push to the new global state. Called and returns under mu. */
 static void run_round(outer_sync *os, float *delta, float *residual, float *avg, float *dec)
 {
@@ -204,6 +229,8 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     for (size_t i = 0; i < n; i++) delta[i] = os->theta[i] - os->region[i];
     const uint64_t tokens = os->push_tokens, prev_digest = os->digest;
     const int64_t deadline = t0 + round_deadline_ms(os);
+    if (os->o.codec_auto) choose_codec(os);
+    const wan_codec_params codec = os->o.codec;
     int absent[WAN_MAX_REGIONS];
     for (int j = 0; j < os->o.n_regions; j++) absent[j] = os->peer[j].absent;
     pthread_mutex_unlock(&os->mu);
@@ -211,10 +238,10 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     /* Encode with error feedback; the message goes into our own slot, decoded later like
      * every other region's. */
     cirrus_error err = {0};
-    const size_t cap = wan_encode_bound(n, &os->o.codec);
+    const size_t cap = wan_encode_bound(n, &codec);
     uint8_t *msg = malloc(cap);
     size_t len = 0;
-    int rc = msg ? wan_encode(&os->o.codec, delta, residual, n, msg, cap, &len, &err)
+    int rc = msg ? wan_encode(&codec, delta, residual, n, msg, cap, &len, &err)
                  : cirrus_fail(&err, CIRRUS_ENOMEM, "out of memory for the message");
     if (rc) {
         log_error("outer round %llu: %s", (unsigned long long)k, err.msg);

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "../../common/log.h"
+#include "adapt.h"
 #include "outer_msg.h"
 
 int64_t outer_now_ms(void)
@@ -156,6 +157,8 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
     }
     if (os->o.round_timeout_ms <= 0) os->o.round_timeout_ms = 600000;
     os->n = o->n_params;
+    os->rung = ADAPT_START_RUNG;
+    snprintf(os->codec_why, sizeof os->codec_why, "%s", o->codec_auto ? "not measured yet" : "fixed by --codec");
     /* Any codec's message for n floats fits the plain fp32 one with zstd's worst case. */
     const wan_codec_params widest = {.id = WAN_CODEC_NONE, .zstd = 1};
     os->max_message = wan_encode_bound(os->n, &widest);
@@ -207,9 +210,10 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
 {
     outer_sync *os = ctx;
     memset(v, 0, sizeof *v);
-    wan_codec_format(&os->o.codec, v->codec, sizeof v->codec);
     v->sync_every = (uint32_t)os->o.sync_every;
     pthread_mutex_lock(&os->mu);
+    wan_codec_format(&os->o.codec, v->codec, sizeof v->codec);
+    snprintf(v->codec_reason, sizeof v->codec_reason, "%s", os->codec_why);
     v->step = os->round;
     v->digest = os->digest;
     v->wan_sent = os->wan_sent;

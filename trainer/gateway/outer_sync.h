@@ -41,6 +41,7 @@ typedef struct outer_sync_options {
     uint64_t n_params;
     outer_options opt;
     wan_codec_params codec;
+    int codec_auto;                     /* choose the codec per round from the links (adapt.h) */
     net_tls_ctx *tls;                   /* NULL: plaintext (--wan-insecure); borrowed */
     int round_timeout_ms;               /* how long a round may wait for the other regions */
     int sync_every;                     /* inner steps per outer step (for /status) */

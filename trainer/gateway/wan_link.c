@@ -453,8 +453,18 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
     int backoff_ms = 100;
     for (;;) {
         int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
+        const int64_t t0 = outer_now_ms();
         if (!rc) rc = send_once(os, j, round, msg, len, tokens, prev_digest, err);
-        if (!rc) return 0;
+        if (!rc) {
+            /* What the link carried: the message until its answer (the answer's round
+             * trip included, so a slow link is never overestimated). */
+            const double s = (outer_now_ms() - t0 + 1) / 1000.0, rate = (double)len / s;
+            pthread_mutex_lock(&os->mu);
+            wan_peer *pe = &os->peer[j];
+            pe->rate_Bps = pe->rate_Bps > 0 ? 0.5 * pe->rate_Bps + 0.5 * rate : rate;
+            pthread_mutex_unlock(&os->mu);
+            return 0;
+        }
         sender_drop(os, j, err);
         if (atomic_load(&os->stopping) || outer_now_ms() + backoff_ms > deadline_ms) return rc;
         log_warn("outer: WAN link to region %s: %s; again in %d ms", os->names[j], err->msg,

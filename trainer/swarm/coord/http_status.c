@@ -136,6 +136,7 @@ static json_t *outer_json(const coord_outer_view *v, int *bad)
     put(o, "last_sync_duration_s",
         v->last_sync_unix_s > 0 ? real_or_null(v->last_duration_s) : json_null(), bad);
     put(o, "codec", json_string(v->codec), bad);
+    put(o, "codec_reason", json_string(v->codec_reason), bad);
     put(o, "sync_every", count(v->sync_every), bad);
     for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
         append(links, json_pack("{s:s,s:b,s:s}", "region", v->links[i].region, "up",

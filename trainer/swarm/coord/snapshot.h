@@ -44,6 +44,7 @@ typedef struct coord_outer_view {
     double last_sync_unix_s;      /* when the last outer step completed; 0: never */
     double last_duration_s;       /* from the region's push to the new global parameters */
     char codec[48];
+    char codec_reason[200];       /* why this codec (--codec auto: the link and window) */
     uint32_t sync_every;
     uint32_t n_links;
     struct {

@@ -1,0 +1,55 @@
+/* adapt: see adapt.h. */
+#include "adapt.h"
+
+#include <stdio.h>
+
+static const char *const ladder[ADAPT_RUNGS] = {
+    "none", "fp16", "q8", "lowbit:4+zstd", "lowbit:2+zstd", "topk:0.01+zstd",
+};
+
+void adapt_rung(int r, wan_codec_params *p)
+{
+    if (r < 0) r = 0;
+    if (r >= ADAPT_RUNGS) r = ADAPT_RUNGS - 1;
+    wan_codec_parse(ladder[r], p, NULL); /* the ladder's specs are valid */
+}
+
+double adapt_bytes(int r, uint64_t n)
+{
+    wan_codec_params p;
+    adapt_rung(r, &p);
+    /* The bound without zstd: what zstd saves on quantised deltas is small and varies. */
+    p.zstd = 0;
+    const size_t b = wan_encode_bound((size_t)n, &p);
+    return b == SIZE_MAX ? 4.0 * (double)n : (double)b;
+}
+
+int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char *why,
+                 size_t why_size)
+{
+    if (current < 0 || current >= ADAPT_RUNGS) current = 0;
+    if (link_Bps <= 0 || window_s <= 0) {
+        snprintf(why, why_size, "%s: the link's rate or the window is not measured yet",
+                 ladder[current]);
+        return current;
+    }
+    int pick = ADAPT_RUNGS - 1;
+    for (int r = 0; r < ADAPT_RUNGS; r++) {
+        const double budget = r < current ? ADAPT_BACKOFF_BUDGET : ADAPT_BUDGET;
+        if (adapt_bytes(r, n) / link_Bps <= budget * window_s) {
+            pick = r;
+            break;
+        }
+    }
+    const double need = adapt_bytes(pick, n) / link_Bps;
+    if (need > ADAPT_BUDGET * window_s)
+        snprintf(why, why_size, "%s: even it needs %.2f s of a %.2f s window at %.2f Mbit/s: "
+                 "sync less often (--sync-every)", ladder[pick], need, window_s,
+                 link_Bps * 8e-6);
+    else
+        snprintf(why, why_size, "%s: %.2f s of a %.2f s window at %.2f Mbit/s%s", ladder[pick],
+                 need, window_s, link_Bps * 8e-6,
+                 pick > current ? " (compressing harder)"
+                 : pick < current ? " (backing off)" : "");
+    return pick;
+}

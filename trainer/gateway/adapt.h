@@ -1,0 +1,36 @@
+/* adapt: how hard a gateway compresses, chosen per outer step from what its links carry
+ * (Nebula-I's adaptive communication). Pure: no I/O, no clock.
+ *
+ * A ladder of codecs from the densest (fp32) to the sparsest (1% top-k, zstd). Each outer
+ * step the gateway knows the slowest link's measured rate and the window a sync has (the
+ * time between two of the region's pushes, H inner steps). It takes the densest rung whose
+ * message crosses the slowest link within `budget` of the window; moving to a denser rung
+ * (the link got faster) needs room under a lower budget, so a rate near a boundary does not
+ * flip the codec every round. If even the sparsest rung does not fit, it is taken and the
+ * reason says the sync should happen less often.
+ */
+#ifndef CIRRUS_ADAPT_H
+#define CIRRUS_ADAPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wan_codec.h"
+
+#define ADAPT_BUDGET 0.8         /* of the window a sync may take */
+#define ADAPT_BACKOFF_BUDGET 0.5 /* ...and to move to a denser codec */
+#define ADAPT_RUNGS 6
+#define ADAPT_START_RUNG 2       /* q8, until the links are measured */
+
+/* The ladder's rung r (0 densest .. ADAPT_RUNGS - 1 sparsest). */
+void adapt_rung(int r, wan_codec_params *p);
+/* Bytes a message of rung r for n values takes, as estimated before encoding. */
+double adapt_bytes(int r, uint64_t n);
+
+/* The rung for the next outer step, from the current one: link_Bps, the slowest link's
+ * measured bytes per second (<= 0: not measured yet: stay); window_s, the time between
+ * syncs (<= 0: not known yet: stay). why receives one line for the logs and /status. */
+int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char *why,
+                 size_t why_size);
+
+#endif
