@@ -171,3 +171,49 @@ TEST(adapt_follows_the_link)
     /* Not measured yet: stay. */
     ASSERT_EQ(adapt_choose(2, n, 0, window, why, sizeof why), 2);
 }
+
+#include "../../trainer/gateway/sync_params.h"
+
+/* --sync-params: the spans each spec selects, and pack/unpack round trips. */
+TEST(sync_params_select_tensors)
+{
+    gpt_config cfg;
+    ASSERT_OK(gpt_config_preset(&cfg, "tiny", NULL));
+    const size_t n = gpt_num_params(&cfg);
+    const size_t nt = gpt_num_tensors(&cfg);
+    gpt_tensor_info *t = malloc(nt * sizeof *t);
+    gpt_tensor_table(&cfg, t);
+    size_t embed = 0, block0 = 0, final = 0;
+    for (size_t i = 0; i < nt; i++) {
+        if (!strcmp(t[i].name, "wte") || !strcmp(t[i].name, "wpe")) embed += t[i].numel;
+        else if (t[i].layer == 0) block0 += t[i].numel;
+        else if (t[i].layer < 0) final += t[i].numel;
+    }
+    sync_params sp;
+    ASSERT_OK(sync_params_parse("all", &cfg, &sp, NULL));
+    ASSERT_EQ(sp.count, n);
+    ASSERT_EQ(sp.n_spans, 1); /* adjacent tensors merge */
+    sync_params_free(&sp);
+    ASSERT_OK(sync_params_parse("no-embed", &cfg, &sp, NULL));
+    ASSERT_EQ(sp.count, n - embed);
+    sync_params_free(&sp);
+    ASSERT_OK(sync_params_parse("every:4", &cfg, &sp, NULL)); /* tiny: 4 layers */
+    ASSERT_EQ(sp.count, block0 + final);
+    float *model = malloc(n * sizeof(float)), *packed = malloc(sp.count * sizeof(float));
+    for (size_t i = 0; i < n; i++) model[i] = (float)i;
+    sync_params_pack(&sp, model, packed);
+    for (size_t i = 0; i < sp.count; i++) packed[i] = -packed[i];
+    sync_params_unpack(&sp, packed, model);
+    size_t negated = 0;
+    for (size_t i = 0; i < n; i++) negated += model[i] < 0;
+    ASSERT_EQ(negated, sp.count); /* element 0 (wte's first) is not selected */
+    sync_params_free(&sp);
+    cirrus_error err = {0};
+    ASSERT(sync_params_parse("every:0", &cfg, &sp, &err) == CIRRUS_EINVAL);
+    ASSERT(sync_params_parse("every:5", &cfg, &sp, &err) == CIRRUS_EINVAL);
+    ASSERT(sync_params_parse("some", &cfg, &sp, &err) == CIRRUS_EINVAL);
+    ASSERT(strstr(err.msg, "--sync-params") != NULL);
+    free(model);
+    free(packed);
+    free(t);
+}

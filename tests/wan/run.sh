@@ -47,6 +47,24 @@ else
     bad two_regions_ran; tail -20 "$tmp/two.err"
 fi
 
+# 2b. Parameter-efficient mode: with --sync-params no-embed the embeddings stay regional:
+#     the synchronised part is one state everywhere (equal digests), fewer bytes cross the
+#     WAN than with every tensor (test 1, same run otherwise), and the regions' models
+#     differ (their validation losses).
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 20 --sync-every 5 --codec q8 \
+    --sync-params no-embed --json >"$tmp/pe.json" 2>"$tmp/pe.err"; then
+    p0=$(final_of "$tmp/pe.json" r0) p1=$(final_of "$tmp/pe.json" r1)
+    if [ -n "$(field digest "$p0")" ] && [ "$(field digest "$p0")" = "$(field digest "$p1")" ] &&
+        [ "$(field wan_bytes "$p0")" -lt "$(field wan_bytes "$(final_of "$tmp/two.json" r0)")" ] &&
+        [ "$(field val_loss "$p0")" != "$(field val_loss "$p1")" ]; then
+        ok sync_params_no_embed_keeps_embeddings_regional
+    else
+        bad sync_params_no_embed_keeps_embeddings_regional; echo "$p0"; echo "$p1"
+    fi
+else
+    bad sync_params_ran; tail -5 "$tmp/pe.err"
+fi
+
 # 2. One region with H = 1, no compression, outer lr 1 and no momentum: the outer step sets
 #    the parameters to the region's own, so training follows plain SWARM training. (Not
 #    bit for bit: theta_g - (theta_g - theta) rounds; within 1e-5.)

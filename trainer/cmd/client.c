@@ -35,7 +35,7 @@ int roles_cmd_client(int argc, char **argv)
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
-    client_share share = {1, 0, 0, 0, 600, 0, NULL};
+    client_share share = {1, 0, 0, 0, 600, 0, "all", NULL};
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
@@ -62,6 +62,10 @@ int roles_cmd_client(int argc, char **argv)
         {"sync-delay", FLAG_INT, &share.sync_delay, 0, 999999,
          "inner steps trained on while an outer step crosses the WAN (below --sync-every; "
          "0, the default: wait for it)",
+         0},
+        {"sync-params", FLAG_STR, &share.sync_params, 0, 0,
+         "which parameters the outer steps synchronise: all, no-embed or every:K (the "
+         "gateway's --sync-params; default all)",
          0},
         {"sync-timeout-s", FLAG_INT, &share.sync_timeout_s, 1, 86400,
          "seconds an outer step may take (default 600)", 0},

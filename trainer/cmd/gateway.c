@@ -132,7 +132,7 @@ int roles_cmd_gateway(int argc, char **argv)
         }
         if (!rc)
             rc = wan_start_outer(&wan, job, index, n_regions, names, addrs, wan_fd,
-                                 gpt_num_params(&cfg), tls, &os, &err);
+                                 &cfg, tls, &os, &err);
         if (rc) {
             fprintf(stderr, "cirrus-trainer gateway: %s\n", err.msg);
             net_tls_ctx_free(tls);

@@ -402,7 +402,7 @@ int roles_cmd_local(int argc, char **argv)
         }
         if (region > 0) status_port = 0; /* region 0 keeps the port asked for */
         if (wan_start_outer(&wan, job, region, n_regions, names, addrs_wan, wan_fd,
-                            gpt_num_params(&o.model), tls, &os, &err)) {
+                            &o.model, tls, &os, &err)) {
             fprintf(stderr, "cirrus-trainer local: region %s: %s\n", region_names[region],
                     err.msg);
             net_tls_ctx_free(tls);
@@ -483,7 +483,7 @@ int roles_cmd_local(int argc, char **argv)
         else followers++;
     }
     client_share share = {n_clients, 0, exit_step, wan.sync_every, wan.sync_timeout_s, wan.sync_delay,
-                          wan.sync_every ? region_names[region] : NULL};
+                          wan.sync_params, wan.sync_every ? region_names[region] : NULL};
     if (!rc)
         rc = roles_run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);
     for (int i = 0; i < followers; i++) {

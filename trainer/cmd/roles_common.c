@@ -244,6 +244,7 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
                                     .sync_every = share->sync_every,
                                     .sync_timeout_ms = share->sync_timeout_s * 1000,
                                     .sync_delay = share->sync_delay,
+                                    .sync_params = share->sync_params,
                                     .final_step = (uint64_t)o->steps,
                                     .region = share->region, .stop = cli_stop_flag()};
     int rc = 1;

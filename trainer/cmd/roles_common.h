@@ -57,6 +57,7 @@ typedef struct client_share {
     /* Outer steps across regions: every sync_every inner steps (0: none), through the
      * gateway at `coordinator`; region names the region on progress lines (NULL: none). */
     int sync_every, sync_timeout_s, sync_delay;
+    const char *sync_params;
     const char *region;
 } client_share;
 

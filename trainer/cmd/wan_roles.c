@@ -13,14 +13,21 @@
 #include "../../common/log.h"
 #include "../net/conn.h"
 #include "../gateway/adapt.h"
+#include "../gateway/sync_params.h"
 #include "../net/tls.h"
 
 #define WAN_LOCAL_CERT_DAYS 1 /* `local`'s certificates live as long as the run */
 
 int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regions,
                     const char *const *names, const char *const *addrs, int listen_fd,
-                    uint64_t n_params, net_tls_ctx *tls, outer_sync **out, cirrus_error *err)
+                    const gpt_config *cfg, net_tls_ctx *tls, outer_sync **out,
+                    cirrus_error *err)
 {
+    sync_params sp;
+    int rc = sync_params_parse(w->sync_params, cfg, &sp, err);
+    if (rc) return rc;
+    const uint64_t n_params = sp.count; /* only these cross the WAN */
+    sync_params_free(&sp);
     outer_sync_options o = {.job = job, .region_index = region, .n_regions = n_regions,
                             .region_names = names, .wan_addrs = addrs, .listen_fd = listen_fd,
                             .n_params = n_params,
@@ -28,7 +35,6 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
                             .tls = tls, .round_timeout_ms = w->sync_timeout_s * 1000,
                             .sync_every = w->sync_every,
                             .test_corrupt_after = w->test_corrupt_after};
-    int rc = 0;
     if (!strcmp(w->codec, "auto")) {
         o.codec_auto = 1;
         adapt_rung(ADAPT_START_RUNG, &o.codec);

@@ -18,9 +18,10 @@ typedef struct wan_flags {
     int sync_timeout_s;     /* how long an outer round may wait for the other regions */
     int sync_delay;         /* local: inner steps the regions train on while a round runs */
     uint64_t test_corrupt_after; /* tests: outer_sync_options.test_corrupt_after */
+    const char *sync_params; /* gateway/sync_params.h */
 } wan_flags;
 
-#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, 0}
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, 0, "all"}
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \
@@ -37,13 +38,20 @@ typedef struct wan_flags {
         {"wan-insecure", FLAG_BOOL, &(w).insecure, 0, 0,                                      \
          "plaintext between gateways (default: TLS 1.3, both ends authenticated)", 0},        \
         {"sync-timeout-s", FLAG_INT, &(w).sync_timeout_s, 1, 86400,                           \
-         "seconds an outer step may wait for the other regions (default 600)", 0}
+         "seconds an outer step may wait for the other regions (default 600)", 0},            \
+        {"sync-params", FLAG_STR, &(w).sync_params, 0, 0,                                     \
+         "which parameters the outer steps synchronise, the rest staying regional: all, "     \
+         "no-embed (all but the embeddings) or every:K (blocks 0, K, 2K.. and the final "     \
+         "LayerNorm) (default all)",                                                          \
+         0}
 
 /* The gateway's outer sync over its WAN listening socket listen_fd (or the address of its
- * region when -1), with TLS from tls (NULL with --wan-insecure). */
+ * region when -1), with TLS from tls (NULL with --wan-insecure), for the parameters of cfg
+ * that --sync-params selects. */
 int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regions,
                     const char *const *names, const char *const *addrs, int listen_fd,
-                    uint64_t n_params, net_tls_ctx *tls, outer_sync **out, cirrus_error *err);
+                    const gpt_config *cfg, net_tls_ctx *tls, outer_sync **out,
+                    cirrus_error *err);
 
 /* `local --regions R`: make the job's throwaway CA and each region's certificate (the
  * operator's code, common/certs.h) unless insecure, bind each region's WAN socket on

@@ -206,7 +206,7 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
                      ? cirrus_fail(err, CIRRUS_EINVAL, "outer steps (--sync-every) need the "
                                    "region's only client; --clients %d", o->n_clients)
                      : outer_client_open(p, o->coord, pipeline_config(p), o->sync_every,
-                                         o->sync_delay, o->final_step,
+                                         o->sync_delay, o->sync_params, o->final_step,
                                          o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000,
                                          o->stop, &e->outer, err);
         if (rc) {

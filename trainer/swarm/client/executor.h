@@ -38,6 +38,7 @@ typedef struct pipeline_executor_options {
     int sync_every;
     int sync_timeout_ms;   /* how long an outer step may take; 0: 10 minutes */
     int sync_delay;        /* inner steps trained while an outer step runs (0: wait) */
+    const char *sync_params; /* which parameters are synchronised (NULL: all) */
     uint64_t final_step;   /* the run's last step (it waits for its outer step) */
     const char *region;    /* the region's name on progress lines (NULL: not shown) */
     /* Non-zero once the run is asked to end: an outer step still waiting for the other

@@ -8,6 +8,7 @@
 
 #include "../../../common/log.h"
 #include "../../gateway/outer_msg.h"
+#include "../../gateway/sync_params.h"
 
 #define OUTER_CALL_MS 30000 /* one PUSH or PULL exchange */
 #define OUTER_POLL_MS 20    /* between PULLs while the round runs */
@@ -17,11 +18,14 @@
 struct outer_client {
     pipeline *p;
     coord_client *cc;
-    uint64_t n;
+    uint64_t n;    /* the model's parameters */
+    sync_params sp; /* those the outer steps synchronise (--sync-params): m of them */
+    uint64_t m;
     int every, timeout_ms;
     int delay;     /* inner steps the region trains on while a round runs */
-    /* The region's parameters when pushed, the global ones pulled, the region's now. */
-    float *pushed, *global, *now;
+    /* The region's whole parameters when pushed and now (n); the synchronised ones when
+     * pushed, the global ones pulled, and scratch (m). */
+    float *pushed, *now, *pushed_sync, *global, *scratch;
     int pending;   /* a round was pushed and is not applied yet */
     uint64_t final_step; /* the run's last inner step */
     uint64_t pending_round, pushed_at;
@@ -37,7 +41,7 @@ static int64_t mono_ms(void)
 }
 
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
-                      int delay, uint64_t final_step, int timeout_ms,
+                      int delay, const char *sync_spec, uint64_t final_step, int timeout_ms,
                       const volatile sig_atomic_t *stop, outer_client **out, cirrus_error *err)
 {
     *out = NULL;
@@ -51,10 +55,18 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
     *oc = (outer_client){.p = p, .cc = cc, .n = gpt_num_params(cfg), .every = every,
                          .delay = delay, .final_step = final_step, .timeout_ms = timeout_ms,
                          .stop = stop};
+    int rc = sync_params_parse(sync_spec, cfg, &oc->sp, err);
+    if (rc) {
+        free(oc);
+        return rc;
+    }
+    oc->m = oc->sp.count;
     oc->pushed = malloc(oc->n * sizeof(float));
-    oc->global = malloc(oc->n * sizeof(float));
-    oc->now = delay ? malloc(oc->n * sizeof(float)) : NULL;
-    if (!oc->pushed || !oc->global || (delay && !oc->now)) {
+    oc->now = malloc(oc->n * sizeof(float));
+    oc->pushed_sync = malloc(oc->m * sizeof(float));
+    oc->global = malloc(oc->m * sizeof(float));
+    oc->scratch = malloc(oc->m * sizeof(float));
+    if (!oc->pushed || !oc->now || !oc->pushed_sync || !oc->global || !oc->scratch) {
         outer_client_close(oc);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the parameters");
     }
@@ -65,22 +77,26 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
 void outer_client_close(outer_client *oc)
 {
     if (!oc) return;
+    sync_params_free(&oc->sp);
     free(oc->pushed);
-    free(oc->global);
     free(oc->now);
+    free(oc->pushed_sync);
+    free(oc->global);
+    free(oc->scratch);
     free(oc);
 }
 
 static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *err)
 {
     int rc = pipeline_gather_params(oc->p, oc->pushed, err);
-    for (uint64_t off = 0; !rc && off < oc->n;) {
-        const uint64_t count = oc->n - off < OUTER_SLICE ? oc->n - off : OUTER_SLICE;
+    if (!rc) sync_params_pack(&oc->sp, oc->pushed, oc->pushed_sync);
+    for (uint64_t off = 0; !rc && off < oc->m;) {
+        const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
         const outer_push q = {.round = round, .inner_step = step, .tokens = oc->tokens,
-                              .n_params = oc->n, .offset = off, .count = count};
+                              .n_params = oc->m, .offset = off, .count = count};
         wire_writer w;
         wire_writer_init(&w, 64 + count * sizeof(float));
-        outer_msg_put_push(&w, &q, oc->pushed + off);
+        outer_msg_put_push(&w, &q, oc->pushed_sync + off);
         const uint8_t *reply;
         uint32_t len;
         rc = coord_client_ext_call(oc->cc, OUTER_PUSH, &w, OUTER_CALL_MS, &reply, &len, err);
@@ -94,8 +110,8 @@ static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *e
 static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
 {
     const int64_t deadline = mono_ms() + oc->timeout_ms;
-    for (uint64_t off = 0; off < oc->n;) {
-        const uint64_t count = oc->n - off < OUTER_SLICE ? oc->n - off : OUTER_SLICE;
+    for (uint64_t off = 0; off < oc->m;) {
+        const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
         const outer_pull q = {round, off, count};
         wire_writer w;
         wire_writer_init(&w, 64);
@@ -139,7 +155,11 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
 static int take_latest(outer_client *oc, cirrus_error *err)
 {
     int rc = pull(oc, 0, err);
-    if (!rc) rc = pipeline_set_params(oc->p, oc->global, err);
+    if (!rc) rc = pipeline_gather_params(oc->p, oc->now, err);
+    if (!rc) {
+        sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
+        rc = pipeline_set_params(oc->p, oc->now, err);
+    }
     oc->pending = 0;
     return rc;
 }
@@ -172,11 +192,15 @@ static int apply_round(outer_client *oc, cirrus_error *err)
     if (rc) return rc;
     if (pipeline_steps_done(oc->p) != oc->pushed_at) {
         if ((rc = pipeline_gather_params(oc->p, oc->now, err))) return rc;
-        for (uint64_t i = 0; i < oc->n; i++) oc->now[i] = oc->global[i] + (oc->now[i] - oc->pushed[i]);
-        rc = pipeline_set_params(oc->p, oc->now, err);
+        sync_params_pack(&oc->sp, oc->now, oc->scratch);
+        for (uint64_t i = 0; i < oc->m; i++)
+            oc->scratch[i] = oc->global[i] + (oc->scratch[i] - oc->pushed_sync[i]);
+        sync_params_unpack(&oc->sp, oc->scratch, oc->now);
     } else {
-        rc = pipeline_set_params(oc->p, oc->global, err);
+        memcpy(oc->now, oc->pushed, oc->n * sizeof(float));
+        sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
     }
+    rc = pipeline_set_params(oc->p, oc->now, err);
     oc->pending = 0;
     return rc;
 }

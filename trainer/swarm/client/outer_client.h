@@ -26,10 +26,11 @@ typedef struct outer_client outer_client;
 /* every >= 1 inner steps per outer step. delay (0 .. every - 1): inner steps the region
  * trains on while its round runs on the WAN (0: it waits); the global parameters are then
  * merged with the progress made meanwhile (theta = global + theta_now - theta_pushed).
- * final_step: the run's last step, always an outer step, which waits for its round. timeout_ms: how long
+ * sync_params (gateway/sync_params.h; NULL: all): which parameters the outer steps
+ * synchronise, the same spec as the gateway's. final_step: the run's last step, always an outer step, which waits for its round. timeout_ms: how long
  * a round may take; stop (may be NULL): once set, a round still waited for is abandoned. */
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
-                      int delay, uint64_t final_step, int timeout_ms,
+                      int delay, const char *sync_params, uint64_t final_step, int timeout_ms,
                       const volatile sig_atomic_t *stop, outer_client **out,
                       cirrus_error *err);
 void outer_client_close(outer_client *oc);
