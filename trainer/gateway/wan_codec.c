@@ -192,7 +192,7 @@ size_t wan_encode_bound(size_t n, const wan_codec_params *p)
 
 size_t wan_message_max(size_t n)
 {
-    /* Each codec's widest params; topk at k = n is the largest body of all. */
+    /* The largest of each codec's widest bound: fp32's today, computed so it stays true. */
     static const wan_codec_params widest[] = {
         {.id = WAN_CODEC_NONE},          {.id = WAN_CODEC_FP16},
         {.id = WAN_CODEC_Q8},            {.id = WAN_CODEC_LOWBIT, .bits = 4},

@@ -30,9 +30,13 @@
  * Decoding is a pure function of the bytes: no threads, no dependence on the CPU (fast
  * paths use the same operations in the same order as the references; the build's -std=c11
  * keeps GCC from contracting a*b+c into an FMA, and no codec writes one expression where
- * that could change a result). Any non-finite value is refused on both sides: encoders
- * return CIRRUS_EINVAL for NaN/Inf input, decoders CIRRUS_ECORRUPT for bytes that would
- * decode to one.
+ * that could change a result). Like the rest of the trainer it assumes the default
+ * floating-point environment (round to nearest, no flush-to-zero). Encoding is as
+ * deterministic, except that zstd's output may change with the libzstd version (any
+ * version decodes it to the same body). Any non-finite value is refused on both sides:
+ * encoders return CIRRUS_EINVAL for NaN/Inf input, decoders CIRRUS_ECORRUPT for bytes that
+ * would decode to one. Everything is reentrant; callers split work across threads by
+ * message.
  */
 #ifndef CIRRUS_WAN_CODEC_H
 #define CIRRUS_WAN_CODEC_H
@@ -126,10 +130,9 @@ void wan_codec_format(const wan_codec_params *p, char *buf, size_t size);
 /* The room wan_encode needs for n values with p (with +zstd, libzstd's worst case);
  * SIZE_MAX if p or n is refused. */
 size_t wan_encode_bound(size_t n, const wan_codec_params *p);
-/* The largest message any sender can produce for n values, whatever its codec: what a
- * receiver must be ready to take. zstd is kept only when it shrinks the body, so this is
- * the header plus the largest body: top-k at density 1 (2n + n * varint bytes of n - 1),
- * not fp32's 4n. */
+/* The largest message wan_decode accepts for n values, whatever the codec: what a receiver
+ * must be ready to take. zstd is kept only when it shrinks the body, so this is the header
+ * plus the largest body, fp32's 4n (top-k's is at most 3n even at density 1). */
 size_t wan_message_max(size_t n);
 
 /* Encode x[0..n) as one message into out (cap >= wan_encode_bound(n, p)).

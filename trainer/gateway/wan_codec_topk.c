@@ -11,7 +11,8 @@
  *       overlong varints and bytes left over or missing.
  *
  * At density 0.01 a gap is one byte about 72% of the time (gaps < 128), so an entry costs
- * ~3.3 bytes with fp16 values (~0.033 n bytes for the body), against 6 with u32 indices.
+ * ~3.3 bytes with fp16 values (~0.033 n bytes for the body; at most 0.038 n, see
+ * topk_bound), against 6 with u32 indices.
  *
  * Top-k selects the k = max(1, ceil(density * n)) entries with the largest |x|, ties to
  * the lower index: the k largest keys (|x| bits, -index), a unique set. The fast encoder
@@ -93,13 +94,18 @@ static int varint_get(const uint8_t *in, size_t len, size_t *pos, uint64_t lim, 
     return CIRRUS_ECORRUPT;
 }
 
+/* The values' bytes plus the most the gaps can take: each at most varint_len(n - 1), and
+ * all together at most k + (n - k) / 128, since a gap g takes 1 + floor(g / 128) bytes or
+ * fewer and the gaps add up to at most n - k. So even at k = n the body is at most 3n
+ * bytes, less than fp32's 4n. */
 static size_t topk_bound(size_t n, const wan_codec_params *p)
 {
     wan_codec_params vp;
     const wan_codec *vc = topk_values(p, &vp);
     size_t k = wan_codec_topk_k(n, p);
     if (!vc || k == SIZE_MAX) return SIZE_MAX;
-    return vc->bound(k, &vp) + k * varint_len(n ? n - 1 : 0); /* n <= 2^40: no overflow */
+    size_t each = k * varint_len(n ? n - 1 : 0), sum = k + (n - k) / 128; /* n <= 2^40 */
+    return vc->bound(k, &vp) + (each < sum ? each : sum);
 }
 
 /* Indices come in increasing order; their values are gathered a chunk at a time and
