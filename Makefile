@@ -171,6 +171,10 @@ bench-collective: deps
 	$(MAKE) all
 	bash tests/bench/collective.sh $(BIN)/cirrus-trainer $(BUILD)/bench
 
+# Outer steps: WAN bytes and validation loss vs data parallel, codec x H (~25 min).
+bench-wan-quality: $(BIN)/cirrus-trainer $(CORPUS)
+	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/wan_quality.sh $(BIN)/cirrus-trainer
+
 # Pipeline throughput: wiring vs fixed round robin, with and without a slow peer (~5 min).
 bench-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/swarm.sh $(BIN)/cirrus-trainer
