@@ -137,6 +137,32 @@ assert any(l.startswith("cirrus_outer_step ") and int(l.split()[1]) >= 2 for l i
 assert any(l.startswith("cirrus_wan_bytes_sent_total ") for l in metrics)
 print(f"    /status: outer step {o['step']}, WAN {o['wan_bytes_sent']} B sent")
 PY
+# Abuse at r1's WAN port while the regions train: garbage, a frame header announcing the
+# largest payload and never sending it, a plaintext HELLO to the TLS port, 100 connections
+# left idle. The gateway drops them and keeps syncing (the outer step goes on), and nothing
+# exits.
+wan_r1=$(grep -o 'WAN link to region r1 ([0-9.]*:[0-9]*)' "$tmp/status.err" | head -1 | sed 's/.*(\(.*\))/\1/')
+if [ -n "$wan_r1" ] && python3 - "$status_port" "$wan_r1" <<'PY'; then ok wan_port_survives_abuse; else bad wan_port_survives_abuse; fi
+import json, os, socket, struct, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/status"
+host, port = sys.argv[2].rsplit(":", 1)
+step = lambda: json.load(urllib.request.urlopen(url, timeout=2))["outer"]["step"]
+before = step()
+def conn():
+    c = socket.create_connection((host, int(port)), timeout=5)
+    return c
+for payload in (os.urandom(4096), b"\x16\x03\x01" + os.urandom(600),
+                struct.pack("<IHHQI", 0x43495252, 1, 1, 1, 0xFFFFFFFF) + b"x" * 10,
+                b"CIRR" + b"\x00" * 3):
+    c = conn(); c.sendall(payload); c.close()
+idle = [conn() for _ in range(100)]
+deadline = time.time() + 60
+while step() < before + 2:
+    assert time.time() < deadline, f"outer step stuck at {step()} (was {before})"
+    time.sleep(0.2)
+for c in idle: c.close()
+print(f"    outer step {before} -> {step()} while the WAN port was abused")
+PY
 kill -TERM "$pid" 2>/dev/null
 if timeout 60 tail --pid="$pid" -f /dev/null && wait "$pid" &&
     [ "$(grep -c '"final":true' "$tmp/status.json")" -eq 2 ]; then

@@ -224,8 +224,7 @@ static void *receive_main(void *arg)
     if (rc) log_warn("outer: refused WAN connection from %s: %s", net_peer_name(rv->c), err.msg);
     while (!rc && !atomic_load(&os->stopping)) {
         struct pollfd pfd = {.fd = net_fd(rv->c), .events = POLLIN};
-        const net_transport *tp = net_conn_transport(rv->c);
-        if (!(tp->pending && tp->pending(rv->c))) { /* TLS may hold a decrypted record */
+        if (!net_pending(rv->c)) { /* TLS may hold a decrypted record already */
             int pr = poll(&pfd, 1, WAN_POLL_MS);
             if (pr < 0 && errno != EINTR) break;
             if (pr <= 0) continue;
