@@ -1,4 +1,4 @@
-/* wan_msg: the messages between the gateways of a job's regions (wire types 128..143).
+/* wan_msg: the messages between the gateways of a job's regions (wire types 192..207).
  *
  * A gateway connects to every other one (TLS 1.3 with the job's certificates unless
  * --wan-insecure), says HELLO with role WAN_ROLE_GATEWAY and its region index, then JOIN;
@@ -32,13 +32,13 @@
 #include "../net/wire.h"
 
 enum wan_msg {
-    WAN_JOIN = 128,
-    WAN_JOIN_OK = 129,
-    WAN_DONE = 130,
-    WAN_DONE_OK = 131,
-    WAN_PART = 132, /* one-way */
-    WAN_STATE = 134,
-    WAN_STATE_OK = 135,
+    WAN_JOIN = 192,
+    WAN_JOIN_OK = 193,
+    WAN_DONE = 194,
+    WAN_DONE_OK = 195,
+    WAN_PART = 196, /* one-way */
+    WAN_STATE = 198,
+    WAN_STATE_OK = 199,
 };
 
 #define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) */
