@@ -148,6 +148,8 @@ test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 test-wan: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: regions joined by gateways (outer steps, TLS between the gateways)"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/run.sh $(BIN)/cirrus-trainer
+	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer
+	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/shaped.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: command-line tests"

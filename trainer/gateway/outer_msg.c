@@ -62,6 +62,7 @@ void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *
     wire_put_u64(w, a->digest);
     wire_put_u64(w, a->wan_bytes);
     wire_put_bytes(w, &a->ready, 1);
+    wire_put_bytes(w, &a->pushed, 1);
     if (a->ready && x) wire_put_bytes(w, x, (size_t)count * sizeof(float));
 }
 
@@ -72,8 +73,10 @@ int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
     a->wan_bytes = wire_get_u64(r);
     const uint8_t *b = wire_get_bytes(r, 1);
     a->floats = NULL;
-    if (!b || *b > 1 || count > OUTER_SLICE) return CIRRUS_ECORRUPT;
+    const uint8_t *pb = b ? wire_get_bytes(r, 1) : NULL;
+    if (!b || *b > 1 || !pb || *pb > 1 || count > OUTER_SLICE) return CIRRUS_ECORRUPT;
     a->ready = *b;
+    a->pushed = *pb;
     if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
         return CIRRUS_ECORRUPT;
     return done(r) ? CIRRUS_ECORRUPT : 0;

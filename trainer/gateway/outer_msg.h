@@ -12,7 +12,8 @@
  *          on since the last round (the weight of its pseudo-gradient).
  *   PULL   u64 round, u64 offset, u64 count -> OK: u64 done (the latest completed round),
  *          u64 digest (of the global parameters and momentum after it), u64 wan_bytes
- *          (sent and received on the gateway's WAN sockets so far), u8 ready, then,
+ *          (sent and received on the gateway's WAN sockets so far), u8 ready, u8 pushed
+ *          (the gateway holds this region's push of `round`, or is past it), then,
  *          if ready (done >= round), count f32 of the global parameters at offset.
  */
 #ifndef CIRRUS_OUTER_MSG_H
@@ -46,7 +47,7 @@ typedef struct outer_pull {
 
 typedef struct outer_pull_ok {
     uint64_t done, digest, wan_bytes;
-    uint8_t ready;
+    uint8_t ready, pushed;
     const uint8_t *floats; /* get: count f32 if ready, else NULL */
 } outer_pull_ok;
 

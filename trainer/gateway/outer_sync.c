@@ -59,7 +59,10 @@ static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *e
          * repaired): the region's push is stale; its client takes the global state. */
         rc = cirrus_fail(err, CIRRUS_ECONFLICT, "outer step %llu is past: the gateway is at "
                          "outer step %lld", (unsigned long long)q.round, (long long)os->round);
-    } else if (q.round != 0 && (os->round < 0 || q.round != next || os->push_ready)) {
+    } else if (q.round != 0 && os->round < 0) {
+        rc = cirrus_fail(err, CIRRUS_ECONFLICT, "outer step %llu: the gateway has no global "
+                         "state (it restarted)", (unsigned long long)q.round);
+    } else if (q.round != 0 && (q.round != next || os->push_ready)) {
         rc = cirrus_fail(err, CIRRUS_EINVAL, "outer round %llu pushed while the gateway is at "
                          "round %lld%s", (unsigned long long)q.round, (long long)os->round,
                          os->push_ready ? " with a round in progress" : "");
@@ -108,7 +111,9 @@ static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *d
     const outer_pull_ok a = {.done = os->round < 0 ? 0 : (uint64_t)os->round,
                              .digest = os->digest,
                              .wan_bytes = os->wan_sent + os->wan_received,
-                             .ready = os->round >= 0 && (uint64_t)os->round >= q.round};
+                             .ready = os->round >= 0 && (uint64_t)os->round >= q.round,
+                             .pushed = (os->round >= 0 && (uint64_t)os->round >= q.round) ||
+                                       (os->push_ready && os->push_round == q.round)};
     outer_msg_put_pull_ok(reply, &a, os->theta + q.offset, q.count);
     pthread_mutex_unlock(&os->mu);
     return 0;

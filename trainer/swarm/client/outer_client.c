@@ -9,6 +9,7 @@
 #include "../../../common/log.h"
 #include "../../gateway/outer_msg.h"
 #include "../../gateway/sync_params.h"
+#include "../proto/rpc.h"
 
 #define OUTER_CALL_MS 30000 /* one PUSH or PULL exchange */
 #define OUTER_POLL_MS 20    /* between PULLs while the round runs */
@@ -29,6 +30,7 @@ struct outer_client {
     int pending;   /* a round was pushed and is not applied yet */
     uint64_t final_step; /* the run's last inner step */
     uint64_t pending_round, pushed_at;
+    uint64_t pushed_step; /* the inner step of the parameters last pushed */
     const volatile sig_atomic_t *stop;
     uint64_t tokens, outer_step, wan_bytes, digest;
 };
@@ -86,10 +88,24 @@ void outer_client_close(outer_client *oc)
     free(oc);
 }
 
-static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *err)
+/* One extension call, retried while the gateway is unreachable (restarting: a gateway pod
+ * replaced) until the outer step's deadline or the run's end. */
+static int gateway_call(outer_client *oc, uint16_t type, const wire_writer *w, int64_t deadline,
+                        const uint8_t **reply, uint32_t *len, cirrus_error *err)
 {
-    int rc = pipeline_gather_params(oc->p, oc->pushed, err);
-    if (!rc) sync_params_pack(&oc->sp, oc->pushed, oc->pushed_sync);
+    for (int warned = 0;;) {
+        int rc = coord_client_ext_call(oc->cc, type, w, OUTER_CALL_MS, reply, len, err);
+        if (!rpc_is_fault(rc) || mono_ms() > deadline || (oc->stop && *oc->stop)) return rc;
+        if (!warned++) log_warn("outer: the gateway: %s; trying again", err->msg);
+        usleep(200 * 1000);
+    }
+}
+
+/* The synchronised parameters as last gathered (pushed_sync), round `round`. */
+static int send_push(outer_client *oc, uint64_t round, uint64_t step, int64_t deadline,
+                     cirrus_error *err)
+{
+    int rc = 0;
     for (uint64_t off = 0; !rc && off < oc->m;) {
         const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
         const outer_push q = {.round = round, .inner_step = step, .tokens = oc->tokens,
@@ -99,11 +115,20 @@ static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *e
         outer_msg_put_push(&w, &q, oc->pushed_sync + off);
         const uint8_t *reply;
         uint32_t len;
-        rc = coord_client_ext_call(oc->cc, OUTER_PUSH, &w, OUTER_CALL_MS, &reply, &len, err);
+        rc = gateway_call(oc, OUTER_PUSH, &w, deadline, &reply, &len, err);
         wire_writer_free(&w);
         off += count;
     }
     return rc;
+}
+
+static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *err)
+{
+    int rc = pipeline_gather_params(oc->p, oc->pushed, err);
+    if (rc) return rc;
+    sync_params_pack(&oc->sp, oc->pushed, oc->pushed_sync);
+    oc->pushed_step = step;
+    return send_push(oc, round, step, mono_ms() + oc->timeout_ms, err);
 }
 
 /* PULL round's global parameters into theta once the gateway has them. */
@@ -118,7 +143,7 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
         outer_msg_put_pull(&w, &q);
         const uint8_t *reply;
         uint32_t len;
-        int rc = coord_client_ext_call(oc->cc, OUTER_PULL, &w, OUTER_CALL_MS, &reply, &len, err);
+        int rc = gateway_call(oc, OUTER_PULL, &w, deadline, &reply, &len, err);
         wire_writer_free(&w);
         if (rc) return rc;
         wire_reader r;
@@ -127,6 +152,15 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
         if (outer_msg_get_pull_ok(&r, count, &a))
             return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed PULL reply from the gateway");
         oc->wan_bytes = a.wan_bytes;
+        if (!a.ready && round > 0 && !a.pushed && a.done + 1 == round) {
+            /* The gateway does not hold our push (it restarted and took the job's state
+             * from another region): push the same parameters again. */
+            log_warn("outer: the gateway lost this region's push of outer step %llu: sending "
+                     "it again", (unsigned long long)round);
+            if ((rc = send_push(oc, round, oc->pushed_step, deadline, err))) return rc;
+            off = 0;
+            continue;
+        }
         if (!a.ready) {
             if (oc->stop && *oc->stop)
                 return cirrus_fail(err, OUTER_ABANDONED, "outer step %llu abandoned: the run "
@@ -151,10 +185,12 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
     return 0;
 }
 
-/* The gateway's latest global parameters, installed as the region's. */
+/* The gateway's latest global parameters, installed as the region's. A gateway with none
+ * (restarted, alone) adopts the region's own first (round 0). */
 static int take_latest(outer_client *oc, cirrus_error *err)
 {
-    int rc = pull(oc, 0, err);
+    int rc = push(oc, 0, pipeline_steps_done(oc->p), err);
+    if (!rc) rc = pull(oc, 0, err);
     if (!rc) rc = pipeline_gather_params(oc->p, oc->now, err);
     if (!rc) {
         sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
@@ -167,8 +203,7 @@ static int take_latest(outer_client *oc, cirrus_error *err)
 int outer_client_begin(outer_client *oc, cirrus_error *err)
 {
     const uint64_t step = pipeline_steps_done(oc->p);
-    int rc = push(oc, 0, step, err);
-    if (!rc) rc = take_latest(oc, err);
+    int rc = take_latest(oc, err);
     if (!rc)
         log_info("outer: region at inner step %llu takes the global parameters of outer step "
                  "%llu (digest %016llx)", (unsigned long long)step,
