@@ -84,7 +84,6 @@ void wan_link_stop(outer_sync *os);                    /* waits for receivers */
  * deadline passes or the gateway stops. */
 int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
                   uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err);
-int64_t outer_now_ms(void);
 /* Connect to every other region not connected (their JOINs update round_seen). */
 void wan_link_probe(outer_sync *os, int64_t deadline_ms);
 /* Region j's global state of a round >= min_round (asked again until it has one, or the

@@ -81,7 +81,7 @@ static void *send_main(void *arg)
  * (not absent) region's is and absent ones had their grace. Under mu. */
 static int round_ready(const outer_sync *os, uint64_t k, int64_t started_ms)
 {
-    const int graced = outer_now_ms() - started_ms > ROUND_ABSENT_GRACE_MS;
+    const int graced = net_now_ms() - started_ms > ROUND_ABSENT_GRACE_MS;
     for (int r = 0; r < os->o.n_regions; r++) {
         const round_slot *sl = &os->slot[k & 1][r];
         if (sl->round == k && sl->complete) continue;
@@ -192,7 +192,7 @@ static void catch_up(outer_sync *os, int startup)
     const int64_t want = best >= 0 ? os->peer[best].round_seen : -1;
     pthread_mutex_unlock(&os->mu);
     if (best >= 0)
-        adopt_from(os, best, want, outer_now_ms() + os->o.round_timeout_ms,
+        adopt_from(os, best, want, net_now_ms() + os->o.round_timeout_ms,
                    startup ? "joining" : "this gateway fell behind");
 }
 
@@ -225,7 +225,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
 {
     const size_t n = os->n;
     const uint64_t k = (uint64_t)os->round + 1;
-    const int64_t t0 = outer_now_ms();
+    const int64_t t0 = net_now_ms();
     for (size_t i = 0; i < n; i++) delta[i] = os->theta[i] - os->region[i];
     const uint64_t tokens = os->push_tokens, prev_digest = os->digest;
     const int64_t deadline = t0 + round_deadline_ms(os);
@@ -271,7 +271,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
         if (started[j]) pthread_join(th[j], NULL);
 
     pthread_mutex_lock(&os->mu);
-    while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) && outer_now_ms() <= deadline &&
+    while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) && net_now_ms() <= deadline &&
            os->round < (int64_t)k)
         wait_a_while(os);
     if (atomic_load(&os->stopping) || os->round >= (int64_t)k) {
@@ -288,9 +288,9 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     }
     if (*missing)
         log_warn("outer round %llu: going on without region(s)%s (no delta after %lld ms)",
-                 (unsigned long long)k, missing, (long long)(outer_now_ms() - t0));
+                 (unsigned long long)k, missing, (long long)(net_now_ms() - t0));
     else
-        os->waits[os->n_waits++ % 8] = (outer_now_ms() - t0) / 1000.0;
+        os->waits[os->n_waits++ % 8] = (net_now_ms() - t0) / 1000.0;
     int winner;
     const uint64_t win = winning_digest(os, k, &winner);
     if (win != prev_digest) {
@@ -301,7 +301,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
                   "regions' (%016llx): repairing from region %s", (unsigned long long)k,
                   (unsigned long long)prev_digest, (unsigned long long)win, os->names[winner]);
         pthread_mutex_unlock(&os->mu);
-        adopt_from(os, winner, (int64_t)k, outer_now_ms() + os->o.round_timeout_ms,
+        adopt_from(os, winner, (int64_t)k, net_now_ms() + os->o.round_timeout_ms,
                    "digest repair");
         pthread_mutex_lock(&os->mu);
     } else {
@@ -332,7 +332,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     os->last_duration_s = os->last_sync_s - os->push_time;
     log_info("outer round %llu done in %.2f s (%lld ms on the WAN): digest %016llx, "
              "%zu-byte delta, WAN bytes %llu sent, %llu received",
-             (unsigned long long)k, os->last_duration_s, (long long)(outer_now_ms() - t0),
+             (unsigned long long)k, os->last_duration_s, (long long)(net_now_ms() - t0),
              (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
              (unsigned long long)os->wan_received);
     pthread_cond_broadcast(&os->changed);
@@ -350,20 +350,20 @@ void *outer_round_main(void *arg)
     }
     /* Joining: a region that already has the job's global state gives it to us. */
     if (os->o.n_regions > 1) {
-        wan_link_probe(os, outer_now_ms() + ROUND_PROBE_MS);
+        wan_link_probe(os, net_now_ms() + ROUND_PROBE_MS);
         catch_up(os, 1);
     }
-    int64_t next_probe = outer_now_ms() + ROUND_PROBE_MS;
+    int64_t next_probe = net_now_ms() + ROUND_PROBE_MS;
     pthread_mutex_lock(&os->mu);
     while (!atomic_load(&os->stopping)) {
         if (os->push_ready) {
             run_round(os, delta, residual, avg, dec);
             continue;
         }
-        if (os->o.n_regions > 1 && outer_now_ms() > next_probe) {
+        if (os->o.n_regions > 1 && net_now_ms() > next_probe) {
             pthread_mutex_unlock(&os->mu);
             catch_up(os, 0);
-            next_probe = outer_now_ms() + ROUND_PROBE_MS;
+            next_probe = net_now_ms() + ROUND_PROBE_MS;
             pthread_mutex_lock(&os->mu);
             continue;
         }

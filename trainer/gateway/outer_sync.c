@@ -12,12 +12,6 @@
 #include "adapt.h"
 #include "outer_msg.h"
 
-int64_t outer_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 double outer_wall_s(void)
 {

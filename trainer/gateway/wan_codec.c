@@ -3,6 +3,7 @@
  * wan_codec_topk.c.
  */
 #include "wan_codec.h"
+#include "wan_codec_bits.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,15 +14,6 @@
 
 #include "../../common/le.h"
 
-#define ABS_MASK 0x7fffffffu
-#define EXP_MASK 0x7f800000u     /* |bits| >= this: Inf or NaN */
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 /* ---- the table, spec strings ---- */
 

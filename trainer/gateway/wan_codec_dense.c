@@ -54,6 +54,7 @@
  * threads.
  */
 #include "wan_codec.h"
+#include "wan_codec_bits.h"
 
 #include <float.h>
 #include <math.h>
@@ -76,23 +77,7 @@ _Static_assert(WAN_CODEC_BLOCK == 64 && WAN_CODEC_CHUNK % WAN_CODEC_BLOCK == 0, 
 #define TINY 0x1p-96f
 #define PRE 0x1p64f
 #define HALF_DOWN 0x1.fffffep-2f /* 0.49999997f, the float just below 1/2 */
-#define ABS_MASK 0x7fffffffu
-#define EXP_MASK 0x7f800000u     /* |bits| >= this: Inf or NaN */
 #define HALF_MAX_BITS 0x477fe000u /* 65504.0f, the largest binary16 */
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* ---- none: fp32 ---- */
 

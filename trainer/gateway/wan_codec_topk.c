@@ -22,20 +22,12 @@
  * is not blockwise, so topk has its own decode_sub: it touches only the k entries sent.
  */
 #include "wan_codec.h"
+#include "wan_codec_bits.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define ABS_MASK 0x7fffffffu
-#define EXP_MASK 0x7f800000u     /* |bits| >= this: Inf or NaN */
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 /* k for n values, or SIZE_MAX for params topk does not take. */
 size_t wan_codec_topk_k(size_t n, const wan_codec_params *p)

@@ -452,12 +452,12 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
     int backoff_ms = 100;
     for (;;) {
         int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
-        const int64_t t0 = outer_now_ms();
+        const int64_t t0 = net_now_ms();
         if (!rc) rc = send_once(os, j, round, msg, len, tokens, prev_digest, err);
         if (!rc) {
             /* What the link carried: the message until its answer (the answer's round
              * trip included, so a slow link is never overestimated). */
-            const double s = (outer_now_ms() - t0 + 1) / 1000.0, rate = (double)len / s;
+            const double s = (net_now_ms() - t0 + 1) / 1000.0, rate = (double)len / s;
             pthread_mutex_lock(&os->mu);
             wan_peer *pe = &os->peer[j];
             pe->rate_Bps = pe->rate_Bps > 0 ? 0.5 * pe->rate_Bps + 0.5 * rate : rate;
@@ -465,7 +465,7 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
             return 0;
         }
         sender_drop(os, j, err);
-        if (atomic_load(&os->stopping) || outer_now_ms() + backoff_ms > deadline_ms) return rc;
+        if (atomic_load(&os->stopping) || net_now_ms() + backoff_ms > deadline_ms) return rc;
         log_warn("outer: WAN link to region %s: %s; again in %d ms", os->names[j], err->msg,
                  backoff_ms);
         usleep((useconds_t)backoff_ms * 1000);
@@ -475,7 +475,7 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
 
 void wan_link_probe(outer_sync *os, int64_t deadline_ms)
 {
-    for (int j = 0; j < os->o.n_regions && outer_now_ms() < deadline_ms; j++) {
+    for (int j = 0; j < os->o.n_regions && net_now_ms() < deadline_ms; j++) {
         if (j == os->o.region_index || os->peer[j].out) continue;
         cirrus_error err = {0};
         if (sender_connect(os, j, &err)) sender_drop(os, j, &err);
@@ -524,7 +524,7 @@ int wan_link_fetch_state(outer_sync *os, int j, int64_t min_round, int64_t deadl
             return 0;
         }
         if (rc != CIRRUS_ECONFLICT && rc != CIRRUS_ENOENT) sender_drop(os, j, err);
-        if (atomic_load(&os->stopping) || outer_now_ms() + 200 > deadline_ms) return rc;
+        if (atomic_load(&os->stopping) || net_now_ms() + 200 > deadline_ms) return rc;
         usleep(attempt < 10 ? 100 * 1000 : 500 * 1000);
     }
 }

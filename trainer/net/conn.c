@@ -94,7 +94,7 @@ void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received)
 /* ---- deadlines: one absolute deadline per call, so a peer that trickles one byte at a
  * time cannot stretch a call past its timeout ---- */
 
-static int64_t now_ms(void)
+int64_t net_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -104,17 +104,17 @@ static int64_t now_ms(void)
 /* -1 means no deadline. */
 static int64_t deadline_after(int timeout_ms)
 {
-    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    return timeout_ms < 0 ? -1 : net_now_ms() + timeout_ms;
 }
 
 /* Wait until fd is ready for events or the deadline passes. Readiness includes errors and
  * hang-ups: the syscall that follows reports them. */
-static int wait_fd(int fd, short events, int64_t deadline)
+int net_wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         int left = -1;
         if (deadline >= 0) {
-            int64_t d = deadline - now_ms();
+            int64_t d = deadline - net_now_ms();
             if (d <= 0) return CIRRUS_ETIMEDOUT;
             left = d > INT_MAX ? INT_MAX : (int)d;
         }
@@ -166,7 +166,7 @@ static int read_full(net_conn *c, uint8_t *buf, size_t n, int64_t deadline, size
              * under memory pressure): the mark could now ask for more than the frame still
              * owes, so wait for single bytes for the rest of it. */
             set_lowat(c, 1);
-            int rc = wait_fd(c->fd, POLLIN, deadline);
+            int rc = net_wait_fd(c->fd, POLLIN, deadline);
             if (rc) return rc;
         } else if (errno != EINTR) {
             return errno == ECONNRESET ? CIRRUS_ECLOSED : CIRRUS_EIO;
@@ -197,7 +197,7 @@ static int write_all(net_conn *c, struct iovec head, const struct iovec *iov, in
         if (w <= 0) {
             /* 0 is "no progress" from a transport (a TLS one may say so): wait like EAGAIN. */
             if (w == 0 || errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(c->fd, POLLOUT, deadline);
+                int rc = net_wait_fd(c->fd, POLLOUT, deadline);
                 if (rc) return rc;
             } else if (errno != EINTR) {
                 return errno == EPIPE || errno == ECONNRESET ? CIRRUS_ECLOSED : CIRRUS_EIO;
@@ -309,7 +309,7 @@ int net_accept(int listen_fd, int timeout_ms, net_conn **out, cirrus_error *err)
         if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return cirrus_fail(err, CIRRUS_EIO, "accept: %s", strerror(errno));
-        int rc = wait_fd(listen_fd, POLLIN, deadline);
+        int rc = net_wait_fd(listen_fd, POLLIN, deadline);
         if (rc == CIRRUS_ETIMEDOUT)
             return cirrus_fail(err, rc, "no connection within %d ms", timeout_ms);
         if (rc) return cirrus_fail(err, rc, "poll: %s", strerror(errno));
@@ -326,7 +326,7 @@ static int connect_one(const struct addrinfo *a, int64_t deadline, int *out_fd)
         e = errno;
         /* EINTR: the connect goes on asynchronously, exactly as EINPROGRESS. */
         if (e == EINPROGRESS || e == EINTR) {
-            int rc = wait_fd(fd, POLLOUT, deadline);
+            int rc = net_wait_fd(fd, POLLOUT, deadline);
             socklen_t len = sizeof e;
             if (rc == CIRRUS_ETIMEDOUT)
                 e = ETIMEDOUT;
@@ -500,7 +500,7 @@ int net_recv_frame_into(net_conn *c, wire_header *h, void *buf, uint32_t len, in
     if (!net_pending(c) && frame <= INT_MAX && set_lowat(c, (int)frame) > 1) {
         /* A timeout here is not yet the answer: what did arrive may be a wrong frame, and
          * the reads below say which (they end at the same deadline). */
-        int rc = wait_fd(c->fd, POLLIN, deadline);
+        int rc = net_wait_fd(c->fd, POLLIN, deadline);
         if (rc && rc != CIRRUS_ETIMEDOUT) return recv_fail(c, rc, got, timeout_ms, err);
     }
     int rc = read_full(c, hdr, sizeof hdr, deadline, &got);

@@ -51,6 +51,13 @@ void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state);
  * must skip the poll then, or those bytes wait for the next packet (or forever). */
 int net_pending(const net_conn *c);
 
+/* Milliseconds on the monotonic clock: the base of every deadline here. */
+int64_t net_now_ms(void);
+/* Wait until fd is ready for events (POLLIN/POLLOUT) or the absolute deadline (net_now_ms
+ * based; -1: none) passes: 0, CIRRUS_ETIMEDOUT or CIRRUS_EIO. Readiness includes errors and
+ * hang-ups: the call that follows reports them. For transports driving their own I/O. */
+int net_wait_fd(int fd, short events, int64_t deadline);
+
 /* Bytes this connection moved on the socket so far (for TLS: records and handshake
  * included): the WAN byte counters. Safe to call from another thread while it is used. */
 void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received);

@@ -474,29 +474,6 @@ static int handshake_fail(net_conn *c, tls_conn *t, int e, cirrus_error *err)
 
 /* ---- the handshake ---- */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Wait for the socket as conn.c does: 0, CIRRUS_ETIMEDOUT or CIRRUS_EIO. */
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        int left = -1;
-        if (deadline >= 0) {
-            int64_t d = deadline - now_ms();
-            if (d <= 0) return CIRRUS_ETIMEDOUT;
-            left = d > INT_MAX ? INT_MAX : (int)d;
-        }
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, left);
-        if (n > 0) return 0;
-        if (n < 0 && errno != EINTR) return CIRRUS_EIO;
-    }
-}
 
 /* A TLS state on c, its transport from now on; 0 or CIRRUS_ENOMEM (c is untouched then). */
 static int attach(net_conn *c, net_tls_ctx *ctx, int server, const char *expect,
@@ -552,7 +529,7 @@ static int handshake(net_conn *c, net_tls_ctx *ctx, int server, const char *expe
     tls_conn *t = NULL;
     int rc = attach(c, ctx, server, expect_region, &t, err);
     if (rc) return rc;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : net_now_ms() + timeout_ms;
     for (;;) {
         t->io_errno = 0;
         int r = SSL_do_handshake(t->ssl);
@@ -563,7 +540,7 @@ static int handshake(net_conn *c, net_tls_ctx *ctx, int server, const char *expe
             return handshake_fail(c, t, e, err);
         }
         ERR_clear_error();
-        rc = wait_fd(net_fd(c), e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+        rc = net_wait_fd(net_fd(c), e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
         if (rc == CIRRUS_ETIMEDOUT)
             return cirrus_fail(err, rc, "TLS handshake with %s: not done within %d ms",
                                net_peer_name(c), timeout_ms);

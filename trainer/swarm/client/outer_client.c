@@ -9,6 +9,7 @@
 #include "../../../common/log.h"
 #include "../../gateway/outer_msg.h"
 #include "../../gateway/sync_params.h"
+#include "../../net/conn.h"
 #include "../proto/rpc.h"
 
 #define OUTER_CALL_MS 30000 /* one PUSH or PULL exchange */
@@ -35,12 +36,6 @@ struct outer_client {
     uint64_t tokens, outer_step, wan_bytes, digest;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
                       int delay, const char *sync_spec, uint64_t final_step, int timeout_ms,
@@ -95,7 +90,7 @@ static int gateway_call(outer_client *oc, uint16_t type, const wire_writer *w, i
 {
     for (int warned = 0;;) {
         int rc = coord_client_ext_call(oc->cc, type, w, OUTER_CALL_MS, reply, len, err);
-        if (!rpc_is_fault(rc) || mono_ms() > deadline || (oc->stop && *oc->stop)) return rc;
+        if (!rpc_is_fault(rc) || net_now_ms() > deadline || (oc->stop && *oc->stop)) return rc;
         if (!warned++) log_warn("outer: the gateway: %s; trying again", err->msg);
         usleep(200 * 1000);
     }
@@ -128,13 +123,13 @@ static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *e
     if (rc) return rc;
     sync_params_pack(&oc->sp, oc->pushed, oc->pushed_sync);
     oc->pushed_step = step;
-    return send_push(oc, round, step, mono_ms() + oc->timeout_ms, err);
+    return send_push(oc, round, step, net_now_ms() + oc->timeout_ms, err);
 }
 
 /* PULL round's global parameters into theta once the gateway has them. */
 static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
 {
-    const int64_t deadline = mono_ms() + oc->timeout_ms;
+    const int64_t deadline = net_now_ms() + oc->timeout_ms;
     for (uint64_t off = 0; off < oc->m;) {
         const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
         const outer_pull q = {round, off, count};
@@ -165,7 +160,7 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
             if (oc->stop && *oc->stop)
                 return cirrus_fail(err, OUTER_ABANDONED, "outer step %llu abandoned: the run "
                                    "is ending", (unsigned long long)round);
-            if (mono_ms() > deadline)
+            if (net_now_ms() > deadline)
                 return cirrus_fail(err, CIRRUS_ETIMEDOUT, "outer step %llu not done by the "
                                    "gateway within %d ms", (unsigned long long)round,
                                    oc->timeout_ms);
