@@ -3,11 +3,13 @@
 FROM debian:12-slim AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         gcc make pkg-config libc6-dev libopenblas-openmp-dev zlib1g-dev libxxhash-dev \
-        libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libyaml-dev bible-kjv \
+        libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libyaml-dev libzstd-dev \
+        bible-kjv \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Makefile ./
 COPY tests/cluster/cluster.mk ./tests/cluster/
+COPY tests/fuzz/fuzz.mk ./tests/fuzz/
 COPY common ./common
 COPY trainer ./trainer
 COPY operator ./operator
@@ -17,7 +19,7 @@ RUN make MARCH=-march=x86-64-v3 all && make data
 FROM debian:12-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libopenblas0-openmp libgomp1 zlib1g libxxhash0 libmicrohttpd12 libjansson4 libcurl4 \
-        libssl3 libyaml-0-2 ca-certificates \
+        libssl3 libzstd1 libyaml-0-2 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 65532 --home /var/lib/cirrus cirrus
 COPY --from=build /src/build/bin/ /usr/local/bin/
