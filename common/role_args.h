@@ -47,6 +47,15 @@
 #define ROLE_FLAG_CLIENTS "clients"         /* client: the region's clients, sharing each step */
 #define ROLE_FLAG_CLIENT_INDEX "client-index" /* client: which of them, 0-based (0 steps) */
 #define ROLE_FLAG_ACT_COMPRESS "act-compress" /* client: activation codec */
+/* The outer steps between regions (trainer/cmd/wan_roles.h, gateway.c, client.c). */
+#define ROLE_FLAG_SYNC_EVERY "sync-every"     /* gateway, client: inner steps per outer step */
+#define ROLE_FLAG_REGION "region"             /* gateway, client: its region */
+#define ROLE_FLAG_REGIONS "regions"           /* gateway: NAME=HOST:PORT,... every region's */
+#define ROLE_FLAG_WAN_LISTEN "wan-listen"     /* gateway: HOST:PORT of its WAN endpoint */
+#define ROLE_FLAG_TLS_DIR "tls-dir"           /* gateway: ca.crt, tls.crt, tls.key */
+#define ROLE_FLAG_CODEC "codec"               /* gateway: the WAN codec (wan_codec_parse) */
+#define ROLE_FLAG_OUTER_LR "outer-lr"         /* gateway: outer learning rate */
+#define ROLE_FLAG_OUTER_MOMENTUM "outer-momentum" /* gateway: outer Nesterov momentum */
 
 /* Ports the roles listen on in a Pod. */
 #define ROLE_PORT_COORDINATOR 7400 /* gateway: peers and clients register here */

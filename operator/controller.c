@@ -321,8 +321,9 @@ static int fill_secret(const json_t *job, json_t *secret, cirrus_error *err)
             names[n] = json_string_value(json_array_get(dns, n));
         certs_pair leaf = {0};
         /* The leaf names its job and region (URI SAN cirrus://<job>/<region>), which the
-         * gateways check on every WAN connection. */
-        rc = n ? certs_make_leaf(&ca, meta_str(job, "name"), region, names[0], names, n,
+         * gateways check on every WAN connection: the job as the pods know it (--job is
+         * the job's uid, unique where names are reused). */
+        rc = n ? certs_make_leaf(&ca, meta_str(job, "uid"), region, names[0], names, n,
                                  CONTROLLER_CERT_DAYS, &leaf, err)
                : cirrus_fail(err, CIRRUS_EINVAL, "no DNS names for region %s", region);
         json_decref(dns);
@@ -611,6 +612,9 @@ static void apply_progress(controller *ctl, const json_t *job, job_observed *obs
             r->loss = pr.res.loss;
             r->tokens_per_s = pr.res.tokens_per_s;
             r->progress_time = pr.res.read_s;
+            r->has_outer = pr.res.has_outer;
+            r->outer_step = pr.res.outer.step;
+            r->wan_bytes = pr.res.outer.wan_bytes;
         }
         r->watched_since = pr.watched ? pr.watched_s : 0;
         r->failing = pr.failing;

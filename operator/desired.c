@@ -1,6 +1,7 @@
 /* desired: see desired.h. */
 #include "desired.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "../common/model_presets.h"
 #include "../common/role_args.h"
+#include "desired_args.h"
 
 #define DEFAULT_REGION_LABEL "topology.kubernetes.io/region"
 #define SECRET_SUFFIX "-pki"
@@ -22,31 +24,6 @@ static const struct {
     CIRRUS_MODEL_PRESETS(PRESET)
 #undef PRESET
 };
-
-/* What the Pods need of the spec, defaults applied. Pointers borrow from the job. */
-typedef struct job_view {
-    const char *name, *ns, *uid;
-    const char *image, *pull_policy;
-    const json_t *pull_secrets; /* array or NULL */
-    long long steps;
-    const char *preset;
-    long long layers, width, heads, context; /* 0: not overridden */
-    int n_layer, n_context, stages, suspend;
-    long long batch, seq, seed; /* seq 0: unset */
-    const char *data_path, *data_claim;
-    const char *ckpt_claim, *ckpt_subpath;
-    const char *service_type;
-    long long gw_port;
-    const json_t *svc_annotations;
-} job_view;
-
-typedef struct region_view {
-    const char *name;
-    int replicas, clients;
-    const char *region_label, *priority_class;
-    const json_t *node_selector, *affinity, *tolerations;
-    const json_t *res_peer, *res_client, *res_gateway;
-} region_view;
 
 /* ---- names ---- */
 
@@ -188,6 +165,54 @@ static int get_int(const json_t *parent, const char *key, const char *path, long
     return 0;
 }
 
+/* Optional number in [lo, hi] (lo excluded when lo_open, hi when hi_open); def when
+ * absent. */
+static int get_num(const json_t *parent, const char *key, const char *path, double lo,
+                   int lo_open, double hi, int hi_open, double def, double *out,
+                   cirrus_error *err)
+{
+    const json_t *v = parent ? json_object_get(parent, key) : NULL;
+    *out = def;
+    if (!v || json_is_null(v)) return 0;
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(lo_open ? d > lo : d >= lo) || !(hi_open ? d < hi : d <= hi)) /* NAN fails */
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s.%s must be a number in %c%g, %g%c", path, key,
+                           lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    *out = d;
+    return 0;
+}
+
+/* A WAN codec spec as the CRD's pattern takes it (and the trainer's wan_codec_parse):
+ * none, fp16, q8, lowbit:2, lowbit:4 or topk:DENSITY[:8|:16], each optionally followed by
+ * +zstd, DENSITY a decimal in (0, 1]: 0*\.[0-9]*[1-9][0-9]* or 0*1(\.0+)?. */
+static int codec_valid(const char *spec)
+{
+    char buf[64];
+    size_t n = strlen(spec);
+    if (n >= sizeof buf) return 0;
+    memcpy(buf, spec, n + 1);
+    if (n > 5 && !strcmp(buf + n - 5, "+zstd")) buf[n - 5] = '\0';
+    static const char *const plain[] = {"none", "fp16", "q8", "lowbit:2", "lowbit:4"};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(buf, plain[i])) return 1;
+    if (strncmp(buf, "topk:", 5)) return 0;
+    char *p = buf + 5, *bits = strchr(p, ':');
+    if (bits) {
+        *bits++ = '\0';
+        if (strcmp(bits, "8") && strcmp(bits, "16")) return 0;
+    }
+    p += strspn(p, "0");
+    if (*p == '1') { /* 1, 1.0, ... */
+        if (*++p != '.') return !*p;
+        size_t zeros = strspn(++p, "0");
+        return zeros && !p[zeros];
+    }
+    if (*p++ != '.') return 0;
+    size_t digits = strspn(p, "0123456789");
+    if (!digits || p[digits]) return 0;
+    return strspn(p, "0") < digits; /* not all zeros */
+}
+
 static int read_model(const json_t *spec, job_view *v, cirrus_error *err)
 {
     const json_t *model;
@@ -283,8 +308,35 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
         (rc = get_str(o, "serviceType", "spec.gateway", "ClusterIP", 1, &v->service_type, err)) ||
         (rc = get_int(o, "port", "spec.gateway", 1, 65535, ROLE_PORT_COORDINATOR, &v->gw_port,
                       err)) ||
-        (rc = get_obj(o, "serviceAnnotations", "spec.gateway", &v->svc_annotations, err)))
+        (rc = get_obj(o, "serviceAnnotations", "spec.gateway", &v->svc_annotations, err)) ||
+        (rc = get_int(o, "syncEvery", "spec.gateway", 1, 1000000, 100, &v->sync_every, err)) ||
+        (rc = get_int(o, "wanPort", "spec.gateway", 1, 65535, DESIRED_DEFAULT_WAN_PORT,
+                      &v->wan_port, err)) ||
+        (rc = get_str(o, "codec", "spec.gateway", "q8", 1, &v->codec, err)) ||
+        (rc = get_num(o, "outerLearningRate", "spec.gateway", 0, 1, 10, 0, 0.7, &v->outer_lr,
+                      err)) ||
+        (rc = get_num(o, "outerMomentum", "spec.gateway", 0, 0, DESIRED_MAX_OUTER_MOMENTUM, 0,
+                      0.9, &v->outer_momentum, err)))
         return rc;
+    /* The older CRD's name of the lossless codec. */
+    if (!strcmp(v->codec, "fp32")) v->codec = "none";
+    if (!codec_valid(v->codec))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.gateway.codec '%s' is not none, fp16, q8, topk:DENSITY[:8|:16] "
+                           "(DENSITY in (0, 1]) or lowbit:2|4, optionally followed by +zstd",
+                           v->codec);
+    /* The gateway's Service has the ports coord (port), http and wan; its container listens
+     * on ROLE_PORT_COORDINATOR, ROLE_PORT_HTTP and wanPort. */
+    if (v->gw_port == ROLE_PORT_HTTP)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.gateway.port must not be %d (the gateway's HTTP port)",
+                           ROLE_PORT_HTTP);
+    if (v->wan_port == v->gw_port || v->wan_port == ROLE_PORT_COORDINATOR ||
+        v->wan_port == ROLE_PORT_HTTP)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.gateway.wanPort (%lld) must differ from spec.gateway.port "
+                           "(%lld) and the gateway's own ports %d and %d",
+                           v->wan_port, v->gw_port, ROLE_PORT_COORDINATOR, ROLE_PORT_HTTP);
 
     if ((rc = get_arr(spec, "regions", "spec", regions, err))) return rc;
     if (!*regions || json_array_size(*regions) == 0)
@@ -293,6 +345,7 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
     if (json_array_size(*regions) > DESIRED_MAX_REGIONS)
         return cirrus_fail(err, CIRRUS_EINVAL, "spec.regions lists %zu regions; at most %d",
                            json_array_size(*regions), DESIRED_MAX_REGIONS);
+    v->n_regions = (int)json_array_size(*regions);
     return 0;
 }
 
@@ -397,38 +450,6 @@ static json_t *object_new(const job_view *v, const char *api, const char *kind,
                      "controller", 1, "blockOwnerDeletion", 1);
 }
 
-static void arg(json_t *args, const char *flag, const char *value)
-{
-    json_array_append_new(args, json_string(flag));
-    json_array_append_new(args, json_string(value));
-}
-
-static void argf(json_t *args, const char *flag, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void argf(json_t *args, const char *flag, const char *fmt, ...)
-{
-    char buf[1200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    arg(args, flag, buf);
-}
-
-/* --model P [--layers N --width N --heads N --context N] --batch B [--seq T] --seed S */
-static void model_args(json_t *args, const job_view *v)
-{
-    arg(args, ROLE_ARG(ROLE_FLAG_MODEL), v->preset);
-    if (v->layers) argf(args, ROLE_ARG(ROLE_FLAG_LAYERS), "%lld", v->layers);
-    if (v->width) argf(args, ROLE_ARG(ROLE_FLAG_WIDTH), "%lld", v->width);
-    if (v->heads) argf(args, ROLE_ARG(ROLE_FLAG_HEADS), "%lld", v->heads);
-    if (v->context) argf(args, ROLE_ARG(ROLE_FLAG_CONTEXT), "%lld", v->context);
-    argf(args, ROLE_ARG(ROLE_FLAG_BATCH), "%lld", v->batch);
-    if (v->seq) argf(args, ROLE_ARG(ROLE_FLAG_SEQ), "%lld", v->seq);
-    argf(args, ROLE_ARG(ROLE_FLAG_SEED), "%lld", v->seed);
-}
-
 static json_t *port_new(const char *name, int port)
 {
     return json_pack("{s:s, s:i, s:s}", "name", name, "containerPort", port, "protocol", "TCP");
@@ -500,18 +521,16 @@ static int add_pod(desired_job *d, const char *name, json_t *pod)
 static int build_gateway(const job_view *v, const region_view *r, const char *gw,
                          const char *secret, desired_job *d, cirrus_error *err)
 {
-    json_t *args = json_array();
-    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
-    argf(args, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_COORDINATOR);
-    argf(args, ROLE_ARG(ROLE_FLAG_HTTP_PORT), "%d", ROLE_PORT_HTTP);
-    argf(args, ROLE_ARG(ROLE_FLAG_STAGES), "%d", v->stages);
-    argf(args, ROLE_ARG(ROLE_FLAG_LAYERS), "%d", v->n_layer);
+    json_t *args = desired_args_gateway(v, r);
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", gw);
     json_t *c = container_new(v, ROLE_GATEWAY, args, r->res_gateway);
     if (c) {
-        json_object_set_new(c, "ports", json_pack("[o, o]", port_new("coord",
-                                                                     ROLE_PORT_COORDINATOR),
-                                                  port_new("http", ROLE_PORT_HTTP)));
+        json_t *ports = json_pack("[o, o]", port_new("coord", ROLE_PORT_COORDINATOR),
+                                  port_new("http", ROLE_PORT_HTTP));
+        /* With several regions the gateways reach each other here (its Service's "wan"). */
+        if (ports && desired_outer(v))
+            json_array_append_new(ports, port_new("wan", (int)v->wan_port));
+        json_object_set_new(c, "ports", ports);
         json_object_set_new(c, "volumeMounts",
                             json_pack("[{s:s, s:s, s:b}]", "name", "tls", "mountPath",
                                       CIRRUS_TLS_DIR, "readOnly", 1));
@@ -545,19 +564,8 @@ static int build_peer(const job_view *v, const region_view *r, const char *coord
     if (role_stage_layers(v->n_layer, v->stages, s, &l0, &l1))
         return cirrus_fail(err, CIRRUS_EINVAL, "cannot cut %d layers into %d stages",
                            v->n_layer, v->stages);
-    json_t *args = json_array();
-    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
-    argf(args, ROLE_ARG(ROLE_FLAG_SERVE), "%d:%d", l0, l1);
-    argf(args, ROLE_ARG(ROLE_FLAG_STAGE_INDEX), "%d", s);
-    /* Named after its Pod, which a replacement keeps: the gateway recognises a replaced
-     * peer that rebalancing had moved and sends it to that stage again. */
-    arg(args, ROLE_ARG(ROLE_FLAG_NAME), "$(POD_NAME)");
-    argf(args, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_STAGE);
-    arg(args, ROLE_ARG(ROLE_FLAG_ADVERTISE), "$(POD_IP)");
-    argf(args, ROLE_ARG(ROLE_FLAG_RING_ADDR), "$(POD_IP):%d", ROLE_PORT_RING);
-    arg(args, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
-    model_args(args, v);
+    json_t *args = desired_args_peer(v, coord, s, l0, l1);
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
     json_t *c = container_new(v, ROLE_STAGE, args, r->res_peer);
     if (!c) return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
     json_object_set_new(c, "ports", json_pack("[o, o]", port_new("stage", ROLE_PORT_STAGE),
@@ -573,23 +581,8 @@ static int build_client(const job_view *v, const region_view *r, const char *coo
     char name[CIRRUS_NAME_MAX + 1];
     int rc = desired_name_client(name, sizeof name, v->name, r->name, i, err);
     if (rc) return rc;
-    json_t *args = json_array();
-    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    arg(args, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
-    arg(args, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
-    argf(args, ROLE_ARG(ROLE_FLAG_STEPS), "%lld", v->steps);
-    if (r->clients > 1) { /* they share each step's batch; client 0 steps */
-        argf(args, ROLE_ARG(ROLE_FLAG_CLIENTS), "%d", r->clients);
-        argf(args, ROLE_ARG(ROLE_FLAG_CLIENT_INDEX), "%d", i);
-    }
-    model_args(args, v);
-    if (v->data_path && v->data_claim) {
-        const char *rel = v->data_path;
-        while (*rel == '/') rel++;
-        argf(args, ROLE_ARG(ROLE_FLAG_DATA), "%s/%s", CIRRUS_DATA_DIR, rel);
-    } else if (v->data_path) {
-        arg(args, ROLE_ARG(ROLE_FLAG_DATA), v->data_path);
-    }
+    json_t *args = desired_args_client(v, r, coord, i);
+    if (!args) return cirrus_fail(err, CIRRUS_ENOMEM, "building pod %s: out of memory", name);
     json_t *c = container_new(v, ROLE_CLIENT, args, r->res_client);
     json_t *vols = json_array(), *mounts = json_array();
     if (!c || !vols || !mounts) {
@@ -631,6 +624,14 @@ static int build_service(const job_view *v, const region_view *r, const char *gw
         CIRRUS_LABEL_ROLE, CIRRUS_ROLE_GATEWAY, "ports", "name", "coord", "protocol", "TCP",
         "port", (int)v->gw_port, "targetPort", "coord", "name", "http", "protocol", "TCP",
         "port", ROLE_PORT_HTTP, "targetPort", "http");
+    /* With several regions, the other regions' gateways reach this one on "wan". */
+    if (spec && desired_outer(v) &&
+        json_array_append_new(json_object_get(spec, "ports"),
+                              json_pack("{s:s, s:s, s:i, s:s}", "name", "wan", "protocol",
+                                        "TCP", "port", (int)v->wan_port, "targetPort", "wan"))) {
+        json_decref(spec);
+        spec = NULL;
+    }
     if (!svc || !spec) {
         json_decref(svc);
         json_decref(spec);
@@ -691,7 +692,17 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
         region_view r;
         rc = read_region(regions, k, &r, err);
+        if (rc) break;
         pods += 1 + (long long)v.stages * r.replicas + r.clients;
+        v.region_names[k] = r.name; /* every gateway lists every region's */
+        /* A region's outer step is taken by its one client (trainer/cmd/client.c refuses
+         * --sync-every with --clients > 1), and a region without one has no inner steps. */
+        if (desired_outer(&v) && r.clients != 1)
+            rc = cirrus_fail(err, CIRRUS_EINVAL,
+                             "spec.regions[%zu].clients is %d: with more than one region "
+                             "every region must have exactly 1 client (several clients per "
+                             "region cannot yet take part in outer steps)",
+                             k, r.clients);
     }
     if (!rc && pods > DESIRED_MAX_PODS)
         rc = cirrus_fail(err, CIRRUS_EINVAL,

@@ -11,6 +11,12 @@
  * Never: the controller replaces a Pod itself (same name) when it ended, or when its
  * CIRRUS_ANNOT_SPEC_HASH differs from the desired one (Pod specs are immutable).
  *
+ * With more than one region the gateways take outer steps across regions (spec.gateway:
+ * syncEvery, codec, outerLearningRate, outerMomentum) over their WAN endpoints (wanPort, the
+ * Service's and the container's port "wan"), authenticated by the job Secret's certificates;
+ * every region then has exactly one client, which gets --sync-every too. A job of one region
+ * trains with no outer steps: none of those flags or ports.
+ *
  * Suspended jobs (spec.suspend) have no desired Pods: `pods` is empty, Services and the
  * Secret stay.
  */
@@ -51,6 +57,13 @@
  * which the CRD cannot bound (each count has its own maximum, their product does not). */
 #define DESIRED_MAX_REGIONS 16
 #define DESIRED_MAX_PODS 4096
+
+/* spec.gateway.wanPort's default: where a region's gateway listens for the other regions'
+ * gateways (its container port and Service port "wan"), with more than one region. */
+#define DESIRED_DEFAULT_WAN_PORT 7443
+/* The largest spec.gateway.outerMomentum (the CRD's maximum; the trainer's --outer-momentum
+ * takes at most 0.999). */
+#define DESIRED_MAX_OUTER_MOMENTUM 0.999
 
 /* Longest object name built here (a DNS label). */
 #define CIRRUS_NAME_MAX 63

@@ -337,6 +337,23 @@ static void region_progress(json_t *ro, const region_observed *r, const json_t *
     if (json_is_number(tps)) json_object_set_new(ro, "tokensPerSecond", json_deep_copy(tps));
 }
 
+/* A region's outerStep and wanBytes: from its gateway's latest answer, else as the old
+ * status had them (valid ones only). */
+static void region_outer(json_t *ro, const region_observed *r, const json_t *old_r)
+{
+    if (r->has_progress && r->has_outer && r->outer_step >= -1 && r->wan_bytes >= 0) {
+        json_object_set_new(ro, "outerStep", json_integer((json_int_t)r->outer_step));
+        json_object_set_new(ro, "wanBytes", json_integer((json_int_t)r->wan_bytes));
+        return;
+    }
+    const json_t *step = json_object_get(old_r, "outerStep");
+    const json_t *bytes = json_object_get(old_r, "wanBytes");
+    if (!json_is_integer(step) || json_integer_value(step) < -1) return;
+    json_object_set_new(ro, "outerStep", json_integer(json_integer_value(step)));
+    if (json_is_integer(bytes) && json_integer_value(bytes) >= 0)
+        json_object_set_new(ro, "wanBytes", json_integer(json_integer_value(bytes)));
+}
+
 static json_t *regions(const job_observed *obs, const json_t *old_status)
 {
     json_t *a = json_array();
@@ -349,6 +366,7 @@ static json_t *regions(const job_observed *obs, const json_t *old_status)
                                "preemptions", (json_int_t)r->preemptions, "failures",
                                (json_int_t)r->failures, "gatewayReady", r->gateway_ready);
         if (ro) region_progress(ro, r, old_region(old_status, r->name));
+        if (ro) region_outer(ro, r, old_region(old_status, r->name));
         json_array_append_new(a, ro);
     }
     return a;
@@ -383,6 +401,28 @@ static void job_progress(json_t *st)
     json_object_set_new(st, "step", json_integer(step));
     json_object_set_new(st, "loss", n_loss ? rounded(loss / n_loss) : json_null());
     json_object_set_new(st, "tokensPerSecond", n_tps ? rounded(tps) : json_null());
+}
+
+/* The job's outer figures from its regions': least outerStep, summed wanBytes (saturating at
+ * INT64_MAX). Left out when no region has an outerStep. */
+static void job_outer(json_t *st)
+{
+    int n = 0;
+    json_int_t step = 0, bytes = 0;
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(st, "regions"), i, r)
+    {
+        const json_t *s = json_object_get(r, "outerStep"), *b = json_object_get(r, "wanBytes");
+        if (!json_is_integer(s)) continue;
+        if (!n++ || json_integer_value(s) < step) step = json_integer_value(s);
+        if (json_is_integer(b) && json_integer_value(b) > 0)
+            bytes = json_integer_value(b) > INT64_MAX - bytes ? INT64_MAX
+                                                              : bytes + json_integer_value(b);
+    }
+    if (!n) return;
+    json_object_set_new(st, "outerStep", json_integer(step));
+    json_object_set_new(st, "wanBytes", json_integer(bytes));
 }
 
 json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now)
@@ -420,6 +460,7 @@ json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const
     else if (jobstatus_phase_final(ph))
         json_object_set_new(st, "completionTime", json_string(now));
     job_progress(st);
+    job_outer(st);
     return st;
 }
 

@@ -13,6 +13,13 @@
  * the mean of their losses and .tokensPerSecond the sum of their rates. With no region
  * figures at all the three are left out (a merge patch keeps what the status had).
  *
+ * Outer steps across regions (a job of several regions; the gateways' /status "outer"):
+ * per region outerStep (-1 before its gateway has the global parameters) and wanBytes (sent
+ * plus received over the WAN), kept from the old status like the figures above while none
+ * is known; the job's .status.outerStep is the least of the regions' (the outer steps are
+ * global: a region behind has not taken part in the later ones yet) and .wanBytes their sum
+ * (saturating). Left out when no region has an outerStep (a job of one region has none).
+ *
  * Whether those figures are current: per region progressTime, when its gateway last gave a
  * valid answer (RFC 3339; kept from the old status like the figures), and the condition
  * ProgressCurrent, evaluated against job_observed.progress_stale_s (progress_stale_s(): a
@@ -67,6 +74,11 @@ typedef struct region_observed {
      * fail now (NULL: they do not; progress_region.failing). */
     int64_t progress_time, watched_since;
     const char *failing;
+    /* The outer steps across regions from that answer (progress_result.has_outer and
+     * .outer); has_outer 0: none known (the old status's outerStep and wanBytes stay). */
+    int has_outer;
+    int64_t outer_step; /* >= -1; -1: the gateway has no outer step yet */
+    int64_t wan_bytes;  /* >= 0 */
 } region_observed;
 
 typedef struct job_observed {

@@ -39,6 +39,39 @@ static int nonneg_or_null(const json_t *o, const char *field, double *out, cirru
     return 0;
 }
 
+/* An integer member of o in [lo, INT64_MAX]: 1 and *out, or 0. */
+static int int_at_least(const json_t *o, const char *field, int64_t lo, int64_t *out)
+{
+    const json_t *v = json_object_get(o, field);
+    if (!json_is_integer(v) || json_integer_value(v) < lo) return 0;
+    *out = (int64_t)json_integer_value(v);
+    return 1;
+}
+
+/* The optional "outer" object into r: has_outer 1 when it is there and valid; absent (or
+ * null) leaves has_outer 0; anything malformed leaves it 0 too, with outer_ignored saying
+ * why (a static string). */
+static void parse_outer(const json_t *o, progress_result *r)
+{
+    const json_t *v = json_object_get(o, "outer");
+    int64_t step = 0, sent = 0, received = 0;
+    if (!v || json_is_null(v)) return;
+    if (!json_is_object(v))
+        r->outer_ignored = "outer is not an object";
+    else if (!int_at_least(v, "step", -1, &step))
+        r->outer_ignored = "outer.step is not an integer >= -1";
+    else if (!int_at_least(v, "wan_bytes_sent", 0, &sent))
+        r->outer_ignored = "outer.wan_bytes_sent is not an integer >= 0";
+    else if (!int_at_least(v, "wan_bytes_received", 0, &received))
+        r->outer_ignored = "outer.wan_bytes_received is not an integer >= 0";
+    else if (sent > INT64_MAX - received)
+        r->outer_ignored = "outer.wan_bytes_sent + wan_bytes_received overflows";
+    if (r->outer_ignored) return;
+    r->has_outer = 1;
+    r->outer.step = step;
+    r->outer.wan_bytes = sent + received;
+}
+
 int progress_parse_status(const char *body, size_t len, const char *job_id, progress_result *out,
                           cirrus_error *err)
 {
@@ -47,7 +80,7 @@ int progress_parse_status(const char *body, size_t len, const char *job_id, prog
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o) return cirrus_fail(err, CIRRUS_ECORRUPT, "/status is not JSON: %s", je.text);
     int rc = 0;
-    progress_result r = {0, NAN, NAN, 0};
+    progress_result r = {.loss = NAN, .tokens_per_s = NAN};
     const char *job = json_string_value(json_object_get(o, "job_id"));
     const json_t *step = json_object_get(o, "step");
     if (!json_is_object(o))
@@ -67,6 +100,7 @@ int progress_parse_status(const char *body, size_t len, const char *job_id, prog
         rc = nonneg_or_null(o, "loss", &r.loss, err);
     }
     if (!rc) rc = nonneg_or_null(o, "tokens_per_s", &r.tokens_per_s, err);
+    if (!rc) parse_outer(o, &r);
     json_decref(o);
     if (!rc) *out = r;
     return rc;
@@ -338,6 +372,11 @@ static void publish(progress *p, scrape *s, size_t n)
             log_info("progress: %s region %s: %s answers again (step %lld)", t->key, t->region,
                      t->url, (long long)x->res.step);
         t->failing = 0;
+        /* An outer object not trusted is logged when that starts (or its reason changes);
+         * the rest of the answer counts. */
+        if (x->res.outer_ignored && x->res.outer_ignored != t->res.outer_ignored)
+            log_warn("progress: %s region %s: %s: %s: its outer figures are ignored", t->key,
+                     t->region, t->url, x->res.outer_ignored);
         /* New figures or not, the answer is news: its time is the status's progressTime,
          * which tells the user the gateway still answers (at most a write per period). */
         t->res = x->res;
@@ -502,7 +541,7 @@ int progress_watch(progress *p, const char *key, const char *uid, int n,
         snprintf(t->uid, sizeof t->uid, "%s", uid);
         snprintf(t->region, sizeof t->region, "%s", tg[k].region);
         snprintf(t->url, sizeof t->url, "%s", tg[k].url);
-        t->res = (progress_result){0, NAN, NAN, 0};
+        t->res = (progress_result){.loss = NAN, .tokens_per_s = NAN};
         t->watched_s = (int64_t)time(NULL);
         if (job_due < 0) {
             job_due = now_ms();
@@ -539,7 +578,7 @@ static const char *failing_name(int kind)
 void progress_region_get(progress *p, const char *uid, const char *region, progress_region *out)
 {
     memset(out, 0, sizeof *out);
-    out->res = (progress_result){0, NAN, NAN, 0};
+    out->res = (progress_result){.loss = NAN, .tokens_per_s = NAN};
     if (!p || !uid || !region) return;
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n; i++) {

@@ -1,4 +1,5 @@
-/* progress: training progress (step, loss, tokens/s) read from the region gateways.
+/* progress: training progress (step, loss, tokens/s, outer steps) read from the region
+ * gateways.
  *
  * Every region's gateway serves `GET /status` (trainer/swarm/coord/http_status.c): JSON with the
  * job id, the highest step its clients reported, their latest loss and their tokens per
@@ -13,7 +14,8 @@
  * An answer counts only if it is a JSON object whose job_id is the SwarmJob's uid (the
  * operator passes the uid as every trainer's --job; a gateway of another job, a stale
  * endpoint, is ignored), with an integer step >= 0 and loss and tokens_per_s each a finite
- * number >= 0 or null (none yet). Anything else keeps the last valid answer, is logged and
+ * number >= 0 or null (none yet). Its "outer" object (a job of several regions: the outer
+ * step and the WAN bytes) is read when present and valid, and ignored otherwise. Anything else keeps the last valid answer, is logged and
  * announces the job (progress_drain) when a gateway starts failing (or fails in another way:
  * unreachable, invalid, another job's), is logged when it answers again, and is counted in
  * the operator's /metrics.
@@ -53,16 +55,34 @@
 
 #define PROGRESS_STALE_PERIODS 3
 
+/* The gateway's outer steps across regions (its /status "outer" object, present only when
+ * the gateway runs them: a job of several regions). */
+typedef struct progress_outer {
+    int64_t step;      /* >= -1: the outer steps done; -1: none yet (no global parameters) */
+    int64_t wan_bytes; /* >= 0: bytes the gateway sent plus received over the WAN */
+} progress_outer;
+
 typedef struct progress_result {
     int64_t step;        /* >= 0 */
     double loss;         /* finite and >= 0, or NAN: none reported yet */
     double tokens_per_s; /* finite and >= 0, or NAN: none reported yet */
     int64_t read_s;      /* when it was read, Unix seconds (the reader sets it; parsing: 0) */
+    int has_outer;       /* 1: outer holds the answer's "outer" object; 0: it had none, or
+                          * one not trusted (outer_ignored says why) */
+    progress_outer outer;
+    const char *outer_ignored; /* NULL, or a static string: why "outer" was not trusted */
 } progress_result;
 
 /* Parse a gateway's /status body (len bytes) into out. 0; CIRRUS_EMISMATCH when its job_id
  * is not job_id; CIRRUS_ECORRUPT when it is not JSON, not an object, or a field is missing,
- * of the wrong type, not finite or negative. err (may be NULL) says which. */
+ * of the wrong type, not finite or negative. err (may be NULL) says which.
+ *
+ * The "outer" object is optional (absent or null: has_outer 0). When present its step must
+ * be an integer >= -1, and wan_bytes_sent and wan_bytes_received integers >= 0 whose sum
+ * fits in int64; otherwise the object is ignored as a whole (has_outer 0, outer_ignored
+ * naming the field) and the rest of the answer still counts: the outer figures are an
+ * addition a gateway may get wrong without making its step and loss untrue. Its other
+ * members are not read. */
 int progress_parse_status(const char *body, size_t len, const char *job_id, progress_result *out,
                           cirrus_error *err);
 

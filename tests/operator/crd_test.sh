@@ -77,8 +77,11 @@ expect_eq "minimal: model.preset, pipeline.stages, steps" "tiny 1 1000" \
     "$(sj_get minimal '.spec.model.preset} {.spec.pipeline.stages} {.spec.steps')"
 expect_eq "minimal: peers replicas/min/max, clients" "2 1  1" \
     "$(sj_get minimal '.spec.regions[0].peers.replicas} {.spec.regions[0].peers.min} {.spec.regions[0].peers.max} {.spec.regions[0].clients')"
-expect_eq "minimal: gateway codec/syncPeriod/serviceType" "q8 5m ClusterIP" \
-    "$(sj_get minimal '.spec.gateway.codec} {.spec.gateway.syncPeriod} {.spec.gateway.serviceType')"
+expect_eq "minimal: gateway syncEvery/codec/wanPort/outerLearningRate/outerMomentum/serviceType" \
+    "100 q8 7443 0.7 0.9 ClusterIP" \
+    "$(sj_get minimal '.spec.gateway.syncEvery} {.spec.gateway.codec} {.spec.gateway.wanPort} {.spec.gateway.outerLearningRate} {.spec.gateway.outerMomentum} {.spec.gateway.serviceType')"
+expect_eq "sample: gateway syncEvery/codec/wanPort" "100 q8 7443" \
+    "$(sj_get tiny-bible '.spec.gateway.syncEvery} {.spec.gateway.codec} {.spec.gateway.wanPort')"
 expect_eq "minimal: checkpoint.every, runPolicy.backoffLimit, imagePullPolicy" "100 6 IfNotPresent" \
     "$(sj_get minimal '.spec.checkpoint.every} {.spec.runPolicy.backoffLimit} {.spec.imagePullPolicy')"
 
@@ -91,14 +94,14 @@ else
     not_ok "kubectl get sj header: '$header'"
 fi
 header=$(k get sj -n "$NS" -o wide 2>&1 | head -1)
-if [[ "$header" =~ ^NAME\ +PHASE\ +REGIONS\ +READY\ +STEP\ +LOSS\ +TOKENS/S\ +AGE$ ]]; then
+if [[ "$header" =~ ^NAME\ +PHASE\ +REGIONS\ +READY\ +STEP\ +LOSS\ +TOKENS/S\ +OUTER\ +WAN\ BYTES\ +AGE$ ]]; then
     ok "kubectl get sj -o wide columns: $header"
 else
     not_ok "kubectl get sj -o wide header: '$header'"
 fi
-status='{"status":{"phase":"Running","observedGeneration":1,"readyRegions":"2/2","readyPeers":"4/4","step":120,"loss":3.25,"tokensPerSecond":5120.5,
+status='{"status":{"phase":"Running","observedGeneration":1,"readyRegions":"2/2","readyPeers":"4/4","step":120,"loss":3.25,"tokensPerSecond":5120.5,"outerStep":-1,"wanBytes":734003,
   "conditions":[{"type":"Running","status":"True","reason":"AllRegionsReady","message":"2 of 2 regions training","lastTransitionTime":"2026-01-02T03:04:05Z"}],
-  "regions":[{"name":"r1","readyPeersPerStage":[2,2],"pendingPods":0,"preemptions":3,"failures":0,"step":120,"loss":3.25,"tokensPerSecond":5120.5},{"name":"r2","readyPeersPerStage":[1,1],"pendingPods":2,"preemptions":1,"failures":1}]}}'
+  "regions":[{"name":"r1","readyPeersPerStage":[2,2],"pendingPods":0,"preemptions":3,"failures":0,"step":120,"loss":3.25,"tokensPerSecond":5120.5,"outerStep":1,"wanBytes":734003},{"name":"r2","readyPeersPerStage":[1,1],"pendingPods":2,"preemptions":1,"failures":1,"outerStep":-1,"wanBytes":0}]}}'
 check "operator ServiceAccount patches the status subresource" \
     k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p "$status"
 row=$(k get sj -n "$NS" tiny-bible --no-headers 2>&1)
@@ -108,6 +111,25 @@ else
     not_ok "kubectl get sj row: '$row'"
 fi
 expect_eq "status.regions[1].readyPeersPerStage" "[1,1]" "$(sj_get tiny-bible '.status.regions[1].readyPeersPerStage')"
+row=$(k get sj -n "$NS" tiny-bible -o wide --no-headers 2>&1)
+if [[ "$row" =~ ^tiny-bible\ +Running\ +2/2\ +4/4\ +120\ +3.25\ +5120.5\ +-1\ +734003\ + ]]; then
+    ok "kubectl get sj -o wide row (outer step, WAN bytes): $row"
+else
+    not_ok "kubectl get sj -o wide row: '$row'"
+fi
+expect_eq "status.regions[*] outerStep, wanBytes" "1 -1 734003 0" \
+    "$(sj_get tiny-bible '.status.regions[*].outerStep} {.status.regions[*].wanBytes')"
+for bad in '[{"op":"replace","path":"/status/regions/1/outerStep","value":-2}]' \
+    '[{"op":"replace","path":"/status/regions/0/wanBytes","value":-1}]' \
+    '[{"op":"replace","path":"/status/outerStep","value":-2}]' \
+    '[{"op":"replace","path":"/status/wanBytes","value":-5}]'; do
+    out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p "$bad" 2>&1)
+    if [[ $? -ne 0 && "$out" == *"greater than or equal to"* ]]; then
+        ok "status refused: $bad"
+    else
+        not_ok "status accepted: $bad: $out"
+    fi
+done
 expect_eq "status.regions[0] step, loss, tokensPerSecond" "120 3.25 5120.5" \
     "$(sj_get tiny-bible '.status.regions[0].step} {.status.regions[0].loss} {.status.regions[0].tokensPerSecond')"
 out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json -p '[{"op":"replace","path":"/status/regions/0/step","value":-1}]' 2>&1)
@@ -165,8 +187,45 @@ refuse "heads not dividing width" "spec.model.heads" "must divide model.width" \
     '[{"op":"add","path":"/spec/model/width","value":96},{"op":"add","path":"/spec/model/heads","value":5}]'
 refuse "unknown model preset" "spec.model.preset" 'Unsupported value: "huge"' \
     '[{"op":"replace","path":"/spec/model/preset","value":"huge"}]'
-refuse "unknown codec" "spec.gateway.codec" 'Unsupported value: "zstd"' \
+refuse "unknown codec" "spec.gateway.codec" 'should match' \
     '[{"op":"replace","path":"/spec/gateway/codec","value":"zstd"}]'
+refuse "the older CRD's codec fp32 (now none)" "spec.gateway.codec" 'should match' \
+    '[{"op":"replace","path":"/spec/gateway/codec","value":"fp32"}]'
+refuse "topk density above 1" "spec.gateway.codec" 'should match' \
+    '[{"op":"replace","path":"/spec/gateway/codec","value":"topk:1.5"}]'
+refuse "topk density 0" "spec.gateway.codec" 'should match' \
+    '[{"op":"replace","path":"/spec/gateway/codec","value":"topk:0.0+zstd"}]'
+refuse "lowbit:3" "spec.gateway.codec" 'should match' \
+    '[{"op":"replace","path":"/spec/gateway/codec","value":"lowbit:3"}]'
+refuse "syncEvery 0" "spec.gateway.syncEvery" "greater than or equal to 1" \
+    '[{"op":"replace","path":"/spec/gateway/syncEvery","value":0}]'
+refuse "syncEvery above 1000000" "spec.gateway.syncEvery" "less than or equal to 1000000" \
+    '[{"op":"replace","path":"/spec/gateway/syncEvery","value":1000001}]'
+refuse "wanPort == port" "spec.gateway.wanPort" "gateway.wanPort must differ from gateway.port" \
+    '[{"op":"add","path":"/spec/gateway/port","value":9000},{"op":"add","path":"/spec/gateway/wanPort","value":9000}]'
+refuse "wanPort == the default port" "spec.gateway.wanPort" "gateway.wanPort must differ from gateway.port" \
+    '[{"op":"add","path":"/spec/gateway/wanPort","value":7400}]'
+refuse "wanPort on the gateway's HTTP port" "spec.gateway.wanPort" "must not be 7400 or 7480" \
+    '[{"op":"add","path":"/spec/gateway/wanPort","value":7480}]'
+refuse "port on the gateway's HTTP port" "spec.gateway.port" "must not be 7480" \
+    '[{"op":"add","path":"/spec/gateway/port","value":7480}]'
+refuse "outerLearningRate 0" "spec.gateway.outerLearningRate" "greater than 0" \
+    '[{"op":"replace","path":"/spec/gateway/outerLearningRate","value":0}]'
+refuse "outerLearningRate above 10" "spec.gateway.outerLearningRate" "less than or equal to 10" \
+    '[{"op":"replace","path":"/spec/gateway/outerLearningRate","value":10.5}]'
+# (The API server prints the fractional maximum 0.999 as 0 in this message.)
+refuse "outerMomentum 1" "spec.gateway.outerMomentum" "should be less than or equal to" \
+    '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":1}]'
+refuse "outerMomentum above 0.999 (the trainer's largest)" "spec.gateway.outerMomentum" "should be less than or equal to" \
+    '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":0.9995}]'
+refuse "negative outerMomentum" "spec.gateway.outerMomentum" "greater than or equal to 0" \
+    '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":-0.5}]'
+refuse "two regions, one with 2 clients" "spec.regions" "several clients per region cannot yet take part in outer steps" \
+    '[{"op":"replace","path":"/spec/regions/1/clients","value":2}]'
+refuse "two regions, one without a client" "spec.regions" "every region must have exactly 1 client" \
+    '[{"op":"replace","path":"/spec/regions/0/clients","value":0}]'
+refuse "the old gateway.syncPeriod" 'unknown field "spec.gateway.syncPeriod"' "strict decoding error" \
+    '[{"op":"add","path":"/spec/gateway/syncPeriod","value":"2m"}]'
 refuse "bad service type" "spec.gateway.serviceType" 'Unsupported value: "ExternalName"' \
     '[{"op":"add","path":"/spec/gateway/serviceType","value":"ExternalName"}]'
 refuse "peers.replicas above the upper bound" "spec.regions[0].peers.replicas" "less than or equal to 256" \
@@ -175,12 +234,6 @@ refuse "negative runPolicy.backoffLimit" "spec.runPolicy.backoffLimit" "greater 
     '[{"op":"replace","path":"/spec/runPolicy/backoffLimit","value":-1}]'
 refuse "missing image" "spec.image" "Required value" \
     '[{"op":"remove","path":"/spec/image"}]'
-refuse "syncPeriod below 30s" "spec.gateway.syncPeriod" "must be between 30s and 24h" \
-    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"5s"}]'
-refuse "syncPeriod above 24h" "spec.gateway.syncPeriod" "must be between 30s and 24h" \
-    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"48h"}]'
-refuse "syncPeriod not a duration" "spec.gateway.syncPeriod" "should match" \
-    '[{"op":"replace","path":"/spec/gateway/syncPeriod","value":"soon"}]'
 refuse "no regions" "spec.regions" "at least 1 items" \
     '[{"op":"replace","path":"/spec/regions","value":[]}]'
 refuse "no region runs clients" "spec.regions" "at least one region must run clients" \
@@ -197,6 +250,26 @@ refuse "misspelt field" 'unknown field "spec.regoins"' "strict decoding error" \
     '[{"op":"add","path":"/spec/regoins","value":[]}]'
 refuse "job name over 35 characters" "metadata.name" "at most 35 characters" \
     '[{"op":"replace","path":"/metadata/name","value":"a-swarm-job-name-of-thirty-six-chars"}]'
+
+# accept DESCRIPTION JSON-PATCH-OPS: the sample with the patch applied (as a new SwarmJob) is
+# accepted by the API server (a server-side dry run: nothing is stored).
+accept() {
+    local out ops="[{\"op\":\"replace\",\"path\":\"/metadata/name\",\"value\":\"good-variant\"},${2#[}"
+    if ! out=$(k patch --local -f "$sample" --type=json -p "$ops" -o yaml 2>&1); then
+        not_ok "$1: bad test patch: $out"
+    elif out=$(k apply -n "$NS" --dry-run=server -f - <<<"$out" 2>&1); then
+        ok "accepted: $1"
+    else
+        not_ok "$1: refused: $out"
+    fi
+}
+for codec in none fp16 q8 q8+zstd lowbit:2 lowbit:4+zstd topk:0.01 topk:1 topk:.5 topk:0.05:8 topk:0.001:16+zstd; do
+    accept "codec $codec" "[{\"op\":\"replace\",\"path\":\"/spec/gateway/codec\",\"value\":\"$codec\"}]"
+done
+accept "outerMomentum 0, outerLearningRate 10, syncEvery 1, wanPort 443" \
+    '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":0},{"op":"replace","path":"/spec/gateway/outerLearningRate","value":10},{"op":"replace","path":"/spec/gateway/syncEvery","value":1},{"op":"add","path":"/spec/gateway/wanPort","value":443}]'
+accept "one region with 3 clients (no outer steps)" \
+    '[{"op":"remove","path":"/spec/regions/1"},{"op":"replace","path":"/spec/regions/0/clients","value":3}]'
 
 # ---- updates: immutable fields -----------------------------------------------------------------
 

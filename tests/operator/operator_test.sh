@@ -117,6 +117,16 @@ check "stage 1 peer serves layers 2:4 and registers with its region's gateway" \
 check "pods run cirrus-trainer with the job's uid as job id" grep -q -- "--job $uid" <<<"$args"
 expect_eq "gateway Services" "tiny-bible-r1-gw tiny-bible-r2-gw" \
     "$(kn get svc -l cirrus.dev/job=$JOB -o jsonpath='{.items[*].metadata.name}')"
+# Two regions: the gateways take outer steps together over their WAN port.
+gw_args=$(kn get pod tiny-bible-r2-gw -o jsonpath='{.spec.containers[0].args[*]}')
+check "r2's gateway: outer steps every 100, every region's gateway Service on the WAN port, the job's certificates" \
+    grep -q -- "--model tiny --sync-every 100 --region r2 --regions r1=tiny-bible-r1-gw.$NS.svc:7443,r2=tiny-bible-r2-gw.$NS.svc:7443 --wan-listen 0.0.0.0:7443 --tls-dir /etc/cirrus/tls --codec q8 --outer-lr 0.7 --outer-momentum 0.9" <<<"$gw_args"
+expect_eq "r2's gateway Service ports" "coord:7400:coord http:7480:http wan:7443:wan" \
+    "$(kn get svc tiny-bible-r2-gw -o jsonpath='{range .spec.ports[*]}{.name}:{.port}:{.targetPort} {end}' | sed 's/ $//')"
+expect_eq "r2's gateway container ports" "coord:7400 http:7480 wan:7443" \
+    "$(kn get pod tiny-bible-r2-gw -o jsonpath='{range .spec.containers[0].ports[*]}{.name}:{.containerPort} {end}' | sed 's/ $//')"
+check "r1's client takes the outer steps (--sync-every 100)" \
+    grep -q -- "--sync-every 100" <<<"$(kn get pod tiny-bible-r1-c0 -o jsonpath='{.spec.containers[0].args[*]}')"
 # Certificates: the job CA signs each region's gateway certificate, which names its Service.
 for f in ca.crt r1.crt r1.key r2.crt; do
     kn get secret $JOB-pki -o jsonpath="{.data.${f//./\\.}}" | base64 -d >"$work/$f"
@@ -226,6 +236,10 @@ second_done() { [[ $(kn get pods -l cirrus.dev/job=second --field-selector statu
 # The restarted operator waits for the killed one's lease to expire (15 s) first.
 if wait_until 90 second_done; then ok "restarted operator finished the second job (killed with $n_mid of its 35 pods made)"; else not_ok "second job not converged: $(kn get pods -l cirrus.dev/job=second --no-headers | wc -l) pods"; fi
 expect_eq "second job: pods (4 stages x 8 peers + gateway + 2 clients), no duplicates" "35" "$(kn get pods -l cirrus.dev/job=second -o name | wc -l)"
+check_not "second job (one region, two clients): its gateway takes no outer steps" \
+    grep -q -- "--sync-every" <<<"$(kn get pod second-r2-gw -o jsonpath='{.spec.containers[0].args[*]}') $(kn get pod second-r2-c1 -o jsonpath='{.spec.containers[0].args[*]}')"
+expect_eq "second job: gateway Service without a wan port" "coord http" \
+    "$(kn get svc second-r2-gw -o jsonpath='{.spec.ports[*].name}')"
 expect_eq "first job's pods not replaced across the restart" "$before" "$(uids)"
 expect_eq "counters survive the restart (from the status)" "$counts_before" "$(counts)"
 

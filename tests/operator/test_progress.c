@@ -51,7 +51,7 @@ TEST(progress_parse_valid)
 
 TEST(progress_parse_wrong_job)
 {
-    progress_result r = {42, 1, 1, 0};
+    progress_result r = {.step = 42, .loss = 1, .tokens_per_s = 1};
     ASSERT_EQ(parse("{\"job_id\":\"wrong\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}", &r),
               CIRRUS_EMISMATCH);
     ASSERT_EQ(r.step, 42); /* untouched */
@@ -92,7 +92,7 @@ TEST(progress_parse_invalid)
         "{\"job_id\":\"" UID "\",\"job_id\":\"" UID "\",\"step\":5,\"loss\":1,\"tokens_per_s\":1}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        progress_result r = {42, 1, 1, 0};
+        progress_result r = {.step = 42, .loss = 1, .tokens_per_s = 1};
         int rc = parse(bad[i], &r);
         if (rc != CIRRUS_ECORRUPT) TEST_FAIL("'%s': rc %d, wanted CIRRUS_ECORRUPT", bad[i], rc);
         ASSERT_EQ(r.step, 42);
@@ -103,6 +103,80 @@ TEST(progress_parse_invalid)
     cirrus_error err;
     ASSERT_OK(progress_parse_status(b, strlen(b) - 3, UID, &r, &err));
     ASSERT_EQ(progress_parse_status(b, 0, UID, &r, &err), CIRRUS_ECORRUPT);
+}
+
+/* The "outer" object of a gateway that takes outer steps across regions. */
+#define BASE "\"job_id\":\"" UID "\",\"step\":40,\"loss\":2.5,\"tokens_per_s\":10"
+#define OUTER(step, sent, received)                                                          \
+    "{" BASE ",\"outer\":{\"step\":" step ",\"digest\":\"00112233aabbccdd\","              \
+    "\"wan_bytes_sent\":" sent ",\"wan_bytes_received\":" received                           \
+    ",\"payload_bytes_sent\":900,\"digest_mismatches\":0,\"last_sync_unix_s\":1795309200.5," \
+    "\"last_sync_duration_s\":0.25,\"codec\":\"q8\",\"sync_every\":100,"                   \
+    "\"links\":[{\"region\":\"r2\",\"up\":true,\"last_error\":\"\"}]}}"
+
+TEST(progress_parse_outer)
+{
+    progress_result r;
+    ASSERT_OK(parse(OUTER("12", "1000", "2000"), &r));
+    ASSERT(r.has_outer && !r.outer_ignored);
+    ASSERT_EQ(r.outer.step, 12);
+    ASSERT_EQ(r.outer.wan_bytes, 3000);
+    ASSERT_EQ(r.step, 40);
+    /* Before the gateway has the global parameters: step -1, nothing sent yet. */
+    ASSERT_OK(parse(OUTER("-1", "0", "0"), &r));
+    ASSERT(r.has_outer);
+    ASSERT_EQ(r.outer.step, -1);
+    ASSERT_EQ(r.outer.wan_bytes, 0);
+    /* The largest sum that fits. */
+    ASSERT_OK(parse(OUTER("7", "9223372036854775000", "807"), &r));
+    ASSERT_EQ(r.outer.wan_bytes, INT64_MAX);
+    /* Only what is read is checked: the other members may change. */
+    ASSERT_OK(parse("{" BASE ",\"outer\":{\"step\":3,\"wan_bytes_sent\":1,"
+                    "\"wan_bytes_received\":2,\"links\":\"later\"}}",
+                    &r));
+    ASSERT(r.has_outer && r.outer.step == 3 && r.outer.wan_bytes == 3);
+    /* Absent, or null: a gateway without outer steps (a job of one region). */
+    ASSERT_OK(parse("{" BASE "}", &r));
+    ASSERT(!r.has_outer && !r.outer_ignored);
+    ASSERT_OK(parse("{" BASE ",\"outer\":null}", &r));
+    ASSERT(!r.has_outer && !r.outer_ignored);
+    /* Malformed: the outer figures are ignored, not trusted; the rest of the answer counts. */
+    static const char *const bad[] = {
+        OUTER("\"12\"", "1000", "2000"),       /* step not a number */
+        OUTER("12.5", "1000", "2000"),         /* nor an integer */
+        OUTER("null", "1000", "2000"),
+        OUTER("-2", "1000", "2000"),           /* below -1 */
+        OUTER("true", "1000", "2000"),
+        OUTER("12", "-1", "2000"),             /* negative byte counts */
+        OUTER("12", "1000", "-5"),
+        OUTER("12", "1000.5", "2000"),
+        OUTER("12", "\"1000\"", "2000"),
+        OUTER("12", "null", "2000"),
+        OUTER("12", "1e3", "2000"),
+        OUTER("12", "9223372036854775807", "1"), /* the sum overflows */
+        "{" BASE ",\"outer\":{\"wan_bytes_sent\":1,\"wan_bytes_received\":2}}",
+        "{" BASE ",\"outer\":{\"step\":1,\"wan_bytes_received\":2}}",
+        "{" BASE ",\"outer\":{\"step\":1,\"wan_bytes_sent\":2}}",
+        "{" BASE ",\"outer\":{}}",
+        "{" BASE ",\"outer\":\"yes\"}",
+        "{" BASE ",\"outer\":[1,2,3]}",
+        "{" BASE ",\"outer\":7}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&r, 0, sizeof r);
+        r.has_outer = 1;
+        if (parse(bad[i], &r)) TEST_FAIL("'%s' refused as a whole", bad[i]);
+        if (r.has_outer || !r.outer_ignored || strncmp(r.outer_ignored, "outer", 5))
+            TEST_FAIL("'%s': has_outer %d, ignored '%s'", bad[i], r.has_outer,
+                      r.outer_ignored ? r.outer_ignored : "(none)");
+        ASSERT_EQ(r.step, 40);
+        ASSERT_NEAR(r.loss, 2.5, 0);
+    }
+    /* Where the answer itself is invalid, a valid outer object does not save it. */
+    ASSERT_EQ(parse("{\"job_id\":\"" UID "\",\"step\":-1,\"loss\":1,\"tokens_per_s\":1,"
+                    "\"outer\":{\"step\":1,\"wan_bytes_sent\":1,\"wan_bytes_received\":1}}",
+                    &r),
+              CIRRUS_ECORRUPT);
 }
 
 TEST(progress_resolve_values)
@@ -244,6 +318,93 @@ TEST(progress_status_figures)
     json_t *h3 = jobstatus_build(&bare, served, "2026-11-22T01:01:30Z");
     ASSERT(jobstatus_changed(served, h3));
     json_t *all[] = {a, b, b2, c, d, e, f, stored, g, h, served, h2, h3};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
+}
+
+static void outer(region_observed *r, int64_t step, int64_t wan_bytes)
+{
+    r->has_outer = 1;
+    r->outer_step = step;
+    r->wan_bytes = wan_bytes;
+}
+
+static long long int_of(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) TEST_FAIL("%s is not an integer", key);
+    return (long long)json_integer_value(v);
+}
+
+TEST(progress_status_outer)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 1};
+    region(&o, "r1");
+    region(&o, "r2");
+    region(&o, "r3");
+    for (int i = 0; i < 3; i++) figures(&o.regions[i], 100, 2.0, 10.0);
+    /* No outer figures (a job of one region, gateways not yet answering with them): none. */
+    json_t *a = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT(!json_object_get(a, "outerStep") && !json_object_get(a, "wanBytes"));
+    ASSERT(!json_object_get(region_of(a, 0), "outerStep"));
+    /* r1 and r2 report; r3 has none yet: the least outer step, the bytes summed. */
+    outer(&o.regions[0], 5, 1000);
+    outer(&o.regions[1], 4, 2500);
+    json_t *b = jobstatus_build(&o, a, "2026-11-22T01:00:10Z");
+    ASSERT(jobstatus_changed(a, b));
+    ASSERT_EQ(int_of(region_of(b, 0), "outerStep"), 5);
+    ASSERT_EQ(int_of(region_of(b, 0), "wanBytes"), 1000);
+    ASSERT_EQ(int_of(region_of(b, 1), "outerStep"), 4);
+    ASSERT(!json_object_get(region_of(b, 2), "outerStep"));
+    ASSERT(!json_object_get(region_of(b, 2), "wanBytes"));
+    ASSERT_EQ(int_of(b, "outerStep"), 4);
+    ASSERT_EQ(int_of(b, "wanBytes"), 3500);
+    json_t *b2 = jobstatus_build(&o, b, "2026-11-22T01:00:20Z");
+    ASSERT(!jobstatus_changed(b, b2));
+    /* Bytes moving are news; r3's gateway starts without global parameters (step -1): the
+     * job has not taken part in any outer step everywhere yet. */
+    outer(&o.regions[0], 5, 1200);
+    outer(&o.regions[2], -1, 0);
+    json_t *c = jobstatus_build(&o, b2, "2026-11-22T01:00:30Z");
+    ASSERT(jobstatus_changed(b2, c));
+    ASSERT_EQ(int_of(region_of(c, 2), "outerStep"), -1);
+    ASSERT_EQ(int_of(c, "outerStep"), -1);
+    ASSERT_EQ(int_of(c, "wanBytes"), 3700);
+    /* A restarted operator knows nothing yet: the old status's figures stay, as the step's. */
+    job_observed fresh = o;
+    for (int i = 0; i < 3; i++) fresh.regions[i].has_progress = fresh.regions[i].has_outer = 0;
+    json_t *d = jobstatus_build(&fresh, c, "2026-11-22T01:00:40Z");
+    ASSERT(!jobstatus_changed(c, d));
+    ASSERT_EQ(int_of(region_of(d, 0), "wanBytes"), 1200);
+    ASSERT_EQ(int_of(d, "outerStep"), -1);
+    /* An answer whose outer object was ignored (has_outer 0) keeps the region's last ones. */
+    fresh.regions[0].has_progress = 1;
+    json_t *e = jobstatus_build(&fresh, d, "2026-11-22T01:00:50Z");
+    ASSERT_EQ(int_of(region_of(e, 0), "outerStep"), 5);
+    ASSERT_EQ(int_of(region_of(e, 0), "wanBytes"), 1200);
+    /* Outer figures without a valid answer around them are not taken. */
+    fresh.regions[1].has_progress = 0;
+    outer(&fresh.regions[1], 99, 99);
+    json_t *f = jobstatus_build(&fresh, e, "2026-11-22T01:01:00Z");
+    ASSERT_EQ(int_of(region_of(f, 1), "outerStep"), 4);
+    /* An old status with values the schema refuses (edited by hand): not copied. */
+    json_t *old = json_deep_copy(f);
+    json_t *r0 = json_array_get(json_object_get(old, "regions"), 1);
+    json_object_set_new(r0, "outerStep", json_integer(-7));
+    json_t *r2 = json_array_get(json_object_get(old, "regions"), 2);
+    json_object_set_new(r2, "wanBytes", json_string("lots"));
+    json_t *g = jobstatus_build(&fresh, old, "2026-11-22T01:01:10Z");
+    ASSERT(!json_object_get(region_of(g, 1), "outerStep"));
+    ASSERT(!json_object_get(region_of(g, 1), "wanBytes"));
+    ASSERT_EQ(int_of(region_of(g, 2), "outerStep"), -1);
+    ASSERT(!json_object_get(region_of(g, 2), "wanBytes"));
+    /* The job's bytes saturate instead of overflowing. */
+    outer(&o.regions[0], 9, INT64_MAX - 10);
+    outer(&o.regions[1], 9, 100);
+    outer(&o.regions[2], 9, 100);
+    json_t *h = jobstatus_build(&o, NULL, "2026-11-22T01:01:20Z");
+    ASSERT_EQ(int_of(h, "wanBytes"), INT64_MAX);
+    ASSERT_EQ(int_of(h, "outerStep"), 9);
+    json_t *all[] = {a, b, b2, c, d, e, f, old, g, h};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
 }
 
@@ -686,6 +847,38 @@ TEST_T(progress_same_figures, 30)
     ASSERT_EQ(st.errors, 2);
     progress_drain(p, on_key, NULL);
     ASSERT_EQ(drained, 3);
+    progress_free(p);
+    tk_fake_stop(f);
+}
+
+/* The reader keeps an answer's outer figures with it, and drops them (only them) when the
+ * next answer's outer object is malformed. */
+TEST_T(progress_reader_outer, 30)
+{
+    static const char ok1[] = OUTER("3", "10", "20");
+    static const char bad[] = "{\"job_id\":\"" UID "\",\"step\":41,\"loss\":2.5,"
+                              "\"tokens_per_s\":10,\"outer\":{\"step\":4,"
+                              "\"wan_bytes_sent\":-1,\"wan_bytes_received\":20}}";
+    tk_fake *f = tk_fake_new();
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, ok1, 0);
+    tk_fake_route(f, "GET /status HTTP/1.1", 200, NULL, bad, 0);
+    int port = tk_fake_run(f);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/status", port);
+    progress *p = NULL;
+    cirrus_error err;
+    progress_options o = {.period_s = 1};
+    ASSERT_OK(progress_new(&o, &p, &err));
+    progress_target t[] = {{"r1", url}};
+    ASSERT_OK(progress_watch(p, "ns/job", UID, 1, t));
+    progress_result r;
+    ASSERT(wait_step(p, "r1", 40, 5, &r));
+    ASSERT(r.has_outer && r.outer.step == 3 && r.outer.wan_bytes == 30);
+    ASSERT(wait_step(p, "r1", 41, 5, &r));
+    ASSERT(!r.has_outer && r.outer_ignored && strstr(r.outer_ignored, "wan_bytes_sent"));
+    progress_stats st;
+    progress_get_stats(p, &st);
+    ASSERT_EQ(st.invalid, 0); /* the answer counted */
     progress_free(p);
     tk_fake_stop(f);
 }

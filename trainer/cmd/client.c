@@ -55,7 +55,7 @@ int roles_cmd_client(int argc, char **argv)
          "clients sharing each step's batch (default 1); they meet at --coordinator", 0},
         {ROLE_FLAG_CLIENT_INDEX, FLAG_INT, &share.index, 0, COORD_MAX_CLIENTS - 1,
          "which of them this is (0, the default, runs the optimizer step)", 0},
-        {"sync-every", FLAG_INT, &share.sync_every, 0, 1000000,
+        {ROLE_FLAG_SYNC_EVERY, FLAG_INT, &share.sync_every, 0, 1000000,
          "an outer step across regions every this many inner steps, through the gateway at "
          "--coordinator (0: none; default 0)",
          0},
@@ -69,7 +69,7 @@ int roles_cmd_client(int argc, char **argv)
          0},
         {"sync-timeout-s", FLAG_INT, &share.sync_timeout_s, 1, 86400,
          "seconds an outer step may take (default 600)", 0},
-        {"region", FLAG_STR, &share.region, 0, 0, "the region's name on progress lines", 0},
+        {ROLE_FLAG_REGION, FLAG_STR, &share.region, 0, 0, "the region's name on progress lines", 0},
         {"exit-mid-step", FLAG_INT, &share.exit_mid_step, 1, 1e9,
          "tests only: exit (137) after one microbatch of this step, as a preempted pod", 0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,

@@ -25,15 +25,15 @@ typedef struct wan_flags {
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \
-    {"sync-every", FLAG_INT, &(w).sync_every, 0, 1000000,                                     \
+    {ROLE_FLAG_SYNC_EVERY, FLAG_INT, &(w).sync_every, 0, 1000000,                                     \
      "inner steps between outer steps across regions (0: none; default 0)", 0},              \
-        {"codec", FLAG_STR, &(w).codec, 0, 0,                                                 \
+        {ROLE_FLAG_CODEC, FLAG_STR, &(w).codec, 0, 0,                                                 \
          "how pseudo-gradients cross the WAN: none, fp16, q8, topk:DENSITY, lowbit:BITS, "    \
          "each optionally +zstd, or auto: chosen each outer step from the links' measured "    \
          "rate and the time between syncs (default q8)",                                      \
          0},                                                                                  \
-        {"outer-lr", FLAG_FLOAT, &(w).outer_lr, 0, 10, "outer learning rate (default 0.7)", 0}, \
-        {"outer-momentum", FLAG_FLOAT, &(w).outer_momentum, 0, 0.999f,                        \
+        {ROLE_FLAG_OUTER_LR, FLAG_FLOAT, &(w).outer_lr, 0, 10, "outer learning rate (default 0.7)", 0}, \
+        {ROLE_FLAG_OUTER_MOMENTUM, FLAG_FLOAT, &(w).outer_momentum, 0, 0.999f,                        \
          "outer Nesterov momentum (default 0.9; 0: plain averaging when --outer-lr 1)", 0},   \
         {"wan-insecure", FLAG_BOOL, &(w).insecure, 0, 0,                                      \
          "plaintext between gateways (default: TLS 1.3, both ends authenticated)", 0},        \

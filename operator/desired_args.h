@@ -1,0 +1,59 @@
+/* desired_args: the `cirrus-trainer ROLE ...` command lines of a SwarmJob's Pods, a part of
+ * desired.c (internal to it, pure like it).
+ *
+ * Defines what the Pods need of the spec (job_view, region_view: desired.c reads them, with
+ * the CRD's defaults applied) and builds each role's args from them: the gateway (with
+ * several regions also its end of the WAN: outer steps, the other regions' gateways, the
+ * job's certificates), a stage peer and a client. Flag names come from common/role_args.h,
+ * the ones the trainer's flag tables parse.
+ */
+#ifndef CIRRUS_OPERATOR_DESIRED_ARGS_H
+#define CIRRUS_OPERATOR_DESIRED_ARGS_H
+
+#include <jansson.h>
+
+#include "desired.h"
+
+
+/* What the Pods need of the spec, defaults applied. Pointers borrow from the job. */
+typedef struct job_view {
+    const char *name, *ns, *uid;
+    const char *image, *pull_policy;
+    const json_t *pull_secrets; /* array or NULL */
+    long long steps;
+    const char *preset;
+    long long layers, width, heads, context; /* 0: not overridden */
+    int n_layer, n_context, stages, suspend;
+    long long batch, seq, seed; /* seq 0: unset */
+    const char *data_path, *data_claim;
+    const char *ckpt_claim, *ckpt_subpath;
+    const char *service_type;
+    long long gw_port;
+    const json_t *svc_annotations;
+    /* The gateways' outer steps (spec.gateway), used with more than one region only. */
+    long long sync_every, wan_port;
+    const char *codec; /* a spec wan_codec_parse takes */
+    double outer_lr, outer_momentum;
+    /* Every region's name, in the spec's order (desired_build fills it before building). */
+    int n_regions;
+    const char *region_names[DESIRED_MAX_REGIONS];
+} job_view;
+
+typedef struct region_view {
+    const char *name;
+    int replicas, clients;
+    const char *region_label, *priority_class;
+    const json_t *node_selector, *affinity, *tolerations;
+    const json_t *res_peer, *res_client, *res_gateway;
+} region_view;
+
+/* Whether the job's gateways run outer steps: with more than one region. */
+static inline int desired_outer(const job_view *v) { return v->n_regions > 1; }
+
+/* A new args array for region r's gateway / a peer serving layers [l0, l1) of stage s /
+ * client i, registering with the gateway at coord ("HOST:PORT"); NULL when out of memory. */
+json_t *desired_args_gateway(const job_view *v, const region_view *r);
+json_t *desired_args_peer(const job_view *v, const char *coord, int s, int l0, int l1);
+json_t *desired_args_client(const job_view *v, const region_view *r, const char *coord, int i);
+
+#endif
