@@ -6,6 +6,8 @@
  * manifests/samples/swarmjob.yaml converted to JSON by the operator's own YAML reader, as
  * the API server would return it (uid, namespace, a status). The other text seeds are what
  * the API server, a gateway and the command line produce, in their exact formats.
+ * Cross-region seeds: messages from wan_encode with every codec (plain and +zstd, where zstd
+ * shrinks them), and every gateway message body from its put function (wan_msg, outer_msg).
  * Usage: seeds CORPUS_DIR (run from the repository root).
  */
 #include <errno.h>
@@ -21,6 +23,9 @@
 #include "../../operator/kube/yamljson.h"
 #include "../../trainer/ckpt/checkpoint.h"
 #include "../../trainer/codec/q8.h"
+#include "../../trainer/gateway/outer_msg.h"
+#include "../../trainer/gateway/wan_codec.h"
+#include "../../trainer/gateway/wan_msg.h"
 #include "../../trainer/net/wire.h"
 
 static const char *root;
@@ -216,6 +221,130 @@ static void text_seeds(void)
     put_str("progress", "fresh",
             "{\"job_id\":\"0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50\",\"step\":0,\"loss\":null,\"tokens_per_s\":null}");
     put_str("progress", "resolve", "gw.ns.svc:8080:10.0.0.7,gw2.ns.svc:80:[::1]");
+    /* A gateway taking outer steps across regions: its "outer" object, and one before the
+     * gateway has the global parameters (step -1). */
+    put_str("progress", "outer",
+            "{\"job_id\":\"0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50\",\"step\":812,\"loss\":2.4871,"
+            "\"tokens_per_s\":10234.5,\"outer\":{\"step\":8,\"digest\":\"00112233aabbccdd\","
+            "\"wan_bytes_sent\":1048576,\"wan_bytes_received\":2097152,\"payload_bytes_sent\":1000000,"
+            "\"digest_mismatches\":0,\"last_sync_unix_s\":1795309200.5,\"last_sync_duration_s\":0.25,"
+            "\"codec\":\"q8\",\"sync_every\":100,\"links\":[{\"region\":\"r2\",\"up\":true,"
+            "\"last_error\":\"\"}]}}");
+    put_str("progress", "outer-none",
+            "{\"job_id\":\"0d4a7f3e-5b1c-4e2a-9f6d-2c8b1a3e4f50\",\"step\":0,\"loss\":null,"
+            "\"tokens_per_s\":null,\"outer\":{\"step\":-1,\"digest\":\"0000000000000000\","
+            "\"wan_bytes_sent\":0,\"wan_bytes_received\":0,\"payload_bytes_sent\":0,"
+            "\"digest_mismatches\":0,\"last_sync_unix_s\":null,\"last_sync_duration_s\":null,"
+            "\"codec\":\"topk:0.01+zstd\",\"sync_every\":50,\"links\":[]}}");
+}
+
+/* fuzz_wan_codec's input is one message. A pseudo-gradient-like vector: smooth, a few
+ * large entries, many near zero; and (for zstd) a periodic one, 7 zeros of every 8. */
+static void wan_codec_seed(const char *spec, size_t n, int sparse)
+{
+    wan_codec_params p;
+    cirrus_error err;
+    if (wan_codec_parse(spec, &p, &err)) {
+        fprintf(stderr, "seeds: %s\n", err.msg);
+        exit(1);
+    }
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    size_t cap = wan_encode_bound(n, &p), len;
+    uint8_t *m = malloc(cap);
+    if (!x || !m) abort();
+    for (size_t i = 0; i < n; i++) {
+        size_t t = sparse ? i % 64 : i;
+        double v = sin(0.37 * (double)t) * 1e-3 * (t % 17 == 3 ? 40.0 : 1.0);
+        x[i] = (float)(sparse && i % 8 ? 0.0 : v);
+    }
+    if (wan_encode(&p, x, NULL, n, m, cap, &len, &err)) {
+        fprintf(stderr, "seeds: %s: %s\n", spec, err.msg);
+        exit(1);
+    }
+    if (p.zstd && !(m[6] & WAN_FLAG_ZSTD)) {
+        fprintf(stderr, "seeds: %s: zstd does not shrink this body; pick another vector\n", spec);
+        exit(1);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s-%zu", spec, n);
+    for (char *c = name; *c; c++)
+        if (*c == ':' || *c == '+') *c = '-';
+    put("wan_codec", name, m, len);
+    free(x);
+    free(m);
+}
+
+static void wan_codec_seeds(void)
+{
+    static const char *const specs[] = {"none", "fp16", "q8", "lowbit:4", "lowbit:2",
+                                        "topk:0.05", "topk:0.1:8"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        char z[32];
+        wan_codec_seed(specs[i], 100, 0);
+        snprintf(z, sizeof z, "%s+zstd", specs[i]);
+        wan_codec_seed(z, 400, 1);
+    }
+    wan_codec_seed("none", 0, 0);            /* an empty vector */
+    wan_codec_seed("topk:1", 70, 0);         /* every entry, a short q8/fp16 tail */
+    wan_codec_seed("lowbit:2+zstd", 5000, 1); /* past one WAN_CODEC_CHUNK */
+}
+
+/* fuzz_wan_msg's layout: selector, u64 n or count (little-endian), the payload. */
+static void wan_msg_seed(const char *name, int sel, uint64_t arg, const wire_writer *w)
+{
+    uint8_t buf[4096];
+    buf[0] = (uint8_t)sel;
+    for (int i = 0; i < 8; i++) buf[1 + i] = (uint8_t)(arg >> (8 * i));
+    memcpy(buf + 9, w->data, w->len);
+    put("wan_msg", name, buf, 9 + w->len);
+}
+
+static void wan_msg_seeds(void)
+{
+    /* the selectors of fuzz_wan_msg.c */
+    enum { JOIN, PART, DONE, DONE_OK, STATE, STATE_OK, PUSH, PULL, PULL_OK };
+    const uint64_t n = 1000; /* the model's parameters */
+    const float x[6] = {0.5f, -1.25f, 3e-5f, 0.0f, 1e20f, -7.0f};
+    static const uint8_t message[40] = "CWAN\001\002\000\010 a q8 message's first bytes";
+    wire_writer w;
+    wire_writer_init(&w, 4096);
+    wan_join j = {"eu-west-1.b_2", 1, 3, n, 8, 0x00112233aabbccddull};
+    wan_msg_put_join(&w, &j);
+    wan_msg_seed("join", JOIN, 0, &w);
+    w.len = 0;
+    wan_part part = {8, 1100, 1064, message, sizeof message - 4};
+    wan_msg_put_part(&w, &part);
+    wan_msg_seed("part", PART, n, &w);
+    w.len = 0;
+    wan_done d = {8, 65536, 0x0123456789abcdefull, 1100, 0xfeedfacecafebeefull};
+    wan_msg_put_done(&w, &d);
+    wan_msg_seed("done", DONE, n, &w);
+    w.len = 0;
+    wan_msg_put_done_ok(&w, 8);
+    wan_msg_seed("done-ok", DONE_OK, 0, &w);
+    w.len = 0;
+    wan_msg_put_state(&w, 998, 4); /* spans the parameters and the momentum */
+    wan_msg_seed("state", STATE, n, &w);
+    w.len = 0;
+    wan_msg_put_state_ok(&w, 8, 0x00112233aabbccddull, x, 4);
+    wan_msg_seed("state-ok", STATE_OK, 4, &w);
+    w.len = 0;
+    outer_push q = {3, 300, 65536, n, 994, 6, NULL};
+    outer_msg_put_push(&w, &q, x);
+    wan_msg_seed("push", PUSH, n, &w);
+    w.len = 0;
+    outer_pull pl = {3, 994, 6};
+    outer_msg_put_pull(&w, &pl);
+    wan_msg_seed("pull", PULL, n, &w);
+    w.len = 0;
+    outer_pull_ok a = {3, 0x00112233aabbccddull, 123456789, 1, 1, NULL};
+    outer_msg_put_pull_ok(&w, &a, x, 6);
+    wan_msg_seed("pull-ok", PULL_OK, 6, &w);
+    w.len = 0;
+    a.done = 2, a.ready = 0, a.pushed = 0;
+    outer_msg_put_pull_ok(&w, &a, NULL, 6);
+    wan_msg_seed("pull-ok-waiting", PULL_OK, 6, &w);
+    wire_writer_free(&w);
 }
 
 static void swarmjob_seed(void)
@@ -267,5 +396,7 @@ int main(int argc, char **argv)
     flags_seeds();
     text_seeds();
     swarmjob_seed();
+    wan_codec_seeds();
+    wan_msg_seeds();
     return 0;
 }
