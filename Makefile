@@ -177,6 +177,11 @@ bench-collective: deps
 bench-wan-quality: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/wan_quality.sh $(BIN)/cirrus-trainer
 
+# Outer rounds on a shaped WAN (network namespaces, root): WAN time vs payload / link rate
+# per codec with TLS, and at 1 Gbit/s with and without TLS (~2 min).
+bench-wan: $(BIN)/cirrus-trainer $(CORPUS)
+	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/wan.sh $(BIN)/cirrus-trainer
+
 # Pipeline throughput: wiring vs fixed round robin, with and without a slow peer (~5 min).
 bench-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/swarm.sh $(BIN)/cirrus-trainer

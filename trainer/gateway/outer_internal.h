@@ -45,6 +45,7 @@ struct outer_sync {
     pthread_mutex_t mu;        /* everything below */
     pthread_cond_t changed;    /* a push completed, a message arrived, a round ended */
     int receivers;             /* receiver threads alive */
+    net_conn *rconn[64];       /* their connections (WAN_MAX_RECEIVERS), for stopping */
     /* Global state: theta and outer momentum after round `round` (-1: none yet). */
     float *theta, *mom;
     int64_t round;
@@ -80,6 +81,9 @@ void *outer_round_main(void *arg);
 /* wan_link.c */
 int wan_link_start(outer_sync *os, cirrus_error *err); /* the acceptor */
 void wan_link_stop(outer_sync *os);                    /* waits for receivers */
+/* Stopping: the sockets of the sends in progress are shut down, so that no send waits out
+ * its deadline on a slow or cut link. */
+void wan_link_interrupt(outer_sync *os);
 /* Send this region's message of `round` to region j until it is acknowledged, the round's
  * deadline passes or the gateway stops. */
 int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,

@@ -193,6 +193,7 @@ void outer_sync_stop(outer_sync *os)
     pthread_mutex_lock(&os->mu);
     pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
+    wan_link_interrupt(os);
     if (os->worker_started) pthread_join(os->worker, NULL);
     wan_link_stop(os);
     for (int p = 0; p < 2; p++)

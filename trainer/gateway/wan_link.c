@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -22,8 +23,14 @@
 
 #define WAN_IO_TIMEOUT_MS 30000   /* a frame that started must finish in this time */
 #define WAN_HANDSHAKE_MS 10000    /* TCP + TLS + HELLO + JOIN */
+/* One TCP connect attempt: a SYN lost on a cut link is retried by the send loop (with its
+ * backoff) rather than waited for, so that a stopping gateway is never held by one. */
+#define WAN_CONNECT_MS 2000
 #define WAN_POLL_MS 100
 #define WAN_MAX_RECEIVERS (4 * WAN_MAX_REGIONS) /* accepted connections served at once */
+_Static_assert(WAN_MAX_RECEIVERS <= sizeof ((outer_sync *)0)->rconn /
+                                         sizeof ((outer_sync *)0)->rconn[0],
+               "a slot per receiver");
 
 /* Bytes this connection moved since last counted, added to the totals. Under mu. */
 static void count_bytes(outer_sync *os, net_conn *c, uint64_t *seen_sent, uint64_t *seen_recv)
@@ -274,6 +281,8 @@ static void *receive_main(void *arg)
     }
     pthread_mutex_lock(&os->mu);
     count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
+    for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
+        if (os->rconn[i] == rv->c) os->rconn[i] = NULL;
     os->receivers--;
     pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
@@ -297,7 +306,14 @@ static void *accept_main(void *arg)
         }
         pthread_mutex_lock(&os->mu);
         const int full = os->receivers >= WAN_MAX_RECEIVERS;
-        if (!full) os->receivers++;
+        if (!full) {
+            os->receivers++;
+            for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
+                if (!os->rconn[i]) {
+                    os->rconn[i] = c;
+                    break;
+                }
+        }
         pthread_mutex_unlock(&os->mu);
         receiver *rv = full ? NULL : calloc(1, sizeof *rv);
         pthread_t th;
@@ -313,12 +329,14 @@ static void *accept_main(void *arg)
         log_warn("outer: refused WAN connection from %s: %s", net_peer_name(c),
                  full ? "too many open" : "cannot start a thread");
         free(rv);
-        net_close(c);
         if (!full) {
             pthread_mutex_lock(&os->mu);
+            for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
+                if (os->rconn[i] == c) os->rconn[i] = NULL;
             os->receivers--;
             pthread_mutex_unlock(&os->mu);
         }
+        net_close(c);
     }
     return NULL;
 }
@@ -353,16 +371,31 @@ void wan_link_stop(outer_sync *os)
 
 /* ---- the sending side ---- */
 
+/* pe->out changes only under mu (wan_link_interrupt shuts its socket down from another
+ * thread); it is used without mu by the one thread that sends to region j. */
 static void sender_drop(outer_sync *os, int j, const cirrus_error *why)
 {
     wan_peer *pe = &os->peer[j];
     pthread_mutex_lock(&os->mu);
-    if (pe->out) count_bytes(os, pe->out, &pe->out_sent, &pe->out_received);
+    net_conn *c = pe->out;
+    if (c) count_bytes(os, c, &pe->out_sent, &pe->out_received);
+    pe->out = NULL;
     pe->up = 0;
     snprintf(pe->last_error, sizeof pe->last_error, "%s", why->msg);
     pthread_mutex_unlock(&os->mu);
-    if (pe->out) net_close(pe->out);
-    pe->out = NULL;
+    if (c) net_close(c);
+}
+
+void wan_link_interrupt(outer_sync *os)
+{
+    pthread_mutex_lock(&os->mu);
+    for (int j = 0; j < WAN_MAX_REGIONS; j++)
+        if (os->peer[j].out) shutdown(net_fd(os->peer[j].out), SHUT_RDWR);
+    /* A receiver part-way through a frame on a link that was cut would wait out the frame
+     * timeout. */
+    for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
+        if (os->rconn[i]) shutdown(net_fd(os->rconn[i]), SHUT_RDWR);
+    pthread_mutex_unlock(&os->mu);
 }
 
 static int sender_connect(outer_sync *os, int j, cirrus_error *err)
@@ -370,12 +403,13 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
     wan_peer *pe = &os->peer[j];
     char host[256];
     int port;
+    net_conn *c = NULL;
     int rc = net_split_hostport(os->addrs[j], host, sizeof host, &port, 0, err);
-    if (!rc) rc = net_connect(host, port, WAN_HANDSHAKE_MS, &pe->out, err);
-    if (rc) {
-        pe->out = NULL;
-        return rc;
-    }
+    if (!rc) rc = net_connect(host, port, WAN_CONNECT_MS, &c, err);
+    if (rc) return rc;
+    pthread_mutex_lock(&os->mu);
+    pe->out = c;
+    pthread_mutex_unlock(&os->mu);
     pe->out_sent = pe->out_received = 0;
     char cert_region[WAN_REGION_MAX + 1] = "";
     if (os->o.tls)

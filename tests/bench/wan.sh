@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Outer rounds on a shaped WAN (make bench-wan): two regions in network namespaces
+# (tests/wan/netns.sh; gateway + 2 stage peers + client each, as in Kubernetes), for each
+# codec the time an outer round spends on the WAN against the time its payload needs at the
+# link's rate, with TLS; then the same at 1 Gbit/s with and without TLS (--wan-insecure),
+# beside `openssl speed -evp aes-256-gcm` on this machine.
+#   payload   the codec message one gateway sends per round (the "N-byte delta" it logs;
+#             medians, like wire, over the rounds after the first)
+#   wire      WAN bytes it sent per round (TLS records, frames, acks of the other direction)
+#   WAN ms    per round, the shorter of the two gateways' "ms on the WAN" (from its push to
+#             the new global state: its own message crossed, the other's too), median over
+#             the rounds after the first; best ms: the fastest of them
+#   ideal ms  payload x 8 / rate
+#   goodput   payload bytes per second of (median) WAN time / the link's rate
+# Usage: tests/bench/wan.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
+#   WAN_BENCH_RATE (default 10mbit), WAN_BENCH_ROUNDS (default 5), WAN_BENCH_CODECS
+set -u
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+corpus=$(realpath "${CIRRUS_CORPUS:-build/data/kjv.txt}")
+# shellcheck source=tests/wan/netns.sh
+. "$here/../wan/netns.sh"
+wan_prereqs || exit 1
+rate=${WAN_BENCH_RATE:-10mbit} rounds=${WAN_BENCH_ROUNDS:-5}
+codecs=${WAN_BENCH_CODECS-none q8 lowbit:4+zstd topk:0.01}
+tmp=$(mktemp -d)
+WAN_EXIT_HOOK='if [ -n "${WAN_BENCH_KEEP:-}" ]; then echo "wan bench: logs in $tmp"; else rm -rf "$tmp"; fi'
+wan_setup 2 || exit 1
+regions="r0=$(wan_addr 0):7443,r1=$(wan_addr 1):7443"
+"$bin" certs --job bench --region r0 --region r1 --out "$tmp/certs" >/dev/null || exit 1
+sync=5 steps=$((5 * rounds))
+
+# run NAME CODEC TLS(1/0) MODEL...: both regions train `rounds` outer rounds; logs in $tmp/NAME.
+# A run whose client failed is tried again (twice at most), its failure named on stderr.
+run() {
+    local attempt
+    for attempt in 1 2 3; do
+        run_once "$@" && return 0
+        echo "wan bench: run $1 failed (attempt $attempt):" >&2
+        grep -h 'bad frame magic\|no live peer\|error\|failed' "$tmp/$1"/*.err | head -n 3 | sed 's/^/    /' >&2
+        rm -rf "${tmp:?}/$1"
+    done
+    exit 1
+}
+run_once() {
+    local name=$1 codec=$2 tls=$3 i s serve d=$tmp/$1
+    shift 3
+    local model=("$@") layers
+    layers=$(sed -n 's/.*--layers \([0-9]*\).*/\1/p' <<<"${model[*]}")
+    mkdir -p "$d"
+    local clients=()
+    for i in 0 1; do
+        local sec=(--tls-dir "$tmp/certs/r$i")
+        [ "$tls" = 0 ] && sec=(--wan-insecure)
+        wan_spawn "$i" "$bin" gateway --job bench --listen 127.0.0.1:7400 --http-port -1 \
+            --stages 2 "${model[@]}" --region "r$i" --regions "$regions" --sync-every "$sync" \
+            --rebalance-period-s 0 --codec "$codec" "${sec[@]}" 2>"$d/gw$i.err"
+        for s in 0 1; do
+            serve=$([ "$s" = 0 ] && echo 0:1 || echo "1:$layers")
+            OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" stage --serve "$serve" "${model[@]}" \
+                --batch 4 --job bench --listen 127.0.0.1:0 --coordinator 127.0.0.1:7400 \
+                --stage-index "$s" 2>"$d/s$i$s.err"
+        done
+        OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" client --job bench --coordinator 127.0.0.1:7400 \
+            "${model[@]}" --batch 4 --steps "$steps" --sync-every "$sync" --data "$corpus" \
+            --eval-batches 1 --log-every "$steps" >"$d/c$i.out" 2>"$d/c$i.err"
+        clients+=("$WAN_PID")
+    done
+    local ok=1
+    for i in 0 1; do
+        timeout 600 tail --pid="${clients[i]}" -f /dev/null && wait "${clients[i]}" || ok=0
+    done
+    wan_stop 5 2>/dev/null
+    [ "$ok" = 1 ]
+}
+
+# One table row from a run's gateway logs.
+row() {
+    python3 - "$tmp/$1" "$2" "$3" "$4" "$5" <<'PY'
+import re, statistics, sys
+d, codec, link, tls, bps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+pat = re.compile(r"outer round (\d+) done in [0-9.]+ s \((\d+) ms on the WAN\).*?(\d+)-byte delta, "
+                 r"WAN bytes (\d+) sent")
+logs = []
+for g in (0, 1):
+    logs.append({int(m[1]): (int(m[2]), int(m[3]), int(m[4]))
+                 for m in map(pat.search, open(f"{d}/gw{g}.err")) if m})
+ks = sorted(set(logs[0]) & set(logs[1]))
+later = [k for k in ks if k > 1] or ks
+per_round = [min(logs[0][k][0], logs[1][k][0]) for k in later]
+ms, best = statistics.median(per_round), min(per_round)
+payload = statistics.median(logs[0][k][1] for k in later)
+wire = statistics.median(logs[0][k][2] - logs[0][k - 1][2] for k in later if k - 1 in logs[0])
+ideal = payload * 8 / bps * 1000
+good = payload / (ms / 1000) / (bps / 8) if ms > 0 else float("inf")
+print(f"{codec:<16} {link:>7} {tls:>4} {payload:>10.0f} {wire:>10.0f} {ms:>7.0f} {best:>7.0f} "
+      f"{ideal:>8.1f} {good:>7.2f}")
+PY
+}
+
+header() {
+    printf "%-16s %7s %4s %10s %10s %7s %7s %8s %7s\n" codec link TLS "payload B" "wire B" \
+        "WAN ms" "best ms" "ideal ms" goodput
+}
+
+bps=$(wan_rate_bps "$rate")
+small=(--layers 2 --width 192 --heads 4 --context 32)
+echo "cirrus: machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+echo "cirrus: two regions, model ${small[*]} (~0.95 M parameters), $rounds outer rounds of $sync steps"
+echo "cirrus: link $rate each way (tbf: $(wan_tbf_params "$rate")), TLS 1.3"
+for i in 0 1; do wan_shape "$i" "$rate"; done
+header
+for codec in $codecs; do
+    run "shaped-$codec" "$codec" 1 "${small[@]}"
+    row "shaped-$codec" "$codec" "$rate" yes "$bps"
+done
+
+# 1 Gbit/s: a bigger model (~5 M parameters, 20 MB per round with --codec none), so that a
+# round is not over before TCP opens its window.
+big=(--layers 4 --width 320 --heads 8 --context 32)
+echo
+echo "cirrus: link 1gbit each way (tbf: $(wan_tbf_params 1gbit)), model ${big[*]} (~5 M parameters)"
+for i in 0 1; do wan_shape "$i" 1gbit; done
+header
+for codec in none q8; do
+    for tls in 1 0; do
+        run "fast-$codec-$tls" "$codec" "$tls" "${big[@]}"
+        row "fast-$codec-$tls" "$codec" 1gbit "$([ "$tls" = 1 ] && echo yes || echo no)" 1000000000
+    done
+done
+
+echo
+echo "cirrus: openssl speed -evp aes-256-gcm (one core; TLS 1.3's cipher between the gateways)"
+openssl speed -seconds 3 -evp aes-256-gcm 2>/dev/null | tail -3

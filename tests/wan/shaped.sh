@@ -1,0 +1,410 @@
+#!/usr/bin/env bash
+# Regions in network namespaces joined by a shaped WAN (tests/wan/netns.sh), laid out as in
+# Kubernetes: per region a gateway, two stage peers and a client, on the region's loopback;
+# the gateways' WAN endpoints on 10.213.0.x, TLS 1.3 with the job's certificates.
+#   a. a 20 Mbit/s link: both regions train 40 outer rounds to the same global parameters,
+#      over TLS, every byte through the shaped interface
+#   b. a 5 Mbit/s link cut for 3 s in the middle of a round's transfer, twice (with the
+#      kernel's TCP settings, and with TCP giving up after ~1.4 s): every round completes
+#      and the regions stay one model; the gateways reconnect and send the message again;
+#      the rate, raised to 50 Mbit/s mid-run, speeds the last round up
+#   c. garbage at a gateway's WAN port while (a) trains (random bytes, a truncated frame, a
+#      plaintext HELLO to the TLS port, another CA's certificate, a certificate of the job's
+#      CA for a region not in the job, idle connections): each is refused, training goes on
+# Skips (exit 0, a "skip:" line) where network namespaces cannot be made (not root, ...).
+# Usage: tests/wan/shaped.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
+set -u
+bin=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+corpus=$(realpath "${CIRRUS_CORPUS:-build/data/kjv.txt}")
+# shellcheck source=tests/wan/netns.sh
+. "$here/netns.sh"
+wan_prereqs || exit 0
+tmp=$(mktemp -d)
+# SHAPED_KEEP=1 keeps the logs (every process's stderr, /status as it changed).
+WAN_EXIT_HOOK='if [ -n "${SHAPED_KEEP:-}" ]; then echo "shaped: logs in $tmp"; else rm -rf "$tmp"; fi'
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+finish() {
+    echo "shaped: $pass passed, $fail failed ($((SECONDS - t0)) s)"
+    [ "$fail" -eq 0 ]
+    exit
+}
+t0=$SECONDS
+wan_setup 2 || { bad netns_setup; finish; }
+regions="r0=$(wan_addr 0):7443,r1=$(wan_addr 1):7443"
+
+# The value of "key" in a JSON line.
+field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" <<<"$2"; }
+# Round and digest of every "outer round K done" line of a gateway's log.
+rounds_of() { sed -n 's/.*outer round \([0-9]*\) done.*digest \([0-9a-f]*\).*/\1 \2/p' "$1"; }
+
+# Wait (at most $2 s) for process $1 to end; its exit status, 124 when it did not.
+wait_for() {
+    if timeout "$2" tail --pid="$1" -f /dev/null; then
+        wait "$1"
+    else
+        kill -KILL "$1" 2>/dev/null; wait "$1" 2>/dev/null; return 124
+    fi
+}
+
+# Everything a test started in the regions, ended (SIGTERM; what still runs 5 s later is
+# named and killed).
+stop_regions() { wan_stop 5; }
+
+# Run inside a region, against its gateway's /status: watch FILE (append the "outer" object
+# each time it changes, until killed or 300 s), or wait-inflight K BYTES TIMEOUT (until round
+# K - 1 is done and BYTES more have arrived from the other region since, while round K is
+# not: its message is on the wire).
+cat >"$tmp/status.py" <<'PY'
+import json, sys, time, urllib.request
+def outer():
+    try:
+        return json.load(urllib.request.urlopen("http://127.0.0.1:7480/status", timeout=2))["outer"]
+    except (OSError, ValueError, KeyError):
+        return None
+if sys.argv[1] == "watch":
+    last, end = None, time.time() + 300
+    with open(sys.argv[2], "a") as f:
+        while time.time() < end:
+            o = outer()
+            if o is not None and o != last:
+                f.write(json.dumps(o, separators=(",", ":")) + "\n"); f.flush(); last = o
+            time.sleep(0.2)
+elif sys.argv[1] == "wait-inflight":
+    k, need, end = int(sys.argv[2]), int(sys.argv[3]), time.time() + float(sys.argv[4])
+    base = None
+    while time.time() < end:
+        o = outer()
+        if o is not None:
+            if o["step"] >= k:
+                sys.exit(f"round {k} done before {need} bytes were seen in flight")
+            if o["step"] == k - 1 and base is None:
+                base = o["wan_bytes_received"]
+            if base is not None and o["wan_bytes_received"] - base >= need:
+                sys.exit(0)
+        time.sleep(0.05)
+    sys.exit(f"round {k}: not {need} bytes in flight within {sys.argv[4]} s")
+PY
+
+cat >"$tmp/garbage.py" <<'PY'
+# A garbage speaker at a gateway's WAN port (shaped.sh, test c). Every connection must be
+# ended by the gateway (no garbage is served, none hangs it); a certificate of the job's CA
+# naming another region must not get a JOIN answered. Prints one line per connection,
+# "connections N" and "rounds-done-before R"; exits 1 on anything unexpected.
+import ctypes, os, socket, ssl, struct, sys, threading, time
+
+host, port = sys.argv[1].rsplit(":", 1)
+port, job, certs, other, gwlog = int(port), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+WAN_JOIN = int(sys.argv[6])
+xxh = ctypes.CDLL("libxxhash.so.0")
+xxh.XXH3_64bits.restype = ctypes.c_uint64
+xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+lock, problems, count = threading.Lock(), [], [0]
+
+def frame(ftype, payload, rid=1, claim=None):
+    """A wire frame (wire.h): claim, if given, is the payload length the header announces."""
+    n = len(payload) if claim is None else claim
+    head = struct.pack("<IHHQII", 0x53525243, 1, ftype, rid, n, 0)
+    return head + struct.pack("<Q", xxh.XXH3_64bits(head + payload, len(head) + len(payload))) + payload
+
+def s16(s):
+    return struct.pack("<H", len(s)) + s.encode()
+
+HELLO = frame(1, struct.pack("<HI", 8, 0) + s16(job))           # a gateway's HELLO
+JOIN_AS_R0 = frame(WAN_JOIN, s16("r0") + struct.pack("<IIQQQ", 0, 2, 1, 0, 0))
+TRUNCATED = frame(1, struct.pack("<HI", 8, 0) + s16(job), claim=200)[:40]
+
+def tls_context(cert_dir):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False  # the gateways' certificates name cirrus://JOB/REGION
+    ctx.load_verify_locations(os.path.join(certs, "ca.crt"))
+    ctx.load_cert_chain(os.path.join(cert_dir, "tls.crt"), os.path.join(cert_dir, "tls.key"))
+    return ctx
+
+def read_to_end(s, limit):
+    """Bytes the gateway sent until it closed; None if it kept the connection past limit."""
+    got, end = b"", time.time() + limit
+    while time.time() < end:
+        s.settimeout(max(0.05, end - time.time()))
+        try:
+            b = s.recv(65536)
+        except socket.timeout:
+            continue
+        except (ssl.SSLError, OSError):
+            return got
+        if not b:
+            return got
+        got += b
+    return None
+
+def speak(name, send, tls=None, limit=12.0, expect=None):
+    """Connect (over TLS with the certificate in tls), send the pieces, read until the gateway
+    closes. expect(got) says whether what came back is right."""
+    with lock:
+        count[0] += 1
+    t = time.time()
+    try:
+        raw = socket.create_connection((host, port), timeout=5)
+    except OSError as e:
+        with lock:
+            problems.append(f"{name}: cannot connect: {e}")
+        return
+    s, what = raw, ""
+    try:
+        if tls:
+            s = tls_context(tls).wrap_socket(raw)
+            s.do_handshake()
+        for piece in send:
+            s.sendall(piece)
+        got = read_to_end(s, limit)
+    except (ssl.SSLError, OSError) as e:
+        got, what = b"", f" ({type(e).__name__}: {str(e)[:60]})"
+    finally:
+        s.close()
+    dt = time.time() - t
+    types = []
+    while got is not None and len(got) >= 32:  # the frame types that came back
+        types.append(struct.unpack_from("<H", got, 6)[0])
+        got = got[32 + struct.unpack_from("<I", got, 16)[0]:]
+    verdict = "ok"
+    if got is None:
+        verdict = f"UNEXPECTED: still open after {limit} s"
+    elif expect and not expect(types):
+        verdict = f"UNEXPECTED answer {types}"
+    print(f"{name}: closed by the gateway after {dt:.2f} s{what}, frames back {types}: {verdict}")
+    if verdict != "ok":
+        with lock:
+            problems.append(name)
+
+rogue = os.path.join(certs, "rogue")
+quick = [
+    ("random bytes", [os.urandom(4096)], None),
+    ("truncated frame", [TRUNCATED], None),
+    ("plaintext HELLO to the TLS port", [HELLO, JOIN_AS_R0], None),
+    ("another CA's certificate", [HELLO], os.path.join(other, "r0")),
+    ("job CA, region rogue: random bytes", [os.urandom(4096)], rogue),
+    ("job CA, region rogue: oversized frame", [HELLO, frame(WAN_JOIN, b"", claim=200 << 20)], rogue),
+]
+# Those the gateway gives its handshake time (10 s) before it drops them, alongside.
+slow = [threading.Thread(target=speak, args=a) for a in (
+    ("idle connection", [], None, 20.0),
+    ("job CA, region rogue: truncated frame", [TRUNCATED], rogue, 20.0))]
+for t in slow:
+    t.start()
+for _ in range(3):
+    for name, send, tls in quick:
+        speak(name, send, tls)
+    # Claiming to be r0 with the certificate of region rogue: HELLO_OK (2), then a well-formed
+    # JOIN refused with an ERROR (3), never JOIN_OK.
+    speak("job CA, region rogue: JOIN as r0", [HELLO, JOIN_AS_R0], rogue,
+          expect=lambda types: types == [2, 3])
+    time.sleep(0.3)
+rounds = sum(1 for line in open(gwlog) if "outer round" in line and " done in " in line)
+print(f"rounds-done-before {rounds}")
+for t in slow:
+    t.join()
+print(f"connections {count[0]}")
+for p in problems:
+    print(f"problem: {p}")
+sys.exit(1 if problems else 0)
+PY
+
+# start_region I DIR: region I's gateway, stage peers (stage 0: layer 0, stage 1: the rest)
+# and client, in its namespace, from the settings job, model, batch, steps, sync, gw_flags;
+# their logs in DIR. Every region on the same ports: each has its own loopback.
+start_region() {
+    local i=$1 d=$2 s serve
+    mkdir -p "$d"
+    wan_spawn "$i" "$bin" gateway --job "$job" --listen 127.0.0.1:7400 --http-port 7480 \
+        --stages 2 "${model[@]}" --region "r$i" --regions "$regions" --sync-every "$sync" \
+        --rebalance-period-s 0 "${gw_flags[@]}" 2>"$d/gw$i.err"
+    gw_pid[i]=$WAN_PID
+    for s in 0 1; do
+        serve=$([ "$s" = 0 ] && echo 0:1 || echo "1:$layers")
+        OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" stage --serve "$serve" "${model[@]}" \
+            --batch "$batch" --job "$job" --listen 127.0.0.1:0 --coordinator 127.0.0.1:7400 \
+            --stage-index "$s" --seed 1337 2>"$d/s$i$s.err"
+    done
+    OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" client --job "$job" --coordinator 127.0.0.1:7400 \
+        "${model[@]}" --batch "$batch" --steps "$steps" --sync-every "$sync" --region "r$i" \
+        --seed 1337 --data "$corpus" --eval-batches 4 --log-every 1 --json \
+        >"$d/c$i.json" 2>"$d/c$i.err"
+    client_pid[i]=$WAN_PID
+    wan_spawn "$i" python3 "$tmp/status.py" watch "$d/status$i.jsonl"
+}
+
+# The checks every run ends with: both clients exited 0 within $2 s, with the same final
+# digest and outer step ($3); every round's digest the same in both gateways' logs; both
+# gateways' /status showed the link up, WAN bytes moved and no digest mismatch.
+check_run() {
+    local name=$1 limit=$2 want=$3 d=$tmp/$1 i rc f0 f1 why=
+    for i in 0 1; do
+        wait_for "${client_pid[i]}" "$limit"
+        rc=$?
+        [ "$rc" -ne 0 ] && why+=" client r$i exit $rc;"
+    done
+    f0=$(grep '"final":true' "$d/c0.json") f1=$(grep '"final":true' "$d/c1.json")
+    if [ -z "$why" ] && [ -n "$(field digest "$f0")" ] &&
+        [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f0")" = "$want" ] && [ "$(field outer_step "$f1")" = "$want" ]; then
+        ok "${name}_both_regions_end_with_one_model"
+        echo "    digest $(field digest "$f0") after outer step $want, WAN bytes $(field wan_bytes "$f0")"
+    else
+        bad "${name}_both_regions_end_with_one_model"; echo "   $why"
+        echo "    r0: $f0"; echo "    r1: $f1"; tail -n 3 "$d/c0.err" "$d/c1.err" "$d/gw0.err" "$d/gw1.err"
+    fi
+    local r0 r1
+    r0=$(rounds_of "$d/gw0.err") r1=$(rounds_of "$d/gw1.err")
+    if [ "$(wc -l <<<"$r0")" -eq "$want" ] && [ "$r0" = "$r1" ]; then
+        ok "${name}_every_round_digest_equal"
+    else
+        bad "${name}_every_round_digest_equal"; echo "    r0: $(tr '\n' ' ' <<<"$r0")"; echo "    r1: $(tr '\n' ' ' <<<"$r1")"
+    fi
+    if python3 - "$d/status0.jsonl" "$d/status1.jsonl" "$want" <<'PY'; then ok "${name}_status_link_up_bytes_moved"; else bad "${name}_status_link_up_bytes_moved"; fi
+import json, sys
+want = int(sys.argv[3])
+for path, other in ((sys.argv[1], "r1"), (sys.argv[2], "r0")):
+    seen = [json.loads(l) for l in open(path)]
+    assert seen, f"{path}: no /status answer"
+    up = [o for o in seen if o["links"] == [{"region": other, "up": True, "last_error": ""}]]
+    assert up, f"{path}: the link to {other} was never up: {seen[-1]}"
+    last = seen[-1]
+    assert last["step"] == want and last["digest_mismatches"] == 0, last
+    assert last["wan_bytes_sent"] > last["payload_bytes_sent"] > 0 and last["wan_bytes_received"] > 0, last
+PY
+}
+
+# ---- a + c: two regions over TLS on a 20 Mbit/s link; garbage at r1's WAN port meanwhile ----
+job=job-a layers=2 batch=4 steps=200 sync=5
+model=(--layers "$layers" --width 64 --heads 4 --context 32)
+"$bin" certs --job "$job" --region r0 --region r1 --region rogue --out "$tmp/certs-a" >/dev/null &&
+    "$bin" certs --job "$job" --region r0 --out "$tmp/certs-other" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 20mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-a/r$i")
+    start_region "$i" "$tmp/a"
+done
+# The JOIN message's wire type, from the source next to this test (wan_msg.h).
+wan_join=$(sed -n 's/^ *WAN_JOIN = \([0-9]*\),.*/\1/p' "$here/../../trainer/gateway/wan_msg.h" 2>/dev/null)
+wan_join=${wan_join:-192}
+# c. The speaker works from region 0 against r1's gateway while both train (after its first
+#    round), then holds an idle connection until the gateway drops it.
+if timeout 60 bash -c "until grep -q 'outer round 1 done' '$tmp/a/gw1.err'; do sleep 0.1; done"; then
+    wan_spawn 0 python3 "$tmp/garbage.py" "$(wan_addr 1):7443" "$job" "$tmp/certs-a" \
+        "$tmp/certs-other" "$tmp/a/gw1.err" "$wan_join" >"$tmp/a/garbage.out" 2>&1
+    garbage_pid=$WAN_PID
+fi
+check_run a 90 $((steps / sync))
+# The traffic went through the shaped interface, not around it.
+sent=$(tc -n "$(wan_ns 0)" -s qdisc show dev wan | sed -n 's/^ *Sent \([0-9]*\) bytes.*/\1/p')
+last=$(tail -1 "$tmp/a/status0.jsonl")
+if [ "${sent:-0}" -ge "$(field wan_bytes_sent "$last")" ] 2>/dev/null && [ "${sent:-0}" -gt 0 ]; then
+    ok a_traffic_crossed_the_shaped_link
+    echo "    r0's tbf sent $sent bytes; its gateway $(field wan_bytes_sent "$last") WAN bytes"
+else
+    bad a_traffic_crossed_the_shaped_link; echo "    tbf sent ${sent:-?} bytes; $last"
+fi
+if grep -q 'TLS 1.3, certificate checked' "$tmp/a/gw0.err" && grep -q 'TLS 1.3, certificate checked' "$tmp/a/gw1.err"; then
+    ok a_links_are_tls
+else
+    bad a_links_are_tls; grep -h 'WAN link' "$tmp/a/gw0.err" "$tmp/a/gw1.err" | head -4
+fi
+if [ -n "${garbage_pid:-}" ] && wait_for "$garbage_pid" 40; then
+    ok c_garbage_refused
+else
+    bad c_garbage_refused
+fi
+sed 's/^/    /' "$tmp/a/garbage.out"
+# The run (checked above) went on after the garbage, and the gateway refused every piece.
+refused=$(grep -c 'refused WAN connection' "$tmp/a/gw1.err")
+conns=$(sed -n 's/^connections \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
+rounds_after=$(sed -n 's/^rounds-done-before \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
+if [ -n "$conns" ] && [ "$refused" -ge "$conns" ] && kill -0 "${gw_pid[1]}" 2>/dev/null &&
+    [ -n "$rounds_after" ] && [ "$(rounds_of "$tmp/a/gw1.err" | wc -l)" -gt "$rounds_after" ]; then
+    ok c_gateway_serves_on
+    echo "    $refused WAN connections refused for $conns garbage ones; rounds went on after round $rounds_after"
+else
+    bad c_gateway_serves_on; echo "    refused $refused, connections ${conns:-?}, rounds before ${rounds_after:-?}"
+    grep 'refused WAN\|dropped' "$tmp/a/gw1.err" | tail -5
+fi
+# A certificate of the job's CA names its region: one naming 'rogue' cannot speak for r0.
+if grep -q "gateway of region 'rogue' says it is region 'r0'" "$tmp/a/gw1.err"; then
+    ok c_certificate_binds_the_region
+else
+    bad c_certificate_binds_the_region; grep 'refused WAN' "$tmp/a/gw1.err" | sort | uniq -c | head
+fi
+stop_regions
+
+# ---- b: a 5 Mbit/s link cut in the middle of a round ----
+# ~0.95 M parameters with --codec none: a 3.8 MB message, ~6.5 s a direction at 5 Mbit/s.
+#   round 1: the reference (the shaping holds: no faster than 5 Mbit/s allows)
+#   round 2: cut for 3 s with the kernel's TCP settings: TCP may ride it out, or the
+#            connection fails (a send on the cut side meets ENETUNREACH) and the gateway
+#            connects again; either way the round completes
+#   round 3: cut for 3 s with tcp_retries2 2 (TCP gives up after ~1.4 s of unanswered
+#            retransmissions, as it would after minutes by default): the gateways connect
+#            again and send the message anew
+#   round 4: the link raised to 50 Mbit/s (tc qdisc change): a faster round
+job=job-b layers=2 batch=4 steps=20 sync=5 rate_bps=5000000
+model=(--layers "$layers" --width 192 --heads 4 --context 32)
+"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-b" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 5mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-b/r$i" --codec none)
+    start_region "$i" "$tmp/b"
+done
+# cut_link K: once 1 MB of round K's message from r0 reached r1, r0's link is down for 3 s.
+cut_link() {
+    if wan_exec 1 python3 "$tmp/status.py" wait-inflight "$1" 1000000 60; then
+        wan_link_down 0
+        echo "    round $1: link cut for 3 s at $(date +%T.%N | head -c 12)"
+        sleep 3
+        wan_link_up 0
+    else
+        bad "b_cut_in_round_$1"
+    fi
+}
+# The WAN milliseconds gateway 0 logged for round K.
+wan_ms() { sed -n "s/.*outer round $1 done in .* (\([0-9]*\) ms on the WAN).*/\1/p" "$tmp/b/gw0.err"; }
+cut_link 2
+for i in 0 1; do wan_tcp_retries "$i" 2; done
+cut_link 3
+for i in 0 1; do wan_tcp_retries "$i" 15; done
+timeout 60 bash -c "until grep -q 'outer round 3 done' '$tmp/b/gw0.err'; do sleep 0.1; done"
+for i in 0 1; do wan_set_rate "$i" 50mbit; done
+check_run b 120 $((steps / sync))
+reconnects=$(grep -c 'WAN link to region r1.*again in' "$tmp/b/gw0.err")
+if [ "$reconnects" -ge 1 ] && [ "$(grep -c 'WAN link to region r1 (.*) up' "$tmp/b/gw0.err")" -ge 2 ]; then
+    ok b_gateway_reconnected_after_the_cut
+else
+    bad b_gateway_reconnected_after_the_cut
+fi
+# How often each gateway's sender failed during round K (between rounds K - 1 and K done).
+failures_in() {
+    awk -v k="$1" '/outer round [0-9]+ done/ { split($0, a, "outer round "); split(a[2], b, " ");
+                   r = b[1] } /again in/ && r == k - 1 { n++ } END { print n + 0 }' "$2"
+}
+for k in 2 3; do
+    echo "    round $k: sends failed and were retried: r0 $(failures_in "$k" "$tmp/b/gw0.err")," \
+        "r1 $(failures_in "$k" "$tmp/b/gw1.err") time(s)"
+done
+grep -h 'again in\|dropped\|going on without\|took the global\|differs' "$tmp/b/gw0.err" "$tmp/b/gw1.err" |
+    sort | uniq -c | sed 's/^/    /' | head -12
+# 3.8 MB at 5 Mbit/s: round 1 cannot have been faster than the rate; at 50 Mbit/s round 4 is
+# several times faster.
+bytes=$(sed -n 's/.*outer round 1 done.* \([0-9]*\)-byte delta.*/\1/p' "$tmp/b/gw0.err")
+r1=$(wan_ms 1) r4=$(wan_ms 4)
+echo "    WAN time: round 1 ${r1:-?} ms at 5 Mbit/s, round 4 ${r4:-?} ms at 50 Mbit/s (${bytes:-?}-byte messages)"
+if [ -n "$r1" ] && [ -n "$r4" ] && [ -n "$bytes" ] && [ "$r1" -ge $((bytes * 8 * 1000 / rate_bps)) ] &&
+    [ $((r4 * 3)) -lt "$r1" ]; then
+    ok b_rate_shaped_and_changed
+else
+    bad b_rate_shaped_and_changed
+fi
+# Every gateway exits within 5 s of SIGTERM, even one whose receiver was part-way through a
+# frame on a connection the cut killed (its socket is shut down when it stops).
+if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_promptly; fi
+
+finish
