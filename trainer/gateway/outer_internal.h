@@ -55,6 +55,7 @@ struct outer_sync {
     float *region;
     uint64_t push_round, push_got, push_tokens;
     int push_ready;            /* a whole push of round + 1 waits for the worker */
+    uint64_t client_ahead;     /* a push of this later round was refused: the job is past us */
     double push_time;
     /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
     round_slot slot[2][WAN_MAX_REGIONS];

@@ -160,6 +160,9 @@ static int adopt_from(outer_sync *os, int j, int64_t min_round, int64_t deadline
         os->round = round;
         os->digest = digest;
         os->repairs++;
+        /* A push of a round this state is past is answered by it (the round thread drops
+         * it): the region's next push must not find it in progress. */
+        if (os->push_ready && (int64_t)os->push_round <= round) os->push_ready = 0;
         log_warn("outer: took the global state of outer step %lld from region %s (%s): "
                  "digest %016llx", (long long)round, os->names[j], why,
                  (unsigned long long)digest);
@@ -185,7 +188,11 @@ static void catch_up(outer_sync *os, int startup)
         /* Round 0 is every region's initial state, which a region's client provides
          * itself (and the next round's digests check): only later rounds are fetched. */
         const int64_t gap = os->peer[r].round_seen - os->round;
-        if (os->peer[r].round_seen >= 1 && (gap >= 2 || (gap >= 1 && (startup || os->round < 0))) &&
+        /* The region's client pushed round client_ahead: the job completed the one before. */
+        const int told = os->client_ahead > 0 &&
+                         os->peer[r].round_seen >= (int64_t)os->client_ahead - 1;
+        if (os->peer[r].round_seen >= 1 &&
+            (gap >= 2 || (gap >= 1 && (startup || told || os->round < 0))) &&
             (best < 0 || os->peer[r].round_seen > os->peer[best].round_seen))
             best = r;
     }
@@ -218,6 +225,16 @@ static void choose_codec(outer_sync *os)
     adapt_rung(os->rung, &os->o.codec);
     if (os->rung != was)
         log_info("outer round %lld: codec %s", (long long)os->round + 1, os->codec_why);
+}
+
+/* Whether some region has completed round k + 1 or later: it is past round k for good, and
+ * will not send its message of k (a region one round ahead may still be: it sent it before
+ * completing k). Under mu. */
+static int others_past(const outer_sync *os, uint64_t k)
+{
+    for (int r = 0; r < os->o.n_regions; r++)
+        if (r != os->o.region_index && os->peer[r].round_seen >= (int64_t)k + 1) return 1;
+    return 0;
 }
 
 /* One round, from the region's push to the new global state. Called and returns under mu. */
@@ -272,8 +289,17 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
 
     pthread_mutex_lock(&os->mu);
     while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) && net_now_ms() <= deadline &&
-           os->round < (int64_t)k)
+           os->round < (int64_t)k && !others_past(os, k))
         wait_a_while(os);
+    if (!atomic_load(&os->stopping) && os->round < (int64_t)k && others_past(os, k)) {
+        /* This gateway is behind the job (it restarted and its region pushed before it
+         * caught up): the others will not send this round; take their state. */
+        log_warn("outer round %llu: the other regions are past it; taking the job's state",
+                 (unsigned long long)k);
+        pthread_mutex_unlock(&os->mu);
+        catch_up(os, 0);
+        pthread_mutex_lock(&os->mu);
+    }
     if (atomic_load(&os->stopping) || os->round >= (int64_t)k) {
         os->push_ready = 0; /* stopping, or the round's result was taken from another region */
         return;
@@ -360,11 +386,14 @@ void *outer_round_main(void *arg)
             run_round(os, delta, residual, avg, dec);
             continue;
         }
-        if (os->o.n_regions > 1 && net_now_ms() > next_probe) {
+        const int behind = os->client_ahead > (uint64_t)(os->round + 1);
+        if (os->o.n_regions > 1 && (net_now_ms() > next_probe || behind)) {
             pthread_mutex_unlock(&os->mu);
+            if (behind) wan_link_probe(os, net_now_ms() + ROUND_PROBE_MS); /* fresh JOINs */
             catch_up(os, 0);
             next_probe = net_now_ms() + ROUND_PROBE_MS;
             pthread_mutex_lock(&os->mu);
+            if (behind && os->client_ahead > (uint64_t)(os->round + 1)) wait_a_while(os);
             continue;
         }
         wait_a_while(os);

@@ -56,6 +56,13 @@ static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *e
     } else if (q.round != 0 && os->round < 0) {
         rc = cirrus_fail(err, CIRRUS_ECONFLICT, "outer step %llu: the gateway has no global "
                          "state (it restarted)", (unsigned long long)q.round);
+    } else if (q.round > next) {
+        /* The region is further than this gateway (it restarted, or fell behind and has
+         * not caught up yet: the round thread takes the job's state): ask again. */
+        rc = cirrus_fail(err, CIRRUS_ENOENT, "outer step %llu: the gateway is at %lld, "
+                         "catching up", (unsigned long long)q.round, (long long)os->round);
+        os->client_ahead = q.round;
+        pthread_cond_broadcast(&os->changed);
     } else if (q.round != 0 && (q.round != next || os->push_ready)) {
         rc = cirrus_fail(err, CIRRUS_EINVAL, "outer round %llu pushed while the gateway is at "
                          "round %lld%s", (unsigned long long)q.round, (long long)os->round,

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -49,7 +51,7 @@ static wan_join my_join(outer_sync *os)
                   .n_params = os->n};
     snprintf(j.region, sizeof j.region, "%s", os->names[os->o.region_index]);
     pthread_mutex_lock(&os->mu);
-    j.round = os->round < 0 ? 0 : (uint64_t)os->round;
+    j.round = os->round < 0 ? WAN_NO_ROUND : (uint64_t)os->round;
     j.digest = os->digest;
     pthread_mutex_unlock(&os->mu);
     return j;
@@ -83,11 +85,24 @@ static int check_join(outer_sync *os, const wan_join *j, const char *cert_region
     return 0;
 }
 
+/* WAN connections live for the whole job and may sit idle between outer steps: TCP
+ * keepalive (probes after 30 s of silence, 3 unanswered 10 s apart) finds one a cut left
+ * half-open, so neither its receiver slot nor a sender waits on it forever. */
+static void keep_alive(net_conn *c)
+{
+    const int on = 1, idle = 30, intvl = 10, cnt = 3;
+    const int fd = net_fd(c);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
 /* What region j said of its latest round (JOIN). */
 static void note_round(outer_sync *os, int j, uint64_t round, uint64_t digest)
 {
     pthread_mutex_lock(&os->mu);
-    os->peer[j].round_seen = (int64_t)round;
+    os->peer[j].round_seen = round == WAN_NO_ROUND ? -1 : (int64_t)round;
     os->peer[j].digest_seen = digest;
     pthread_mutex_unlock(&os->mu);
 }
@@ -106,9 +121,9 @@ static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *
 {
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
     if (p->round <= base) return 0; /* a round done here already: a resend after a cut */
-    if (p->round > base + 2)
-        return cirrus_fail(err, CIRRUS_EINVAL, "round %llu is too far ahead of round %llu",
-                           (unsigned long long)p->round, (unsigned long long)base);
+    /* Further ahead: this gateway fell behind and takes the job's state instead; DONE says
+     * so to the sender, once, rather than the message being stored or sent again. */
+    if (p->round > base + 2) return 0;
     round_slot *sl = &os->slot[p->round & 1][from];
     if (sl->round == p->round && sl->complete) return 0; /* already whole */
     if (p->offset == 0 || sl->round != p->round || sl->total != p->total) {
@@ -132,6 +147,10 @@ static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *
     if ((int64_t)d->round - 1 > os->peer[from].round_seen)
         os->peer[from].round_seen = (int64_t)d->round - 1;
     if (d->round <= base) return 0;
+    if (d->round > base + 2)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "this gateway is at outer step %llu, behind "
+                           "%llu: it takes the job's state", (unsigned long long)base,
+                           (unsigned long long)d->round);
     round_slot *sl = &os->slot[d->round & 1][from];
     if (sl->round == d->round && sl->complete) return 0;
     if (sl->round != d->round || sl->got != d->total || sl->total != d->total)
@@ -227,6 +246,7 @@ static void *receive_main(void *arg)
     outer_sync *os = rv->os;
     cirrus_error err = {0};
     net_set_max_payload(rv->c, WAN_PART_BYTES + 256);
+    keep_alive(rv->c);
     int rc = receive_handshake(rv, &err);
     if (rc) log_warn("outer: refused WAN connection from %s: %s", net_peer_name(rv->c), err.msg);
     while (!rc && !atomic_load(&os->stopping)) {
@@ -257,7 +277,7 @@ static void *receive_main(void *arg)
             rc = wan_msg_get_done(&r, os->max_message, &d)
                      ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed DONE")
                      : take_done(os, rv->from, &d, &err);
-            if (rc == 0 || rc == CIRRUS_ETRUNC) {
+            if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_EMISMATCH) { /* answered */
                 pthread_mutex_unlock(&os->mu);
                 wire_writer w;
                 wire_writer_init(&w, 16);
@@ -266,7 +286,7 @@ static void *receive_main(void *arg)
                              : net_send_frame(rv->c, WAN_DONE_OK, h.request_id, w.data,
                                               (uint32_t)w.len, WAN_IO_TIMEOUT_MS);
                 wire_writer_free(&w);
-                rc = rc ? 0 : src; /* an incomplete message is resent; not a reason to drop */
+                rc = rc ? 0 : src; /* a refusal is an answer, not a reason to drop */
                 pthread_mutex_lock(&os->mu);
             }
         } else if (h.type == WAN_STATE) {
@@ -407,6 +427,7 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
     int rc = net_split_hostport(os->addrs[j], host, sizeof host, &port, 0, err);
     if (!rc) rc = net_connect(host, port, WAN_CONNECT_MS, &c, err);
     if (rc) return rc;
+    keep_alive(c);
     pthread_mutex_lock(&os->mu);
     pe->out = c;
     pthread_mutex_unlock(&os->mu);
@@ -462,7 +483,10 @@ static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, 
         if (atomic_load(&os->stopping)) rc = cirrus_fail(err, CIRRUS_ECLOSED, "stopping");
         if (len == 0) break;
     }
-    if (rc) return rc == CIRRUS_ECLOSED ? rc : cirrus_fail(err, rc, "sending the delta failed");
+    if (rc)
+        return cirrus_fail(err, rc, "sending the delta: %s%s", cirrus_strerror(rc),
+                           net_conn_transport(c)->last_error
+                               ? net_conn_transport(c)->last_error(c) : "");
     pthread_mutex_lock(&os->mu);
     os->payload_sent += len;
     count_bytes(os, c, &os->peer[j].out_sent, &os->peer[j].out_received);
@@ -498,6 +522,10 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
             pthread_mutex_unlock(&os->mu);
             return 0;
         }
+        /* A refusal is final for this round: the receiver is behind and catches up by
+         * itself (it takes the job's state), or refuses what we are; sending again would
+         * only send it again. */
+        if (!rpc_is_fault(rc)) return rc;
         sender_drop(os, j, err);
         if (atomic_load(&os->stopping) || net_now_ms() + backoff_ms > deadline_ms) return rc;
         log_warn("outer: WAN link to region %s: %s; again in %d ms", os->names[j], err->msg,

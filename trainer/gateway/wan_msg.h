@@ -20,7 +20,8 @@
  *            state (restarted, cut off past the others) or holds a different one (digest)
  *            takes the job's from a live gateway, instead of from a checkpoint file.
  *
- * round: the gateway's latest completed outer step; digest: of its global parameters and
+ * round: the gateway's latest completed outer step (WAN_NO_ROUND: it has no global state
+ * yet); digest: of its global parameters and
  * momentum after it. prev_digest in DONE: the sender's digest after round - 1, which every
  * receiver compares with its own (one model everywhere, checked every round).
  */
@@ -42,6 +43,7 @@ enum wan_msg {
 };
 
 #define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) */
+#define WAN_NO_ROUND UINT64_MAX             /* JOIN's round of a gateway without state */
 
 #define WAN_ROLE_GATEWAY 8           /* HELLO role of a gateway's WAN connection */
 #define WAN_PART_BYTES (256u << 10)  /* message bytes per PART (>= 64 KiB: WAN-sized) */

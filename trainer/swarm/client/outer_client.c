@@ -246,18 +246,32 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
     /* The last step is an outer step too (every region ends at the same step): the run
      * ends with the global model whatever its length. */
     if (step % (uint64_t)oc->every == 0 || step == oc->final_step) {
-        oc->pending_round = oc->outer_step + 1;
+        /* Outer step k is pushed at inner step k x every in every region (the last step's
+         * is the one after), so the regions stay in step however one of them rejoined. */
+        const uint64_t want = (step + (uint64_t)oc->every - 1) / (uint64_t)oc->every;
+        const int64_t deadline = net_now_ms() + oc->timeout_ms;
+        oc->pending_round = want;
         oc->pushed_at = step;
-        if ((rc = push(oc, oc->pending_round, step, err)) == CIRRUS_ECONFLICT) {
-            /* The gateway took a later global state from another region (this region was
-             * cut off, or its gateway restarted or repaired): the region takes it too. */
-            log_warn("outer: %s; the region takes the global parameters", err->msg);
-            oc->tokens = 0;
-            return take_latest(oc, err);
+        oc->pending = 1;
+        for (;;) {
+            rc = push(oc, want, step, err);
+            if (rc == CIRRUS_ECONFLICT) {
+                /* The gateway took a later global state from another region (this region
+                 * was cut off, or its gateway restarted or repaired): the region takes it
+                 * too, and joins this round if the job is not past it yet. */
+                log_warn("outer: %s; the region takes the global parameters", err->msg);
+                oc->tokens = 0;
+                if ((rc = take_latest(oc, err))) return rc;
+                if (oc->outer_step >= want) return 0; /* the job is past it */
+                oc->pending = 1;
+                continue;
+            }
+            if (rc != CIRRUS_ENOENT || net_now_ms() > deadline || (oc->stop && *oc->stop))
+                break;
+            usleep(200 * 1000); /* the gateway is behind the job and catching up */
         }
         if (rc) return rc;
         oc->tokens = 0;
-        oc->pending = 1;
     }
     /* The last step waits for its round: the model the run ends with is the global one. */
     if (oc->pending && (oc->delay == 0 || step >= oc->final_step)) rc = apply_round(oc, err);

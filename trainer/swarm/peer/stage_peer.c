@@ -667,10 +667,18 @@ static void *conn_main(void *arg)
     const uint32_t gen = p->gen; /* the stage this connection was opened for */
     pthread_mutex_unlock(&p->mu);
     while (!*p->stop) {
+        /* Wait for a frame's first byte here, not inside net_recv_frame: a receive that
+         * timed out part-way through a large frame (a slow sender, a loaded machine) would
+         * leave the stream inside its payload. */
+        if (!net_pending(c)) {
+            struct pollfd pfd = {.fd = net_fd(c), .events = POLLIN};
+            int pr = poll(&pfd, 1, 1000);
+            if (pr < 0 && errno != EINTR) break;
+            if (pr <= 0) continue; /* idle: look at the stop flag again */
+        }
         wire_header h;
         const uint8_t *payload;
-        int rc = net_recv_frame(c, &h, &payload, 1000, &err);
-        if (rc == CIRRUS_ETIMEDOUT) continue; /* idle: look at the stop flag again */
+        int rc = net_recv_frame(c, &h, &payload, PEER_IO_TIMEOUT_MS, &err);
         if (rc == CIRRUS_ECLOSED) break;
         if (rc) {
             log_warn("dropped %s: %s", net_peer_name(c), err.msg);
