@@ -24,7 +24,6 @@ typedef struct wan_peer {
     char last_error[256];
     net_conn *out;          /* the sender's connection; only region j's sender touches it */
     int64_t round_seen;     /* its latest completed round as it last said (-1: unknown) */
-    uint64_t digest_seen;
     int absent;             /* it missed the last round: later rounds do not wait for it */
     double rate_Bps;        /* what sending to it carried, bytes/s (EWMA; 0: not measured) */
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */
@@ -50,7 +49,6 @@ struct outer_sync {
     float *theta, *mom;
     int64_t round;
     uint64_t digest;
-    uint64_t digest_prev;      /* after round - 1 (what round's senders must carry) */
     /* The region's push in progress (round push_round; push_got floats in order). */
     float *region;
     uint64_t push_round, push_got, push_tokens;
@@ -68,7 +66,7 @@ struct outer_sync {
     double waits[8];
     int n_waits;
     /* counters */
-    uint64_t wan_sent, wan_received, payload_sent, mismatches, repairs;
+    uint64_t wan_sent, wan_received, payload_sent, mismatches;
     double last_sync_s, last_duration_s;
 };
 

@@ -3,12 +3,6 @@
 
 #include "../../common/cerr.h"
 
-/* The reader consumed its payload exactly, without running past it. */
-static int done(const wire_reader *r)
-{
-    return r->failed || r->pos != r->len;
-}
-
 static int slice_ok(uint64_t n, uint64_t offset, uint64_t count)
 {
     return offset <= n && count <= n - offset && count <= OUTER_SLICE;
@@ -37,7 +31,7 @@ int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
     if (r->failed || q->n_params != n || !slice_ok(n, q->offset, q->count))
         return CIRRUS_ECORRUPT;
     q->floats = wire_get_bytes(r, (size_t)q->count * sizeof(float));
-    return !q->floats || done(r) ? CIRRUS_ECORRUPT : 0;
+    return !q->floats || wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }
 
 void outer_msg_put_pull(wire_writer *w, const outer_pull *q)
@@ -52,7 +46,7 @@ int outer_msg_get_pull(wire_reader *r, uint64_t n, outer_pull *q)
     q->round = wire_get_u64(r);
     q->offset = wire_get_u64(r);
     q->count = wire_get_u64(r);
-    return done(r) || !slice_ok(n, q->offset, q->count) ? CIRRUS_ECORRUPT : 0;
+    return wire_reader_done(r) || !slice_ok(n, q->offset, q->count) ? CIRRUS_ECORRUPT : 0;
 }
 
 void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *x,
@@ -79,5 +73,5 @@ int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
     a->pushed = *pb;
     if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
         return CIRRUS_ECORRUPT;
-    return done(r) ? CIRRUS_ECORRUPT : 0;
+    return wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }

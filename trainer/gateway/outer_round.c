@@ -90,8 +90,8 @@ static int round_ready(const outer_sync *os, uint64_t k, int64_t started_ms)
     return 1;
 }
 
-/* The digest most of round k's messages carry (ties: the lowest region's); *ours: whether
- * ours is it. Under mu. */
+/* The digest most of round k's messages carry (ties: the lowest region's), and in
+ * *winner_region a region that carries it. Under mu. */
 static uint64_t winning_digest(const outer_sync *os, uint64_t k, int *winner_region)
 {
     uint64_t best = os->digest;
@@ -136,7 +136,6 @@ static int take_step(outer_sync *os, uint64_t k, float *avg, float *dec, int *pr
         for (uint64_t i = 0; i < os->n; i++) avg[i] += w * dec[i];
     }
     outer_step(&os->o.opt, os->theta, os->mom, avg, os->n);
-    os->digest_prev = os->digest;
     os->digest = outer_state_digest(os->theta, os->mom, os->n);
     os->round = (int64_t)k;
     return 0;
@@ -159,7 +158,6 @@ static int adopt_from(outer_sync *os, int j, int64_t min_round, int64_t deadline
         memcpy(os->mom, mom, os->n * sizeof(float));
         os->round = round;
         os->digest = digest;
-        os->repairs++;
         /* A push of a round this state is past is answered by it (the round thread drops
          * it): the region's next push must not find it in progress. */
         if (os->push_ready && (int64_t)os->push_round <= round) os->push_ready = 0;

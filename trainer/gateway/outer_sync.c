@@ -240,16 +240,3 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
     pthread_mutex_unlock(&os->mu);
     return 0;
 }
-
-void outer_sync_get_status(outer_sync *os, outer_sync_status *st)
-{
-    pthread_mutex_lock(&os->mu);
-    *st = (outer_sync_status){.round = os->round, .digest = os->digest,
-                              .wan_sent = os->wan_sent, .wan_received = os->wan_received,
-                              .payload_sent = os->payload_sent,
-                              .digest_mismatches = os->mismatches,
-                              .last_sync_s = os->last_sync_s,
-                              .last_duration_s = os->last_duration_s};
-    for (int r = 0; r < os->o.n_regions; r++) st->links_up += os->peer[r].up;
-    pthread_mutex_unlock(&os->mu);
-}

@@ -65,17 +65,5 @@ int outer_sync_serve(void *ctx, uint16_t type, const uint8_t *p, size_t n, wire_
  * outer_sync): the outer sync's part of /status and /metrics. */
 int outer_sync_view(void *ctx, coord_outer_view *out);
 
-typedef struct outer_sync_status {
-    int64_t round;                /* latest completed outer step; -1: no global state yet */
-    uint64_t digest;              /* of the global parameters and momentum after it */
-    uint64_t wan_sent, wan_received; /* bytes on the WAN sockets (TLS records included) */
-    uint64_t payload_sent;        /* codec message bytes sent (all links) */
-    uint64_t digest_mismatches;   /* rounds whose senders' digests differed from ours */
-    double last_sync_s;           /* seconds since the epoch of the last completed round */
-    double last_duration_s;       /* from the region's push to the new global parameters */
-    int links_up;                 /* other regions with a live connection to them */
-} outer_sync_status;
-
-void outer_sync_get_status(outer_sync *os, outer_sync_status *st);
 
 #endif

@@ -99,11 +99,10 @@ static void keep_alive(net_conn *c)
 }
 
 /* What region j said of its latest round (JOIN). */
-static void note_round(outer_sync *os, int j, uint64_t round, uint64_t digest)
+static void note_round(outer_sync *os, int j, uint64_t round)
 {
     pthread_mutex_lock(&os->mu);
     os->peer[j].round_seen = round == WAN_NO_ROUND ? -1 : (int64_t)round;
-    os->peer[j].digest_seen = digest;
     pthread_mutex_unlock(&os->mu);
 }
 
@@ -223,7 +222,7 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
             rc = cirrus_fail(err, CIRRUS_ECORRUPT, "expected a JOIN");
     }
     if (!rc) rc = check_join(os, &j, os->o.tls ? cert_region : NULL, err);
-    if (!rc) note_round(os, (int)j.index, j.round, j.digest);
+    if (!rc) note_round(os, (int)j.index, j.round);
     if (rc) {
         if (rc != CIRRUS_ECORRUPT && rc != CIRRUS_ECLOSED && rc != CIRRUS_ETIMEDOUT)
             rpc_refuse(rv->c, 0, rc, err->msg, 1000);
@@ -453,7 +452,7 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
                          os->addrs[j], them.index, j);
     if (!rc) rc = check_join(os, &them, os->o.tls ? cert_region : NULL, err);
     if (rc) return rc;
-    note_round(os, j, them.round, them.digest);
+    note_round(os, j, them.round);
     net_set_max_payload(pe->out, (uint32_t)(WAN_STATE_SLICE * sizeof(float) + 64));
     pthread_mutex_lock(&os->mu);
     pe->up = 1;

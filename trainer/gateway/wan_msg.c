@@ -5,11 +5,6 @@
 
 #include "../../common/cerr.h"
 
-static int done(const wire_reader *r)
-{
-    return r->failed || r->pos != r->len;
-}
-
 static int region_name_ok(const char *s)
 {
     size_t n = strlen(s);
@@ -41,7 +36,7 @@ int wan_msg_get_join(wire_reader *r, wan_join *j)
     j->n_params = wire_get_u64(r);
     j->round = wire_get_u64(r);
     j->digest = wire_get_u64(r);
-    if (done(r) || !region_name_ok(j->region) ||
+    if (wire_reader_done(r) || !region_name_ok(j->region) ||
         j->n_regions < 1 || j->n_regions > WAN_MAX_REGIONS || j->index >= j->n_regions)
         return CIRRUS_ECORRUPT;
     return 0;
@@ -64,7 +59,7 @@ int wan_msg_get_part(wire_reader *r, uint64_t max_total, wan_part *p)
     p->len = r->len - r->pos;
     p->bytes = wire_get_bytes(r, (size_t)p->len);
     if (!p->bytes && p->len) return CIRRUS_ECORRUPT;
-    if (done(r) || p->total > max_total || p->offset > p->total ||
+    if (wire_reader_done(r) || p->total > max_total || p->offset > p->total ||
         p->len > p->total - p->offset || p->len > WAN_PART_BYTES)
         return CIRRUS_ECORRUPT;
     return 0;
@@ -86,7 +81,7 @@ int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d)
     d->prev_digest = wire_get_u64(r);
     d->total = wire_get_u64(r);
     d->hash = wire_get_u64(r);
-    return done(r) || d->total > max_total || d->round == 0 ? CIRRUS_ECORRUPT : 0;
+    return wire_reader_done(r) || d->total > max_total || d->round == 0 ? CIRRUS_ECORRUPT : 0;
 }
 
 void wan_msg_put_done_ok(wire_writer *w, uint64_t round)
@@ -97,7 +92,7 @@ void wan_msg_put_done_ok(wire_writer *w, uint64_t round)
 int wan_msg_get_done_ok(wire_reader *r, uint64_t *round)
 {
     *round = wire_get_u64(r);
-    return done(r) ? CIRRUS_ECORRUPT : 0;
+    return wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }
 
 void wan_msg_put_state(wire_writer *w, uint64_t offset, uint64_t count)
@@ -110,7 +105,7 @@ int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *co
 {
     *offset = wire_get_u64(r);
     *count = wire_get_u64(r);
-    if (done(r) || n > UINT64_MAX / 2 || *offset > 2 * n || *count > 2 * n - *offset ||
+    if (wire_reader_done(r) || n > UINT64_MAX / 2 || *offset > 2 * n || *count > 2 * n - *offset ||
         *count > WAN_STATE_SLICE)
         return CIRRUS_ECORRUPT;
     return 0;
@@ -129,5 +124,5 @@ int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s)
     s->round = wire_get_u64(r);
     s->digest = wire_get_u64(r);
     s->floats = count <= WAN_STATE_SLICE ? wire_get_bytes(r, (size_t)count * sizeof(float)) : NULL;
-    return !s->floats || done(r) ? CIRRUS_ECORRUPT : 0;
+    return !s->floats || wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }
