@@ -5,6 +5,9 @@
 # on its ports with no state: it takes the job's global state from r0's gateway, its peers
 # and client find it again, the client pushes again what the lost gateway held, and both
 # regions end with the same global parameters.
+# Known weakness: in about one run in six the rejoining region stays one round behind the
+# other to the end (each round it catches up by taking the job's state, while the other,
+# having marked it absent, waits only its 1 s grace); its final digest then differs.
 # Usage: tests/wan/gateways.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$1
@@ -26,7 +29,8 @@ regions="r0=127.0.0.1:${wport[r0]},r1=127.0.0.1:${wport[r1]}"
 start_gateway() { # region
     "$bin" gateway --job "$job" --listen "127.0.0.1:${gport[$1]}" --http-port "${hport[$1]}" \
         --stages 2 "${model[@]}" --heartbeat-ms 200 --sync-every 5 --region "$1" \
-        --regions "$regions" --tls-dir "$tmp/certs/$1" --codec q8 2>>"$tmp/gw-$1.err" &
+        --regions "$regions" --tls-dir "$tmp/certs/$1" --codec q8 --sync-timeout-s 20 \
+        2>>"$tmp/gw-$1.err" &
     gw_pid=$!
     pids+=("$gw_pid")
 }
@@ -59,6 +63,12 @@ kill -KILL "${gw[r1]}"
 echo "    r1's gateway killed at outer step ${s:-?}"
 start_gateway r1
 killed_ok=1
+# Bounded: a region that never catches up fails the test instead of hanging it.
+for _ in $(seq 1500); do
+    kill -0 "${client[r0]}" 2>/dev/null || kill -0 "${client[r1]}" 2>/dev/null || break
+    sleep 0.1
+done
+kill "${client[r0]}" "${client[r1]}" 2>/dev/null
 for r in r0 r1; do wait "${client[$r]}" || killed_ok=0; done
 f0=$(grep '"final":true' "$tmp/client-r0.json") f1=$(grep '"final":true' "$tmp/client-r1.json")
 d0=$(sed -n 's/.*"digest":"\([0-9a-f]*\)".*/\1/p' <<<"$f0")
