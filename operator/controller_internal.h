@@ -1,0 +1,141 @@
+/* controller_internal: what the controller's files share, and nothing outside them uses.
+ *
+ * The reconcile loop (controller.h) is one object spread over four files, each the home of
+ * one concern:
+ *   controller.c           informers -> work queue -> reconcile(); Events; the public API
+ *   controller_pods.c      the pods: what was seen of them, preemption and failure counts,
+ *                          which pods go, creating and deleting them
+ *   controller_children.c  the job's other children: the Secret (job CA and gateway
+ *                          certificates) and the gateway Services
+ *   controller_status.c    the status write, the gateways' training figures in it, and the
+ *                          clocks that bring a job back (activeDeadlineSeconds, TTL, a
+ *                          progress answer growing stale)
+ * Everything runs on the kube_client's event loop thread (controller.h).
+ */
+#ifndef CIRRUS_CONTROLLER_INTERNAL_H
+#define CIRRUS_CONTROLLER_INTERNAL_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "../common/cerr.h"
+#include "controller.h"
+#include "desired.h"
+#include "jobstatus.h"
+#include "kube/informer.h"
+#include "kube/workqueue.h"
+
+#define KEY_MAX 512
+/* A requeue is at most an hour away (TTLs and deadlines far off are re-checked then). */
+#define REQUEUE_MAX_MS 3600000LL
+#define PATH_MAX_LEN 512
+#define SWARMJOB_API "apis/cirrus.dev/v1alpha1"
+/* Only what this operator made: its label is on every child (desired.h). */
+#define CHILD_SELECTOR "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dcirrus-operator"
+
+/* What the controller remembers of one job between reconciles. */
+typedef struct job_mem {
+    char key[KEY_MAX];
+    char uid[64];
+    json_t *counts; /* region -> {"preemptions": n, "failures": n} */
+    json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
+    char phase[16]; /* the phase last written, for transition events */
+    int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
+    struct job_mem *next;
+} job_mem;
+
+struct controller {
+    kube_client *client;
+    controller_options opt;
+    char identity[128];
+    kube_informer *jobs, *pods, *services, *secrets, *nodes;
+    json_t *gone_nodes; /* node name -> true: deleted nodes whose pods are lost */
+    kube_workqueue *queue;
+    job_mem *mems;
+    controller_stats stats;
+    int job_confirmed; /* this reconcile: -1 not asked yet, 0 the job is gone, 1 it exists */
+};
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static inline const char *meta_str(const json_t *o, const char *field)
+{
+    return json_string_value(json_object_get(json_object_get(o, "metadata"), field));
+}
+
+static inline const char *label(const json_t *o, const char *name)
+{
+    return json_string_value(
+        json_object_get(json_object_get(json_object_get(o, "metadata"), "labels"), name));
+}
+
+static inline const char *annotation(const json_t *o, const char *name)
+{
+    return json_string_value(
+        json_object_get(json_object_get(json_object_get(o, "metadata"), "annotations"), name));
+}
+
+static inline json_int_t int_at(const json_t *o, const char *a, const char *b, json_int_t dflt)
+{
+    const json_t *v = json_object_get(o, a);
+    if (b) v = json_object_get(v, b);
+    return json_is_integer(v) ? json_integer_value(v) : dflt;
+}
+
+static inline int child_path(char *buf, const json_t *job, const char *resource,
+                             const char *name)
+{
+    return kube_path(buf, PATH_MAX_LEN, "api/v1", meta_str(job, "namespace"), resource, name);
+}
+
+/* Leadership is re-checked before every write: a reconcile can outlast the renew deadline,
+ * and a replica that lost the lease must not act beside its successor. */
+static inline int leading(const controller *ctl)
+{
+    return !ctl->opt.leading || ctl->opt.leading(ctl->opt.leading_ctx);
+}
+
+/* ---- controller.c ---------------------------------------------------------------------------- */
+
+void ctl_enqueue(controller *ctl, const char *key);
+/* A Normal (warning 0) or Warning Event on the job, and the same line in the log. */
+void ctl_event(controller *ctl, const json_t *job, int warning, const char *reason,
+               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* 1: the job still exists (asked once per reconcile); 0: gone or going; < 0: error. */
+int ctl_job_exists(controller *ctl, const json_t *job, cirrus_error *err);
+
+/* ---- controller_pods.c ----------------------------------------------------------------------- */
+
+job_mem *ctl_mem_get(controller *ctl, const char *key, const json_t *job);
+void ctl_mem_forget(controller *ctl, const char *key);
+void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted);
+void ctl_observe_spec(const json_t *job, job_observed *obs);
+
+enum pod_action { KEEP_POD, DELETE_POD, FORCE_DELETE_POD };
+enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
+                                const json_t *pod, const json_t *want, job_observed *obs);
+int ctl_create_pod(controller *ctl, const json_t *job, job_mem *m, const char *name,
+                   const json_t *want, cirrus_error *err);
+int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,
+                   int force, cirrus_error *err);
+void ctl_apply_counts(job_observed *obs, const job_mem *m);
+
+/* ---- controller_children.c ------------------------------------------------------------------- */
+
+int ctl_ensure_secret(controller *ctl, const json_t *job, const json_t *skeleton,
+                      cirrus_error *err);
+int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *services,
+                        int64_t applied_gen, cirrus_error *err);
+
+/* ---- controller_status.c --------------------------------------------------------------------- */
+
+void ctl_watch_progress(controller *ctl, const json_t *job, const char *key,
+                        const job_observed *obs, int stop);
+void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs);
+void ctl_progress_arrived(void *ctx, const char *key);
+int ctl_write_status(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
+                     int64_t *progress_ms, cirrus_error *err);
+int64_t ctl_expire_finished(controller *ctl, const json_t *job, cirrus_error *err, int *rc);
+int64_t ctl_active_deadline(const json_t *job, job_observed *obs);
+
+#endif

@@ -1,0 +1,255 @@
+/* controller_pods: the pods of a job, as the reconcile loop sees them (controller_internal.h).
+ *
+ * What was seen of each pod (its uid, whether its end was already counted) and the
+ * per-region preemption and failure counters live in the job's memory (job_mem), because
+ * the cache lags the operator's own writes: a pod it just created may not be cached yet, one
+ * it deleted may still be. observe_pod() decides what one pod means and whether it must go;
+ * create_pod() and delete_pod() are the only pod writes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/log.h"
+#include "../common/role_args.h"
+#include "controller_internal.h"
+#include "podstate.h"
+
+/* ---- per-job memory ----------------------------------------------------------------------- */
+
+static void mem_reset(job_mem *m, const json_t *job)
+{
+    json_decref(m->counts);
+    json_decref(m->seen);
+    m->counts = json_object();
+    m->seen = json_object();
+    snprintf(m->uid, sizeof m->uid, "%s", meta_str(job, "uid") ? meta_str(job, "uid") : "");
+    const json_t *st = json_object_get(job, "status");
+    const char *ph = json_string_value(json_object_get(st, "phase"));
+    snprintf(m->phase, sizeof m->phase, "%s", ph ? ph : "");
+    /* Counters survive operator restarts through the status. */
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(st, "regions"), i, r)
+    {
+        const char *name = json_string_value(json_object_get(r, "name"));
+        if (name)
+            json_object_set_new(m->counts, name,
+                                json_pack("{s:I, s:I}", "preemptions",
+                                          int_at(r, "preemptions", NULL, 0), "failures",
+                                          int_at(r, "failures", NULL, 0)));
+    }
+}
+
+job_mem *ctl_mem_get(controller *ctl, const char *key, const json_t *job)
+{
+    job_mem *m;
+    for (m = ctl->mems; m; m = m->next)
+        if (!strcmp(m->key, key)) break;
+    if (!m) {
+        m = calloc(1, sizeof *m);
+        if (!m) return NULL;
+        snprintf(m->key, sizeof m->key, "%s", key);
+        m->next = ctl->mems;
+        ctl->mems = m;
+        mem_reset(m, job);
+    } else if (strcmp(m->uid, meta_str(job, "uid") ? meta_str(job, "uid") : "")) {
+        mem_reset(m, job); /* deleted and re-created under the same name */
+    }
+    return m;
+}
+
+void ctl_mem_forget(controller *ctl, const char *key)
+{
+    for (job_mem **p = &ctl->mems; *p; p = &(*p)->next) {
+        if (strcmp((*p)->key, key)) continue;
+        job_mem *m = *p;
+        *p = m->next;
+        json_decref(m->counts);
+        json_decref(m->seen);
+        free(m);
+        return;
+    }
+}
+
+static void count(controller *ctl, job_mem *m, const char *region, int failure)
+{
+    if (!region) return;
+    json_t *c = json_object_get(m->counts, region);
+    if (!c) {
+        c = json_pack("{s:I, s:I}", "preemptions", (json_int_t)0, "failures", (json_int_t)0);
+        json_object_set_new(m->counts, region, c);
+    }
+    const char *field = failure ? "failures" : "preemptions";
+    json_object_set_new(c, field, json_integer(int_at(c, field, NULL, 0) + 1));
+    if (failure)
+        ctl->stats.failures++;
+    else
+        ctl->stats.preemptions++;
+}
+
+/* ---- pods ------------------------------------------------------------------------------------ */
+
+/* Delete one pod, but only the incarnation we looked at (uid precondition): after a stale
+ * cache or a leadership change, a replacement made meanwhile under the same name survives. */
+int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,
+                   int force, cirrus_error *err)
+{
+    char path[PATH_MAX_LEN];
+    if (child_path(path, job, "pods", name))
+        return cirrus_fail(err, CIRRUS_EINVAL, "pod path too long");
+    json_t *opt = json_pack("{s:{s:s}}", "preconditions", "uid", uid ? uid : "");
+    if (opt && force) json_object_set_new(opt, "gracePeriodSeconds", json_integer(0));
+    int rc = opt ? kube_delete(ctl->client, path, opt, err)
+                 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    json_decref(opt);
+    if (rc == CIRRUS_ENOENT || rc == CIRRUS_ECONFLICT) rc = 0; /* gone, or already replaced */
+    if (!rc) ctl->stats.pods_deleted++;
+    return rc;
+}
+
+/* Remember pod `name` as uid. observed: seen in the cache (not only created by us: a pod we
+ * just created may not be in the cache yet, and must not look deleted). counted: its end
+ * was accounted for, or we deleted it ourselves. Flags only ever go from 0 to 1 for a uid. */
+void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted)
+{
+    json_t *s = json_object_get(m->seen, name);
+    const char *old_uid = json_string_value(json_object_get(s, "uid"));
+    if (s && old_uid && !strcmp(old_uid, uid)) {
+        if (observed) json_object_set_new(s, "observed", json_true());
+        if (counted) json_object_set_new(s, "counted", json_true());
+        return;
+    }
+    json_object_set_new(m->seen, name, json_pack("{s:s, s:b, s:b}", "uid", uid, "observed",
+                                                 observed, "counted", counted));
+}
+
+static region_observed *region_obs(job_observed *obs, const char *name)
+{
+    for (int i = 0; name && i < obs->n_regions; i++)
+        if (!strcmp(obs->regions[i].name, name)) return &obs->regions[i];
+    return NULL;
+}
+
+/* Fill obs's spec part from the job. */
+void ctl_observe_spec(const json_t *job, job_observed *obs)
+{
+    const json_t *spec = json_object_get(job, "spec");
+    memset(obs, 0, sizeof *obs);
+    obs->generation = int_at(job, "metadata", "generation", 0);
+    obs->backoff_limit = int_at(spec, "runPolicy", "backoffLimit", 6);
+    obs->suspended = json_is_true(json_object_get(spec, "suspend"));
+    int stages = (int)int_at(spec, "pipeline", "stages", 1);
+    if (stages > JOBSTATUS_MAX_STAGES) stages = JOBSTATUS_MAX_STAGES;
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(spec, "regions"), i, r)
+    {
+        if (obs->n_regions == JOBSTATUS_MAX_REGIONS) break;
+        region_observed *ro = &obs->regions[obs->n_regions++];
+        ro->name = json_string_value(json_object_get(r, "name"));
+        if (!ro->name) ro->name = "";
+        ro->n_stages = stages;
+        ro->replicas = (int)int_at(r, "peers", "replicas", 1);
+        ro->min = (int)int_at(r, "peers", "min", 1);
+        ro->clients = (int)int_at(r, "clients", NULL, 0);
+    }
+}
+
+/* One observed pod of the job: fold it into obs, count its end once (preemption or failure),
+ * and say whether it must go: ended (to be re-created), no longer wanted, or built from an
+ * older spec. No requests here except Events: deletions wait until the counts are written
+ * to the status, so a count is never lost with the pod that showed it. */
+enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
+                                const json_t *pod, const json_t *want, job_observed *obs)
+{
+    const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
+    const char *region = label(pod, CIRRUS_LABEL_REGION), *role = label(pod, CIRRUS_LABEL_ROLE);
+    if (!name || !uid) return KEEP_POD;
+    const json_t *seen = json_object_get(m->seen, name);
+    const char *seen_uid = json_string_value(json_object_get(seen, "uid"));
+    int counted = seen_uid && !strcmp(seen_uid, uid) &&
+                  json_is_true(json_object_get(seen, "counted"));
+    ctl_mark_seen(m, name, uid, 1, 0);
+    char why[128];
+    enum pod_state st = pod_state_of(pod, why, sizeof why);
+    const char *node =
+        json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    int node_gone = node && json_object_get(ctl->gone_nodes, node);
+    if (node_gone && !pod_state_ended(st)) {
+        st = POD_PREEMPTED;
+        snprintf(why, sizeof why, "node %s deleted", node);
+    }
+    region_observed *ro = region_obs(obs, region);
+    int is_client = role && !strcmp(role, CIRRUS_ROLE_CLIENT);
+    if (ro && st == POD_UNSCHEDULABLE) ro->unschedulable++;
+    if (ro && is_client && st == POD_SUCCEEDED) ro->clients_succeeded++;
+    if (ro && st == POD_READY && role) {
+        if (!strcmp(role, CIRRUS_ROLE_GATEWAY)) ro->gateway_ready = 1;
+        const char *stage = label(pod, CIRRUS_LABEL_STAGE);
+        if (!strcmp(role, CIRRUS_ROLE_PEER) && stage) {
+            int s = atoi(stage);
+            if (s >= 0 && s < ro->n_stages) ro->ready[s]++;
+        }
+    }
+    if (st == POD_TERMINATING) return KEEP_POD;
+    if (!want) { /* scaled down, or a region/stage no longer in the spec */
+        ctl_mark_seen(m, name, uid, 1, 1);
+        return DELETE_POD;
+    }
+    if (st == POD_SUCCEEDED && is_client) return KEEP_POD; /* done; kept for its logs */
+    if (pod_state_ended(st) && !counted) {
+        if (st == POD_FAILED || st == POD_PREEMPTED) {
+            count(ctl, m, region, st == POD_FAILED);
+            ctl_event(ctl, job, 1, st == POD_FAILED ? "PodFailed" : "PodPreempted",
+                      "pod %s %s (%s)", name, st == POD_FAILED ? "failed" : "was preempted", why);
+        }
+        ctl_mark_seen(m, name, uid, 1, 1);
+    }
+    /* No kubelet will confirm a graceful deletion on a node that is gone: force it. */
+    if (pod_state_ended(st)) return node_gone ? FORCE_DELETE_POD : DELETE_POD;
+    const char *have_hash = annotation(pod, CIRRUS_ANNOT_SPEC_HASH);
+    const char *want_hash = annotation(want, CIRRUS_ANNOT_SPEC_HASH);
+    if (want_hash && (!have_hash || strcmp(have_hash, want_hash))) {
+        ctl_mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
+        return DELETE_POD;
+    }
+    return KEEP_POD;
+}
+
+/* A desired pod that does not exist (any more): count it if it vanished under us, then
+ * create it under the same name. */
+int ctl_create_pod(controller *ctl, const json_t *job, job_mem *m, const char *name,
+                   const json_t *want, cirrus_error *err)
+{
+    const json_t *seen = json_object_get(m->seen, name);
+    if (seen && json_is_true(json_object_get(seen, "observed")) &&
+        !json_is_true(json_object_get(seen, "counted"))) {
+        /* It existed, nobody here deleted it and it did not end by itself: deleted by a
+         * person or by the node's loss (pod GC). That is a preemption. */
+        const char *region = label(want, CIRRUS_LABEL_REGION);
+        count(ctl, m, region, 0);
+        ctl_event(ctl, job, 1, "PodPreempted", "pod %s was deleted; replacing it in place", name);
+    }
+    json_object_del(m->seen, name);
+    char path[PATH_MAX_LEN];
+    if (child_path(path, job, "pods", name))
+        return cirrus_fail(err, CIRRUS_EINVAL, "pod path too long");
+    json_t *out = NULL;
+    int rc = kube_apply(ctl->client, path, want, CONTROLLER_FIELD_MANAGER, &out, err);
+    if (!rc) {
+        ctl->stats.pods_created++;
+        if (meta_str(out, "uid")) ctl_mark_seen(m, name, meta_str(out, "uid"), 0, 0);
+    }
+    json_decref(out);
+    return rc;
+}
+
+/* The remembered counts into obs, for the status. */
+void ctl_apply_counts(job_observed *obs, const job_mem *m)
+{
+    for (int i = 0; i < obs->n_regions; i++) {
+        const json_t *c = json_object_get(m->counts, obs->regions[i].name);
+        obs->regions[i].preemptions = int_at(c, "preemptions", NULL, 0);
+        obs->regions[i].failures = int_at(c, "failures", NULL, 0);
+    }
+}
