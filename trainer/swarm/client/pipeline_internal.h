@@ -1,7 +1,12 @@
-/* pipeline_internal: the pipeline client's state, shared by its modules (pipeline.c: the
- * requests, the engine, the step and membership; pipeline_state.c: the model's state
- * gathered from and installed on the stage peers). Nothing outside swarm/client/ includes
- * it: pipeline.h is the interface. */
+/* pipeline_internal: the pipeline client's state, and what each of its modules offers the
+ * others. pipeline.h is the interface; nothing outside swarm/client/ includes this file.
+ *
+ *   pipeline.c          the pipeline as an object: connect, close, routing, read-outs
+ *   pipeline_link.c     requests to the stage peers: deadlines, failover, a lost peer
+ *   pipeline_engine.c   microbatches in flight: forwards and backwards as queued tasks
+ *   pipeline_step.c     the optimizer step: averaging, the tied embedding, the norm, STEP
+ *   pipeline_members.c  peers joining, aligned, taken over, reported lost
+ *   pipeline_state.c    the model's state gathered from and installed on the peers */
 #ifndef CIRRUS_PIPELINE_INTERNAL_H
 #define CIRRUS_PIPELINE_INTERNAL_H
 
@@ -12,7 +17,17 @@
 #include "../proto/stage_msg.h"
 #include "pipeline.h"
 
+#include <time.h>
+
 #define PIPE_REPLY_LIMIT (256u << 20)
+
+/* Peers answer their first requests slowly (memory is touched for the first time); until
+ * then they get the caller's full timeout, not the stage's learned deadline. */
+#define PIPE_WARM_REQUESTS 8
+
+/* Requests to a peer get at least this many times the latency its measured throughput
+ * predicts (the stage's deadline has the same margin over the stage's median). */
+#define PIPE_PEER_DEADLINE_RATIO 3.0
 
 typedef struct peer_link {
     net_conn *c;       /* NULL once dead */
@@ -88,14 +103,77 @@ struct pipeline {
     void *on_lost_ctx;
 };
 
+/* The client's clock for latencies and deadlines, in seconds. */
+static inline double pipe_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline int pipe_peer_alive(const pipeline *p, int s, int k)
+{
+    return p->link[s].peer[k].c != NULL;
+}
+
+static inline int pipe_alive_count(const pipeline *p, int s)
+{
+    int n = 0;
+    for (int k = 0; k < p->link[s].n; k++) n += pipe_peer_alive(p, s, k);
+    return n;
+}
+
+/* ---- pipeline_link.c: requests ---- */
+
+/* Send request id of `type` to peer k of stage s, and wait for its answer (type + 1; a
+ * refusal comes back with the peer's code as rpc.h maps it, and its message). */
+int pipe_send(pipeline *p, int s, int k, uint16_t type, uint64_t id, const wire_writer *w,
+              cirrus_error *err);
+int pipe_await(pipeline *p, int s, int k, uint16_t type, uint64_t id, wire_reader *r,
+               int timeout_ms, cirrus_error *err);
 /* Request -> reply with peer k of stage s, under the pipeline's timeout. */
 int pipe_call_peer(pipeline *p, int s, int k, uint16_t type, const wire_writer *w,
                    wire_reader *r, cirrus_error *err);
+/* Whether a forward or backward to peer k of stage s runs under the stage's learned
+ * deadline (the peer is warm and has a live alternative), and that deadline in seconds
+ * for B samples. */
+int pipe_deadline_learned(const pipeline *p, int s, int k);
+double pipe_learned_deadline(const pipeline *p, int s, int k, uint16_t type, int B);
+/* What a forward or backward of B samples that took `took` seconds and ended with rc
+ * teaches the stage's deadline estimator and the wiring. */
+void pipe_observe(pipeline *p, int s, int k, uint16_t type, int B, double took, int learned,
+                  int rc);
 /* The first live peer of stage s (for requests that are not routed work); -1 if none. */
 int pipe_any_live_peer(const pipeline *p, int s);
-/* Drop peer k of stage s after a transport failure (why); see pipeline.c. */
+/* The live peer of stage s the wiring picks for work of `charge` samples (in forward
+ * units); -1 if none. */
+int pipe_routed_peer(pipeline *p, int s, double charge);
+/* Slot k of stage s now holds a new live connection: the wiring tries it at once. */
+int pipe_track_peer(pipeline *p, int s, int k);
+/* A request on stage s: on `prefer` if alive, else on the peer the wiring picks for
+ * `charge` samples (0: any live peer), moving on after transport failures. */
+int pipe_on_stage(pipeline *p, int s, int prefer, uint16_t type, int B, double charge,
+                  const wire_writer *w, wire_reader *r, int *served, cirrus_error *err);
+/* The same request to every live peer of stage s; r receives one reply. */
+int pipe_on_all_peers(pipeline *p, int s, uint16_t type, const wire_writer *w, wire_reader *r,
+                      int *answered, cirrus_error *err);
+/* Drop peer k of stage s after a transport failure (why); see pipeline_link.c. */
 int pipe_peer_failed(pipeline *p, int s, int k, const cirrus_error *why, cirrus_error *err);
 /* Whether rc means the peer is gone for this client (a fault, or it moved). */
 int pipe_is_peer_fault(int rc);
+
+/* ---- pipeline_engine.c: what a lost peer leaves to redo ---- */
+
+/* Backwards whose gradients the lost peer `dead` of stage s held run again on survivors. */
+int pipe_redo_backwards_of(pipeline *p, int s, int dead, cirrus_error *err);
+/* Tasks queued for, or sent to, the lost peer k of stage s go to other peers. */
+int pipe_reassign_tasks_of(pipeline *p, int s, int k, cirrus_error *err);
+
+/* ---- pipeline_members.c ---- */
+
+/* Connect slot k of stage s to addr and check (INFO) that it serves this model from the
+ * stage's first layer, ending at *l1 (< 0: any, then set); *steps: its optimizer steps. */
+int pipe_connect_peer(pipeline *p, int s, int k, const char *addr, int *l1, uint64_t *steps,
+                      cirrus_error *err);
 
 #endif
