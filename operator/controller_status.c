@@ -124,8 +124,10 @@ static double seconds_since(const char *t)
     return difftime(time(NULL), (time_t)s);
 }
 
-/* runPolicy.ttlSecondsAfterFinished: delete a finished job once it has passed. Returns the
- * milliseconds until it is due (0: deleted or none). */
+/* runPolicy.ttlSecondsAfterFinished: delete a finished job once it has passed (the RBAC grants
+ * delete on swarmjobs for this alone). Only the job we looked at: a uid precondition, so a
+ * job re-created under the same name while the cache lagged is not deleted in its place.
+ * Returns the milliseconds until it is due (0: deleted or none). */
 int64_t ctl_expire_finished(controller *ctl, const json_t *job, cirrus_error *err, int *rc)
 {
     json_int_t ttl = int_at(json_object_get(job, "spec"), "runPolicy", "ttlSecondsAfterFinished",
@@ -138,9 +140,13 @@ int64_t ctl_expire_finished(controller *ctl, const json_t *job, cirrus_error *er
     char path[PATH_MAX_LEN];
     if (kube_path(path, sizeof path, SWARMJOB_API, meta_str(job, "namespace"), "swarmjobs",
                   meta_str(job, "name")) == 0) {
-        json_t *opt = json_pack("{s:s}", "propagationPolicy", "Background");
-        *rc = kube_delete(ctl->client, path, opt, err);
-        if (*rc == CIRRUS_ENOENT) *rc = 0;
+        const char *uid = meta_str(job, "uid");
+        json_t *opt = json_pack("{s:s, s:{s:s}}", "propagationPolicy", "Background",
+                                "preconditions", "uid", uid ? uid : "");
+        *rc = opt ? kube_delete(ctl->client, path, opt, err)
+                  : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        /* Gone already, or another job now has the name (409: its uid differs). */
+        if (*rc == CIRRUS_ENOENT || *rc == CIRRUS_ECONFLICT) *rc = 0;
         json_decref(opt);
         if (!*rc) log_info("%s: deleted %lld s after it finished (ttlSecondsAfterFinished)",
                            meta_str(job, "name"), (long long)ttl);

@@ -331,7 +331,8 @@ can get leases.coordination.k8s.io/cirrus-operator -n cirrus-system
 can update leases.coordination.k8s.io/cirrus-operator -n cirrus-system
 cannot create swarmjobs.cirrus.dev -n "$NS"
 cannot update swarmjobs.cirrus.dev -n "$NS"
-cannot delete swarmjobs.cirrus.dev -n "$NS"
+can delete swarmjobs.cirrus.dev -n "$NS" # ttlSecondsAfterFinished
+cannot deletecollection swarmjobs.cirrus.dev -n "$NS"
 cannot delete namespaces
 cannot create clusterroles.rbac.authorization.k8s.io
 cannot create clusterrolebindings.rbac.authorization.k8s.io
