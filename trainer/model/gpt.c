@@ -254,11 +254,14 @@ void gpt_zero_grads(gpt_model *m)
     memset(m->grad_head, 0, (size_t)m->cfg.vocab * m->cfg.n_embd * sizeof(float));
 }
 
-void gpt_fold_tied_grads(gpt_model *m)
+void gpt_add_head_grad(gpt_model *m, const float *head)
 {
     const size_t n = (size_t)m->cfg.vocab * m->cfg.n_embd;
-    for (size_t i = 0; i < n; i++) {
-        m->g.wte[i] += m->grad_head[i];
-        m->grad_head[i] = 0.0f;
-    }
+    for (size_t i = 0; i < n; i++) m->g.wte[i] += head[i];
+}
+
+void gpt_fold_tied_grads(gpt_model *m)
+{
+    gpt_add_head_grad(m, m->grad_head);
+    memset(m->grad_head, 0, (size_t)m->cfg.vocab * m->cfg.n_embd * sizeof(float));
 }

@@ -128,5 +128,8 @@ void gpt_model_init(gpt_model *m, uint64_t seed);
 void gpt_zero_grads(gpt_model *m);
 /* grads.wte += grad_head; grad_head = 0. Called once per optimizer step. */
 void gpt_fold_tied_grads(gpt_model *m);
+/* grads.wte += head (V x C): the LM head's share, which a pipeline's first stage receives
+ * from the last; the same additions in the same order as gpt_fold_tied_grads(). */
+void gpt_add_head_grad(gpt_model *m, const float *head);
 
 #endif

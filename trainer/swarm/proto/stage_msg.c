@@ -365,6 +365,47 @@ int stage_msg_get_sync(wire_reader *r, char donor[STAGE_ADDR_MAX])
     return done(r);
 }
 
+/* Floats [off, off + count) of the runs laid end to end, piece by piece in order. */
+static void walk_runs(const stage_run *runs, int n, uint64_t off, uint64_t count,
+                      void (*piece)(void *ctx, float *at, uint64_t count), void *ctx)
+{
+    uint64_t at = 0; /* where run i starts */
+    for (int i = 0; i < n && count > 0; i++) {
+        const uint64_t len = runs[i].count;
+        if (off < at + len) {
+            const uint64_t from = off - at, take = len - from < count ? len - from : count;
+            piece(ctx, runs[i].at + from, take);
+            off += take;
+            count -= take;
+        }
+        at += len;
+    }
+}
+
+static void put_piece(void *ctx, float *at, uint64_t count)
+{
+    stage_msg_put_state_floats(ctx, at, count);
+}
+
+void stage_msg_put_runs(wire_writer *w, const stage_run *runs, int n, uint64_t off,
+                        uint64_t count)
+{
+    walk_runs(runs, n, off, count, put_piece, w);
+}
+
+static void take_piece(void *ctx, float *at, uint64_t count)
+{
+    const uint8_t **src = ctx;
+    memcpy(at, *src, sizeof(float) * count);
+    *src += sizeof(float) * count;
+}
+
+void stage_msg_take_runs(const stage_run *runs, int n, uint64_t off, const uint8_t *floats,
+                         uint64_t count)
+{
+    walk_runs(runs, n, off, count, take_piece, &floats);
+}
+
 int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
                       uint64_t expect_n, uint64_t *steps, cirrus_error *err)
 {

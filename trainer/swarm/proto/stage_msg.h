@@ -265,6 +265,26 @@ typedef struct stage_params_set {
 void stage_msg_put_params_set(wire_writer *w, const stage_params_set *q, const float *x);
 int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q);
 
+/* The floats of STATE_GET (a stage's parameters, then its AdamW m, then v) and of
+ * PARAMS_SET (the parameters) lie in memory as runs laid end to end: the parameters of
+ * the stage's spans (gpt_stage_state_spans) where they sit in the model's buffer, then
+ * the moments. The peer serving them and the client gathering or installing them map a
+ * slice onto their runs with the same walk. */
+typedef struct stage_run {
+    float *at;      /* read only by stage_msg_put_runs */
+    uint64_t count;
+} stage_run;
+
+#define STAGE_MAX_RUNS 6 /* a stage's two spans, each in parameters, m and v */
+
+/* Append floats [off, off + count) of runs[0..n) to w. */
+void stage_msg_put_runs(wire_writer *w, const stage_run *runs, int n, uint64_t off,
+                        uint64_t count);
+/* Copy count floats as they travel (little-endian, possibly unaligned) into floats
+ * [off, off + count) of runs[0..n). */
+void stage_msg_take_runs(const stage_run *runs, int n, uint64_t off, const uint8_t *floats,
+                         uint64_t count);
+
 /* SYNC: the donor's "host:port". */
 void stage_msg_put_sync(wire_writer *w, const char *donor);
 int stage_msg_get_sync(wire_reader *r, char donor[STAGE_ADDR_MAX]);

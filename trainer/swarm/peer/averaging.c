@@ -1,0 +1,140 @@
+/* averaging: the stage's gradients between steps. AVERAGE sums them with the stage's
+ * other peers (a TCP ring among the members the client names each round); a round that
+ * fails is repeated from each peer's own gradients (kept in `backup`); a new state or a
+ * new stage drops them. All under the peer's lock. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../../common/log.h"
+#include "../../net/ring.h"
+#include "peer_internal.h"
+
+/* Pack (or unpack) every optimizer segment's gradient, and the LM head's share on the last
+ * stage, into one buffer for one all-reduce. */
+static void pack_gradients(peer *p, float *buf, int unpack)
+{
+    float *g = buf;
+    for (int s = 0; s < p->adam.n_seg; s++) {
+        float *t = p->model.grads + p->adam.seg[s].offset;
+        size_t n = sizeof(float) * p->adam.seg[s].count;
+        if (unpack)
+            memcpy(t, g, n);
+        else
+            memcpy(g, t, n);
+        g += p->adam.seg[s].count;
+    }
+    if (p->l1 == p->opt->model.n_layer) {
+        if (unpack)
+            memcpy(p->model.grad_head, g, sizeof(float) * p->V * p->C);
+        else
+            memcpy(g, p->model.grad_head, sizeof(float) * p->V * p->C);
+    }
+}
+
+/* Undo a completed round: back to this peer's own gradients (kept in `backup`). Needed
+ * before a round is repeated, and before a backward is re-run here on behalf of a lost
+ * peer (its microbatch must land in one peer's own share, not in a sum). */
+void peer_unsum_gradients(peer *p)
+{
+    if (!p->summed) return;
+    pack_gradients(p, p->backup, 1);
+    p->summed = 0;
+}
+
+/* attempt (the request id, shared by all members of one attempt) names the ring's
+ * handshake, so a connection left over from a failed attempt can never join the next one. */
+int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
+                             const char **why)
+{
+    const stage_peer_options *o = p->opt;
+    stage_average *a = &p->avg;
+    char(*addrs)[STAGE_ADDR_MAX] = a->addrs, (*hosts)[STAGE_ADDR_MAX] = p->avg_hosts;
+    char *members = p->avg_members;
+    const char *host_ptr[PEER_MAX_MEMBERS];
+    int ports[PEER_MAX_MEMBERS];
+    members[0] = '\0';
+    *why = "malformed AVERAGE";
+    /* ring_ms: how long the ring may go without progress before it gives up (the client
+     * learns it from the rounds it has seen). */
+    if (stage_msg_get_average(r, a)) return CIRRUS_ECORRUPT;
+    const uint64_t round = a->round;
+    const uint32_t n = a->n, ring_ms = a->ring_ms;
+    int rank = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(addrs[i], addrs[j]) == 0) { /* one rank each */
+                *why = "AVERAGE lists one ring address twice (do two peers share a --ring-addr?)";
+                return CIRRUS_ECORRUPT;
+            }
+        if (o->ring_addr && strcmp(addrs[i], o->ring_addr) == 0) rank = (int)i;
+        strcat(members, addrs[i]); /* fits: n * STAGE_ADDR_MAX */
+        strcat(members, ",");
+    }
+    *why = "AVERAGE names members without this peer, or an address that is not HOST:PORT";
+    if (rank < 0 && n > 1) return CIRRUS_EINVAL;
+    for (uint32_t i = 0; n > 1 && i < n; i++) {
+        if (net_split_hostport(addrs[i], hosts[i], sizeof hosts[i], &ports[i], 0, NULL))
+            return CIRRUS_EINVAL;
+        host_ptr[i] = hosts[i];
+    }
+    stage_msg_put_average_ok(reply, p->mb_since_step);
+    /* A repeated round (a member failed): start again from this peer's own gradients, and
+     * build a new ring, as every member of the repeat does. */
+    peer_unsum_gradients(p);
+    if (round == p->last_round && p->ring) {
+        collective_destroy(p->ring);
+        p->ring = NULL;
+    }
+    p->last_round = round;
+    if (n == 1) return 0; /* a lone member's gradients are the sum */
+    pack_gradients(p, p->pack, 0);
+    memcpy(p->backup, p->pack, sizeof(float) * p->pack_count);
+    if (p->ring && strcmp(members, p->ring_members) != 0) {
+        collective_destroy(p->ring);
+        p->ring = NULL;
+    }
+    cirrus_error err = {0};
+    *why = "gradient averaging failed";
+    if (!p->ring) {
+        char ring_job[WIRE_JOB_ID_MAX + 1];
+        snprintf(ring_job, sizeof ring_job, "%.30s#%llu", o->job_id,
+                 (unsigned long long)attempt);
+        ring_options ro = {.job_id = ring_job, .timeout_ms = (int)ring_ms,
+                           .chunk_bytes = 1 << 20};
+        int rc = ring_create(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
+                             &err);
+        if (rc) {
+            log_warn("averaging: %s", err.msg);
+            return CIRRUS_EIO; /* the request was fine; the ring was not */
+        }
+        snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
+    }
+    if (o->stall_at > 0 && p->steps + 1 == (uint64_t)o->stall_at && !p->stalled) {
+        p->stalled = 1;
+        log_warn("averaging: stalling %.1f s in step %d (--stall-average-at)", o->stall_s,
+                 o->stall_at);
+        usleep((useconds_t)(o->stall_s * 1e6));
+    }
+    ring_set_timeout(p->ring, (int)ring_ms);
+    int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);
+    if (rc) {
+        /* A member left: drop the ring (the gradients are untouched); the client repeats
+         * the round with the survivors. */
+        log_warn("averaging: %s", err.msg);
+        collective_destroy(p->ring);
+        p->ring = NULL;
+        return CIRRUS_EIO;
+    }
+    pack_gradients(p, p->pack, 1);
+    p->summed = 1;
+    return 0;
+}
+
+void peer_drop_gradients(peer *p)
+{
+    memset(p->model.grads, 0, sizeof(float) * p->model.n_params);
+    memset(p->model.grad_head, 0, sizeof(float) * p->V * p->C);
+    p->mb_since_step = 0;
+    p->summed = 0;
+}
