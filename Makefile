@@ -148,11 +148,7 @@ test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 test-wan: $(BIN)/cirrus-trainer $(CORPUS)
 	@echo "cirrus: regions joined by gateways (outer steps, TLS between the gateways)"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/run.sh $(BIN)/cirrus-trainer
-	@# A region whose gateway restarted sometimes stays a round behind until the end (see the
-	@# note in tests/wan/gateways.sh); a failed attempt is printed and the test runs once more.
-	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer || \
-	  { echo "cirrus: gateway restart attempt 1 failed; attempt 2"; \
-	    CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer; }
+	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/shaped.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)

@@ -98,11 +98,13 @@ static void keep_alive(net_conn *c)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
 }
 
-/* What region j said of its latest round (JOIN). */
+/* What region j said of its latest round (JOIN). It is back: the next rounds wait for it
+ * again (up to their learned deadline), not just the short grace of an absent region. */
 static void note_round(outer_sync *os, int j, uint64_t round)
 {
     pthread_mutex_lock(&os->mu);
     os->peer[j].round_seen = round == WAN_NO_ROUND ? -1 : (int64_t)round;
+    os->peer[j].absent = 0;
     pthread_mutex_unlock(&os->mu);
 }
 
@@ -142,12 +144,16 @@ static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *
 static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *err)
 {
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
-    /* Sending round r, it has completed r - 1. */
+    /* Sending round r, it has completed r - 1. And it is alive: even a message of a round
+     * done here (it fell behind and is catching up) means the next round should wait for it
+     * up to the learned deadline, or it would miss every round by the absent's short grace
+     * and stay one behind to the end. */
     if ((int64_t)d->round - 1 > os->peer[from].round_seen)
         os->peer[from].round_seen = (int64_t)d->round - 1;
+    os->peer[from].absent = 0;
     if (d->round <= base) return 0;
     if (d->round > base + 2)
-        return cirrus_fail(err, CIRRUS_EMISMATCH, "this gateway is at outer step %llu, behind "
+        return cirrus_fail(err, CIRRUS_ECONFLICT, "this gateway is at outer step %llu, behind "
                            "%llu: it takes the job's state", (unsigned long long)base,
                            (unsigned long long)d->round);
     round_slot *sl = &os->slot[d->round & 1][from];
@@ -276,7 +282,7 @@ static void *receive_main(void *arg)
             rc = wan_msg_get_done(&r, os->max_message, &d)
                      ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed DONE")
                      : take_done(os, rv->from, &d, &err);
-            if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_EMISMATCH) { /* answered */
+            if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_ECONFLICT) { /* answered */
                 pthread_mutex_unlock(&os->mu);
                 wire_writer w;
                 wire_writer_init(&w, 16);
@@ -521,11 +527,14 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
             pthread_mutex_unlock(&os->mu);
             return 0;
         }
-        /* A refusal is final for this round: the receiver is behind and catches up by
-         * itself (it takes the job's state), or refuses what we are; sending again would
-         * only send it again. */
-        if (!rpc_is_fault(rc)) return rc;
-        sender_drop(os, j, err);
+        /* The receiver is behind: it is taking the job's state (ours, most likely) and
+         * wants this round's message once it has: the same message again, shortly, on the
+         * same connection. Refused, it would wait for the message to the round's deadline,
+         * miss the round, and fall behind again — one round behind to the end. */
+        const int behind = rc == CIRRUS_ECONFLICT;
+        /* Any other refusal is final for this round: it refuses what we are. */
+        if (!behind && !rpc_is_fault(rc)) return rc;
+        if (!behind) sender_drop(os, j, err);
         if (atomic_load(&os->stopping) || net_now_ms() + backoff_ms > deadline_ms) return rc;
         log_warn("outer: WAN link to region %s: %s; again in %d ms", os->names[j], err->msg,
                  backoff_ms);
