@@ -455,8 +455,9 @@ static json_t *port_new(const char *name, int port)
     return json_pack("{s:s, s:i, s:s}", "name", name, "containerPort", port, "protocol", "TCP");
 }
 
-/* The container: role's command and args (stolen), env, resources (copied); ports, mounts
- * and the probe are added by the caller. */
+/* The container: role's command and args (stolen), env, resources (copied), the restricted
+ * Pod Security Standard's container part (desired.h); ports, mounts and the probe are added
+ * by the caller. */
 static json_t *container_new(const job_view *v, const char *role, json_t *args,
                              const json_t *resources)
 {
@@ -467,6 +468,10 @@ static json_t *container_new(const job_view *v, const char *role, json_t *args,
         "fieldPath", "status.podIP", "name", "POD_NAME", "valueFrom", "fieldRef", "fieldPath",
         "metadata.name");
     if (c && resources) json_object_set_new(c, "resources", json_deep_copy(resources));
+    if (c)
+        json_object_set_new(c, "securityContext",
+                            json_pack("{s:b, s:{s:[s]}}", "allowPrivilegeEscalation", 0,
+                                      "capabilities", "drop", "ALL"));
     return c;
 }
 
@@ -475,8 +480,11 @@ static json_t *pod_new(const job_view *v, const region_view *r, const char *name
                        json_t *labels, json_t *c, json_t *volumes, cirrus_error *err)
 {
     json_t *pod = object_new(v, "v1", "Pod", name, labels);
-    json_t *spec = json_pack("{s:s, s:i, s:[o]}", "restartPolicy", "Never",
-                             "terminationGracePeriodSeconds", 10, "containers", c);
+    json_t *spec = json_pack(
+        "{s:s, s:i, s:[o], s:b, s:{s:b, s:i, s:i, s:i, s:{s:s}}}", "restartPolicy", "Never",
+        "terminationGracePeriodSeconds", 10, "containers", c, "automountServiceAccountToken", 0,
+        "securityContext", "runAsNonRoot", 1, "runAsUser", DESIRED_RUN_AS, "runAsGroup",
+        DESIRED_RUN_AS, "fsGroup", DESIRED_RUN_AS, "seccompProfile", "type", "RuntimeDefault");
     json_t *sel = r->node_selector ? json_deep_copy(r->node_selector) : json_object();
     if (!pod || !spec || !sel) {
         json_decref(pod);

@@ -52,6 +52,13 @@
 #define CIRRUS_DATA_DIR "/data"            /* clients: data.claimName, read-only */
 #define CIRRUS_CKPT_DIR "/checkpoints"     /* clients: checkpoint.volume (else an emptyDir) */
 
+/* Every Pod meets the `restricted` Pod Security Standard, so namespaces enforcing it admit
+ * them: it runs as this user and group (the image's, Dockerfile: useradd --uid 65532), with
+ * fsGroup the same so a checkpoint volume is writable, RuntimeDefault seccomp, no privilege
+ * escalation, no capabilities; and without the namespace's ServiceAccount token (the trainer
+ * never calls the API server). */
+#define DESIRED_RUN_AS 65532
+
 /* Caps on what a SwarmJob may ask for, refused by desired_build: the CRD's maxItems for
  * spec.regions, and Pods per job (gateways, peers and clients of every region together),
  * which the CRD cannot bound (each count has its own maximum, their product does not). */

@@ -12,19 +12,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/operator/lib.sh
 source "$root/tests/operator/lib.sh"
-bin=${CIRRUS_OPERATOR:-$root/build/bin/cirrus-operator}
 NS=cirrus-runpolicy-test-$$
 work=$(mktemp -d)
 kn() { kubectl -n "$NS" "$@"; }
-wait_until() { # TIMEOUT_S COMMAND...: poll every 100 ms
-    local deadline=$(($(date +%s) + $1)); shift
-    until "$@" >/dev/null 2>&1; do
-        (($(date +%s) < deadline)) || return 1
-        sleep 0.1
-    done
-}
-op_pid=
-op_log=$work/operator.log
 cleanup() {
     [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
     kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
@@ -34,20 +24,16 @@ trap cleanup EXIT
 finish() {
     if ((fail)); then
         echo "--- operator log (last 40 lines)"
-        tail -40 "$op_log"
+        tail -40 "$work/operator.log"
     fi
     checks_summary runpolicy
     exit
 }
 fail_fast() { not_ok "$*"; finish; }
 
-[[ -x "$bin" ]] || fail_fast "$bin is missing (make all)"
 why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
 kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
-"$bin" --kubeconfig "$work/kubeconfig" --namespace "$NS" --leader-elect \
-    --lease-namespace cirrus-system --metrics-port 0 >>"$op_log" 2>&1 &
-op_pid=$!
-wait_until 60 grep -q "acquired the lease" "$op_log" || fail_fast "operator did not acquire the lease"
+test_operator_start "$work" "$NS" || fail_fast "operator not leading: $(tail -3 "$work/operator.log")"
 
 job() { # NAME RUNPOLICY: a one-region job (gateway, one peer, one client)
     kn apply -f - >/dev/null <<EOF
@@ -75,28 +61,26 @@ job done-keep '{ttlSecondsAfterFinished: 3600}'
 job done-no-ttl '{}'
 job late-ttl '{activeDeadlineSeconds: 1, ttlSecondsAfterFinished: 2}'
 for j in done-ttl done-keep done-no-ttl; do
-    wait_until 60 running $j || fail_fast "$j: pods not running"
+    poll_until 60 running $j || fail_fast "$j: pods not running"
     client_done $j
 done
-check "done-ttl: Succeeded once its client finished" wait_until 30 phase_is done-ttl Succeeded
+check "done-ttl: Succeeded once its client finished" poll_until 30 phase_is done-ttl Succeeded
 completed=$(kn get sj done-ttl -o jsonpath='{.status.completionTime}')
-if wait_until 20 job_gone done-ttl; then
+if poll_until 20 job_gone done-ttl; then
     # completionTime has whole seconds: the deletion comes 2 to 3 s after it, plus polling.
     age=$(($(date -u +%s) - $(date -u -d "$completed" +%s)))
     if ((age >= 2 && age <= 6)); then ok "done-ttl: deleted by the operator ${age} s after its completionTime (ttlSecondsAfterFinished 2)"; else not_ok "done-ttl: deleted ${age} s after its completionTime '$completed' (want 2..6)"; fi
 else
     not_ok "done-ttl: not deleted 20 s after it Succeeded (ttlSecondsAfterFinished 2)"
 fi
-check "done-ttl: its children garbage-collected" wait_until 60 children_gone done-ttl
-check "late-ttl: Failed (activeDeadlineSeconds 1), then deleted after its TTL" wait_until 40 job_gone late-ttl
-check_not "no request refused (403) in the operator's log" grep -q "403\|forbidden" "$op_log"
+check "done-ttl: its children garbage-collected" poll_until 60 children_gone done-ttl
+check "late-ttl: Failed (activeDeadlineSeconds 1), then deleted after its TTL" poll_until 40 job_gone late-ttl
+check_not "no request refused (403) in the operator's log" grep -q "403\|forbidden" "$work/operator.log"
 check "done-keep (ttl 3600): Succeeded" phase_is done-keep Succeeded
 check "done-keep: kept" kn get sj done-keep
 check "done-no-ttl: Succeeded and kept" phase_is done-no-ttl Succeeded
 
-kill -TERM "$op_pid"
-rc=0
-wait "$op_pid" || rc=$?
-op_pid=
+test_operator_stop
+rc=$?
 expect_eq "operator exits 0 on SIGTERM" 0 "$rc"
 finish

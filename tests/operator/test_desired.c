@@ -249,6 +249,41 @@ TEST(desired_spec_hash)
     json_decref(job);
 }
 
+/* Every pod meets the restricted Pod Security Standard (podsecurity_test.sh has the API
+ * server's own verdict): non-root as the image's user, RuntimeDefault seccomp, no privilege
+ * escalation, no capabilities, no ServiceAccount token. */
+TEST(desired_pods_restricted)
+{
+    json_t *job = sample_job();
+    desired_job d = {0};
+    cirrus_error err = {0};
+    ASSERT_OK(desired_build(job, &d, &err));
+    ASSERT_EQ(json_object_size(d.pods), 12);
+    const char *name;
+    const json_t *p;
+    json_object_foreach(d.pods, name, p)
+    {
+        const json_t *spec = json_object_get(p, "spec");
+        if (!json_is_false(json_object_get(spec, "automountServiceAccountToken")))
+            TEST_FAIL("%s: automountServiceAccountToken is not false", name);
+        const json_t *psc = json_object_get(spec, "securityContext");
+        ASSERT(json_is_true(json_object_get(psc, "runAsNonRoot")));
+        ASSERT_EQ(json_integer_value(json_object_get(psc, "runAsUser")), DESIRED_RUN_AS);
+        ASSERT_EQ(json_integer_value(json_object_get(psc, "runAsGroup")), DESIRED_RUN_AS);
+        ASSERT_EQ(json_integer_value(json_object_get(psc, "fsGroup")), DESIRED_RUN_AS);
+        assert_str(str_at(json_object_get(psc, "seccompProfile"), "type"), "RuntimeDefault",
+                   name);
+        const json_t *csc = json_object_get(container(p), "securityContext");
+        ASSERT(json_is_false(json_object_get(csc, "allowPrivilegeEscalation")));
+        const json_t *drop = json_object_get(json_object_get(csc, "capabilities"), "drop");
+        ASSERT_EQ(json_array_size(drop), 1);
+        assert_str(json_string_value(json_array_get(drop, 0)), "ALL", name);
+        ASSERT(!json_object_get(json_object_get(csc, "capabilities"), "add"));
+    }
+    desired_job_free(&d);
+    json_decref(job);
+}
+
 /* The split `cirrus-trainer local` makes (trainer/cmd/local.c, roles_cmd_local). */
 static void local_split(int n_layer, int n_stages, int s, int *l0, int *l1)
 {
