@@ -146,6 +146,42 @@ int ctl_job_exists(controller *ctl, const json_t *job, cirrus_error *err)
 
 /* ---- reconcile ------------------------------------------------------------------------------- */
 
+/* Whether the job's status has condition `type` with this reason and message. */
+static int condition_says(const json_t *job, const char *type, const char *reason,
+                          const char *message)
+{
+    size_t i;
+    const json_t *c;
+    json_array_foreach(json_object_get(json_object_get(job, "status"), "conditions"), i, c)
+    {
+        const char *t = json_string_value(json_object_get(c, "type"));
+        const char *r = json_string_value(json_object_get(c, "reason"));
+        const char *msg = json_string_value(json_object_get(c, "message"));
+        if (t && r && msg && !strcmp(t, type))
+            return !strcmp(r, reason) && !strcmp(msg, message);
+    }
+    return 0;
+}
+
+/* A spec desired_build refused (err): an Event, and the status says so (Created False,
+ * InvalidSpec, err's message). Nothing is created or deleted. */
+static int invalid_spec(controller *ctl, const json_t *job, job_mem *m, cirrus_error *err)
+{
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    if (!m || !leading(ctl)) return 0;
+    /* The Event once per refusal, not on every resync. */
+    if (!condition_says(job, "Created", "InvalidSpec", msg))
+        ctl_event(ctl, job, 1, "InvalidSpec", "%s", msg);
+    job_observed obs;
+    ctl_observe_spec(job, &obs);
+    ctl_apply_counts(&obs, m);
+    obs.not_created_reason = "InvalidSpec";
+    obs.not_created_message = msg;
+    int64_t progress_ms;
+    return ctl_write_status(ctl, job, m, &obs, &progress_ms, err);
+}
+
 static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirrus_error *err)
 {
     *requeue_ms = 0;
@@ -167,10 +203,11 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     int rc = m ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc && desired_build(job, &d, err)) {
         /* The API server validated the spec; what still fails here (e.g. names too long
-         * once combined) will not fix itself by retrying. */
-        ctl_event(ctl, job, 1, "InvalidSpec", "%s", err->msg);
+         * once combined) will not fix itself by retrying: said once in an Event and for as
+         * long as it lasts in the Created condition. */
+        rc = invalid_spec(ctl, job, m, err);
         json_decref((json_t *)job);
-        return 0;
+        return rc;
     }
     if (!m) {
         desired_job_free(&d);
@@ -232,6 +269,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     const json_t *want;
     int first = 0;
     cirrus_error first_err = {0};
+    char refused[sizeof err->msg + CIRRUS_NAME_MAX + 8];
     json_object_foreach(d.pods, pname, want)
     {
         if (rc || stop || !leading(ctl)) break;
@@ -246,6 +284,12 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         if (prc && !first) {
             first = prc;
             first_err = *err;
+        }
+        /* The first refusal shows in the Created condition until a reconcile makes them all. */
+        if (prc && !obs.not_created_reason) {
+            snprintf(refused, sizeof refused, "pod %s: %s", pname, err->msg);
+            obs.not_created_reason = "PodCreateFailed";
+            obs.not_created_message = refused;
         }
     }
     ctl_watch_progress(ctl, job, key, &obs, stop);

@@ -269,8 +269,12 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
     char msg[256];
     int64_t g = obs->generation;
     int64_t fails = total_failures(obs);
-    add_condition(c, old_status, "Created", 1, "ObjectsCreated",
-                  "gateways, peers and clients created", now, g);
+    add_condition(c, old_status, "Created", !obs->not_created_reason,
+                  obs->not_created_reason ? obs->not_created_reason : "ObjectsCreated",
+                  obs->not_created_reason && obs->not_created_message
+                      ? obs->not_created_message
+                      : "gateways, peers and clients created",
+                  now, g);
     int running = ph == PHASE_RUNNING || ph == PHASE_DEGRADED;
     add_condition(c, old_status, "Running", running, running ? "PipelineReady" : phase_names[ph],
                   running ? "every stage of a region has a ready peer"

@@ -89,6 +89,12 @@ typedef struct job_observed {
     int deadline_exceeded; /* runPolicy.activeDeadlineSeconds has passed since startTime */
     int64_t generation;
     int progress_stale_s;  /* progress_stale_s(); 0: the gateways are not read */
+    /* Why not everything the spec asks for could be made, for the Created condition (False
+     * with this reason and message; NULL reason: True, ObjectsCreated): "InvalidSpec" (the
+     * spec passed the CRD's rules but desired_build refused it, e.g. a pod name over 63
+     * characters) or "PodCreateFailed" (the API server refused a pod: admission, quota,
+     * an invalid field; or it could not be reached), the message in the refuser's words. */
+    const char *not_created_reason, *not_created_message;
 } job_observed;
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,
