@@ -4,19 +4,7 @@
 #include <string.h>
 
 #include "../../common/cerr.h"
-
-static int region_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > WAN_REGION_MAX) return 0;
-    for (size_t i = 0; i < n; i++) {
-        const char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
+#include "../../common/names.h"
 
 void wan_msg_put_join(wire_writer *w, const wan_join *j)
 {
@@ -36,7 +24,7 @@ int wan_msg_get_join(wire_reader *r, wan_join *j)
     j->n_params = wire_get_u64(r);
     j->round = wire_get_u64(r);
     j->digest = wire_get_u64(r);
-    if (wire_reader_done(r) || !region_name_ok(j->region) ||
+    if (wire_reader_done(r) || !name_chars_ok(j->region, 1, WAN_REGION_MAX, "._-") ||
         j->n_regions < 1 || j->n_regions > WAN_MAX_REGIONS || j->index >= j->n_regions)
         return CIRRUS_ECORRUPT;
     return 0;

@@ -1,5 +1,5 @@
 /* coord_msg: the messages between the region coordinator and its members (wire types
- * 16..63), and the client side of them.
+ * 16..63): encoded and decoded in coord_msg.c, the member's side of them in coord_client.c.
  *
  * Stage peers and pipeline clients register with the coordinator, heartbeat with their
  * statistics, and ask it for the live peers of a stage; pipeline clients also report the
@@ -202,12 +202,19 @@ int coord_get_step_state(const void *p, size_t n, coord_step_state *st, cirrus_e
 void coord_put_peer_info(wire_writer *w, const coord_peer_info *pi);
 int coord_get_peer_info(wire_reader *r, coord_peer_info *pi);
 
+/* What a REGISTER or a STEP_SYNC says about itself, whoever receives it: 0, or
+ * CIRRUS_ECORRUPT with a message naming the field. A member checks its own before sending
+ * (the coordinator would drop the connection for it). */
+int coord_registration_ok(const coord_registration *r, cirrus_error *err);
+int coord_step_sync_ok(const coord_step_sync *s, cirrus_error *err);
+
 /* 1 if s is a valid name (COORD_NAME_MAX bytes of [A-Za-z0-9._:-], may be empty) or host
  * (1..COORD_HOST_MAX bytes of the same set; IPv6 literals need no brackets). */
 int coord_name_ok(const char *s);
 int coord_host_ok(const char *s);
 
-/* ---- the member side: one connection to the coordinator, re-established on demand ---- */
+/* ---- the member side (coord_client.c): one connection to the coordinator, re-established
+ * on demand ---- */
 
 typedef struct coord_client coord_client;
 
