@@ -119,7 +119,7 @@ fuzz-coverage: fuzz-deps
 fuzz-seeds: $(FUZZ_BUILD)/bin/fuzz_seeds
 	$(FUZZ_BUILD)/bin/fuzz_seeds $(FUZZ_SEEDS)
 
-$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c)
+$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $^ -o $@ $(KUBE_LIBS) -lz -lzstd -lm
 

@@ -33,7 +33,7 @@ typedef struct decoded {
     wan_join join;
     wan_part part;
     wan_done done;
-    uint64_t u0, u1; /* DONE_OK's round; STATE's offset and count */
+    uint64_t u0, u1; /* DONE_OK's round and receive ms; STATE's offset and count */
     wan_state_slice slice;
     outer_push push;
     outer_pull pull;
@@ -78,7 +78,7 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
     }
     case M_DONE:
         return len == 40 && le_get(b, 8) != 0 && le_get(b + 24, 8) <= max_message(arg);
-    case M_DONE_OK: return len == 8;
+    case M_DONE_OK: return len == 16;
     case M_STATE: {
         if (len != 16 || arg > UINT64_MAX / 2) return 0;
         uint64_t offset = le_get(b, 8), count = le_get(b + 8, 8);
@@ -112,7 +112,7 @@ static decoded decode(int sel, uint64_t arg, const uint8_t *b, size_t len)
     case M_JOIN: d.rc = wan_msg_get_join(&r, &d.join); break;
     case M_PART: d.rc = wan_msg_get_part(&r, max_message(arg), &d.part); break;
     case M_DONE: d.rc = wan_msg_get_done(&r, max_message(arg), &d.done); break;
-    case M_DONE_OK: d.rc = wan_msg_get_done_ok(&r, &d.u0); break;
+    case M_DONE_OK: d.rc = wan_msg_get_done_ok(&r, &d.u0, &d.u1); break;
     case M_STATE: d.rc = wan_msg_get_state(&r, arg, &d.u0, &d.u1); break;
     case M_STATE_OK: d.rc = wan_msg_get_state_ok(&r, arg, &d.slice); break;
     case M_PUSH: d.rc = outer_msg_get_push(&r, arg, &d.push); break;
@@ -162,7 +162,9 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         FUZZ_CHECK(d->done.round >= 1 && d->done.total <= max_message(arg), "DONE round %llu total %llu",
                    (unsigned long long)d->done.round, (unsigned long long)d->done.total);
         break;
-    case M_DONE_OK: FUZZ_CHECK(d->u0 == le_get(b, 8), "DONE_OK round differs"); break;
+    case M_DONE_OK:
+        FUZZ_CHECK(d->u0 == le_get(b, 8) && d->u1 == le_get(b + 8, 8), "DONE_OK fields differ");
+        break;
     case M_STATE:
         FUZZ_CHECK(d->u0 == le_get(b, 8) && d->u1 == le_get(b + 8, 8), "STATE fields differ");
         FUZZ_CHECK(arg <= UINT64_MAX / 2 && d->u0 + d->u1 <= 2 * arg && d->u1 <= WAN_STATE_SLICE,
@@ -221,7 +223,7 @@ static void encode(int sel, uint64_t arg, const decoded *d, wire_writer *w)
     case M_JOIN: wan_msg_put_join(w, &d->join); break;
     case M_PART: wan_msg_put_part(w, &d->part); break;
     case M_DONE: wan_msg_put_done(w, &d->done); break;
-    case M_DONE_OK: wan_msg_put_done_ok(w, d->u0); break;
+    case M_DONE_OK: wan_msg_put_done_ok(w, d->u0, d->u1); break;
     case M_STATE: wan_msg_put_state(w, d->u0, d->u1); break;
     case M_STATE_OK:
         x = floats_of(d->slice.floats, arg);

@@ -320,7 +320,7 @@ static void wan_msg_seeds(void)
     wan_msg_put_done(&w, &d);
     wan_msg_seed("done", DONE, n, &w);
     w.len = 0;
-    wan_msg_put_done_ok(&w, 8);
+    wan_msg_put_done_ok(&w, 8, 1250);
     wan_msg_seed("done-ok", DONE_OK, 0, &w);
     w.len = 0;
     wan_msg_put_state(&w, 998, 4); /* spans the parameters and the momentum */

@@ -129,10 +129,14 @@ o = st["outer"]
 assert len(o["digest"]) == 16 and o["wan_bytes_sent"] > 0 and o["wan_bytes_received"] > 0, o
 assert o["payload_bytes_sent"] > 0 and o["payload_bytes_sent"] < o["wan_bytes_sent"], o
 assert o["digest_mismatches"] == 0 and o["codec"] == "q8" and o["sync_every"] == 5, o
-assert o["links"] == [{"region": "r1", "up": True, "last_error": ""}], o
+(link,) = o["links"]
+assert (link["region"], link["up"], link["last_error"]) == ("r1", True, ""), o
+assert link["rate_mbit_s"] > 0 and link["last_message_bytes"] > 0 and link["last_message_s"] > 0, o
 assert o["last_sync_unix_s"] > 1.7e9 and o["last_sync_duration_s"] >= 0, o
 metrics = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode().splitlines()
 assert 'cirrus_wan_link_up{region="r1"} 1' in metrics, metrics
+assert any(l.startswith('cirrus_wan_link_rate_bytes_per_second{region="r1"} ') and
+           float(l.split()[1]) > 0 for l in metrics), metrics
 assert any(l.startswith("cirrus_outer_step ") and int(l.split()[1]) >= 2 for l in metrics)
 assert any(l.startswith("cirrus_wan_bytes_sent_total ") for l in metrics)
 print(f"    /status: outer step {o['step']}, WAN {o['wan_bytes_sent']} B sent")

@@ -268,7 +268,7 @@ want = int(sys.argv[3])
 for path, other in ((sys.argv[1], "r1"), (sys.argv[2], "r0")):
     seen = [json.loads(l) for l in open(path)]
     assert seen, f"{path}: no /status answer"
-    up = [o for o in seen if o["links"] == [{"region": other, "up": True, "last_error": ""}]]
+    up = [o for o in seen if [(l["region"], l["up"], l["last_error"]) for l in o["links"]] == [(other, True, "")]]
     assert up, f"{path}: the link to {other} was never up: {seen[-1]}"
     last = seen[-1]
     assert last["step"] == want and last["digest_mismatches"] == 0, last
@@ -406,5 +406,77 @@ fi
 # Every gateway exits within 5 s of SIGTERM, even one whose receiver was part-way through a
 # frame on a connection the cut killed (its socket is shut down when it stops).
 if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_promptly; fi
+
+# ---- d: --codec auto on a link that drops from 20 to 2 Mbit/s and recovers ----
+# ~3.6 M parameters trained on 32 tokens a step (messages of 90 KB to 14 MB, steps as cheap
+# as a 1 M-parameter model's on 128), 40 inner steps between outer steps (the window:
+# whatever 40 steps take on this machine). The ladder's rungs are at most 2x apart up to
+# lowbit:2, so a 10x slower link moves the choice for any window from 0.45 s to 70 s.
+#   rounds 1..D     20 Mbit/s; then the rate drops to 2 Mbit/s (at D: round 6 done)
+#   rounds D+1..U   the gateways compress harder; from D+3 on every message crosses within
+#                   its window at >= 90% of the link's rate
+#   rounds U+1..    20 Mbit/s again (at U: round 14 done): they back off to a denser codec
+job=job-d layers=2 batch=2 sync=40 steps=$((40 * 22))
+model=(--layers "$layers" --width 384 --heads 4 --context 16)
+"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-d" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 20mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-d/r$i" --codec auto)
+    start_region "$i" "$tmp/d"
+done
+# at_round K RATE: once round K is done in both gateways, both links at RATE; prints the
+# round the slower gateway had done by then.
+at_round() {
+    timeout 180 bash -c "until grep -q 'outer round $1 done' '$tmp/d/gw0.err' &&
+        grep -q 'outer round $1 done' '$tmp/d/gw1.err'; do sleep 0.05; done" || return 1
+    for i in 0 1; do wan_set_rate "$i" "$2"; done
+    echo "    $(date +%T) the link at $2 after round $1" >&2
+}
+at_round 6 2mbit && at_round 14 20mbit || bad d_rate_changed
+check_run d 240 $((steps / sync))
+python3 - "$tmp/d" 6 14 <<'PY'
+import re, sys
+d, down, up = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ladder = ["none", "fp16", "q8", "lowbit:4+zstd", "lowbit:2+zstd", "topk:0.01+zstd"]
+done = re.compile(r"outer round (\d+) done .*; codec (\S+), window ([0-9.]+) s")
+sent = re.compile(r"outer round (\d+): (\d+)-byte message to region \S+ in ([0-9.]+) s")
+ok = True
+def check(name, cond, detail):
+    global ok
+    print(("ok   " if cond else "FAIL ") + name)
+    if not cond:
+        print("    " + detail)
+        ok = False
+for g in (0, 1):
+    rung, window, msg = {}, {}, {}
+    for line in open(f"{d}/gw{g}.err"):
+        if m := done.search(line):
+            rung[int(m[1])], window[int(m[1])] = ladder.index(m[2]), float(m[3])
+        if m := sent.search(line):
+            msg[int(m[1])] = (int(m[2]), float(m[3]))
+    last = max(rung)
+    fast = [rung[k] for k in range(3, down + 1)]
+    slow = [rung[k] for k in range(down + 3, up + 1)]
+    again = [rung[k] for k in range(up + 4, last + 1)]
+    print(f"    gateway r{g}: codec by round " + " ".join(f"{k}:{ladder[rung[k]]}" for k in sorted(rung)))
+    slow_msgs = [(k, *msg[k], window[k]) for k in range(down + 3, up + 1) if k in msg]
+    print("    r%d on the slow link: " % g + ", ".join(
+        f"round {k}: {b} B in {s:.2f} s of a {w:.2f} s window ({b * 8 / s / 2e6:.0%} of the link)"
+        for k, b, s, w in slow_msgs))
+    check(f"d_r{g}_compresses_harder_when_the_link_slows", slow and min(slow) > max(fast),
+          f"before the drop {fast}, after it {slow}")
+    check(f"d_r{g}_syncs_fit_their_window_on_the_slow_link",
+          len(slow_msgs) >= 5 and all(s <= w for _, _, s, w in slow_msgs), f"{slow_msgs}")
+    # Over the syncs on the slow link: each message is small (the window asks for it), and
+    # one alone is at the mercy of the scheduler on a loaded machine.
+    use = sum(b for _, b, _, _ in slow_msgs) * 8 / max(sum(s for _, _, s, _ in slow_msgs), 1e-9) / 2e6
+    print(f"    r{g}: link use while syncing on the slow link {use:.0%}")
+    check(f"d_r{g}_link_use_at_least_90_percent_while_syncing", use >= 0.9, f"{slow_msgs}")
+    check(f"d_r{g}_backs_off_when_the_link_recovers", again and min(again) < min(slow),
+          f"on the slow link {slow}, after it {again}")
+sys.exit(0 if ok else 1)
+PY
+[ $? -eq 0 ] && pass=$((pass + 1)) || fail=$((fail + 1))
+stop_regions
 
 finish

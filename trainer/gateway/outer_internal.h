@@ -16,6 +16,8 @@ typedef struct round_slot {
     uint64_t total, got; /* got: bytes received in order */
     uint64_t tokens, prev_digest;
     int complete;
+    int64_t progress_ms; /* when its last bytes arrived (net_now_ms) */
+    int64_t first_ms;    /* when the first byte of its first PART arrived */
 } round_slot;
 
 /* This gateway's view of the link to another region. */
@@ -26,6 +28,8 @@ typedef struct wan_peer {
     int64_t round_seen;     /* its latest completed round as it last said (-1: unknown) */
     int absent;             /* it missed the last round: later rounds do not wait for it */
     double rate_Bps;        /* what sending to it carried, bytes/s (EWMA; 0: not measured) */
+    uint64_t last_bytes;    /* the last message sent to it, and the seconds from its first */
+    double last_send_s;     /*   byte to its acknowledgement */
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */
 } wan_peer;
 
@@ -58,9 +62,13 @@ struct outer_sync {
     /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
     round_slot slot[2][WAN_MAX_REGIONS];
     wan_peer peer[WAN_MAX_REGIONS];
-    /* --codec auto: the ladder's rung, the time between the region's pushes, and why. */
+    /* --codec auto: the ladder's rung, the region's compute time between two syncs, and why.
+     * The time between pushes, less what the region spent blocked on the round before:
+     * from its first PULL of a round not ready (wait_since, round wait_round) to the
+     * round's end. */
     int rung;
-    double window_s, last_push_s;
+    double window_s, last_push_s, wait_since;
+    uint64_t wait_round;
     char codec_why[200];
     /* Seconds the last rounds waited for the other regions (a ring), for the deadline. */
     double waits[8];

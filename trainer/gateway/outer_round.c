@@ -14,11 +14,12 @@
  * its region's client then finds its next push refused as stale and takes the global
  * parameters. So a difference is never trained on for more than one round.
  *
- * A region lost. A region whose message has not arrived by the deadline is left out of
- * the round (the weights are the present regions' tokens) and marked absent: later rounds
- * do not wait for it beyond a short grace, until a message of it arrives again. Gateways
- * that disagree on who was present end with different digests, which the next round
- * repairs as above.
+ * A region lost. A region whose message has not arrived by the deadline, and of which no
+ * bytes arrived for as long (a message still on the wire on a link that became slow is
+ * waited for, up to --sync-timeout-s), is left out of the round (the weights are the
+ * present regions' tokens) and marked absent: later rounds do not wait for it beyond a
+ * short grace, until it JOINs or sends again. Gateways that disagree on who was present
+ * end with different digests, which the next round repairs as above.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,21 @@ static void *send_main(void *arg)
         log_warn("outer round %llu: region %s did not take our delta: %s",
                  (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
     return NULL;
+}
+
+/* Whether a missing message of round k is still arriving: bytes of it came in the last
+ * span_ms. A region whose message is on the wire is not lost, however slow its link has
+ * become; the round waits for it (up to --sync-timeout-s) rather than going on without it
+ * and leaving two regions with different global states to repair. Under mu. */
+static int still_arriving(const outer_sync *os, uint64_t k, int64_t span_ms)
+{
+    const int64_t now = net_now_ms();
+    for (int r = 0; r < os->o.n_regions; r++) {
+        const round_slot *sl = &os->slot[k & 1][r];
+        if (sl->round == k && !sl->complete && sl->got > 0 && now - sl->progress_ms < span_ms)
+            return 1;
+    }
+    return 0;
 }
 
 /* Whether the round can be finished: every region's message is in, or every present
@@ -201,13 +217,19 @@ static void catch_up(outer_sync *os, int startup)
                    startup ? "joining" : "this gateway fell behind");
 }
 
-/* --codec auto: the rung for this round from the slowest present link's rate and the time
- * between the region's pushes. Under mu. */
+/* --codec auto: the rung for this round from the slowest present link's rate and the
+ * region's compute time between syncs: the time since its last push, less the time it then
+ * waited for that round (a blocking sync, or one longer than --sync-delay). Counting that
+ * wait would let a slow sync make its own window longer. Under mu. */
 static void choose_codec(outer_sync *os)
 {
     const double now = outer_wall_s();
     if (os->last_push_s > 0) {
-        const double w = now - os->last_push_s;
+        double w = now - os->last_push_s;
+        if (os->wait_round == (uint64_t)os->round && os->last_sync_s > os->wait_since &&
+            os->wait_since > os->last_push_s)
+            w -= os->last_sync_s - os->wait_since;
+        if (w < 0.01) w = 0.01;
         os->window_s = os->window_s > 0 ? 0.5 * os->window_s + 0.5 * w : w;
     }
     os->last_push_s = now;
@@ -286,7 +308,9 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
         if (started[j]) pthread_join(th[j], NULL);
 
     pthread_mutex_lock(&os->mu);
-    while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) && net_now_ms() <= deadline &&
+    const int64_t span = deadline - t0, hard = t0 + os->o.round_timeout_ms;
+    while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) &&
+           (net_now_ms() <= deadline || (net_now_ms() <= hard && still_arriving(os, k, span))) &&
            os->round < (int64_t)k && !others_past(os, k))
         wait_a_while(os);
     if (!atomic_load(&os->stopping) && os->round < (int64_t)k && others_past(os, k)) {
@@ -354,11 +378,13 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     os->push_ready = 0;
     os->last_sync_s = outer_wall_s();
     os->last_duration_s = os->last_sync_s - os->push_time;
+    char codec_name[48];
+    wan_codec_format(&codec, codec_name, sizeof codec_name);
     log_info("outer round %llu done in %.2f s (%lld ms on the WAN): digest %016llx, "
-             "%zu-byte delta, WAN bytes %llu sent, %llu received",
+             "%zu-byte delta, WAN bytes %llu sent, %llu received; codec %s, window %.2f s",
              (unsigned long long)k, os->last_duration_s, (long long)(net_now_ms() - t0),
              (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
-             (unsigned long long)os->wan_received);
+             (unsigned long long)os->wan_received, codec_name, os->window_s);
     pthread_cond_broadcast(&os->changed);
 }
 

@@ -109,6 +109,11 @@ static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *d
         return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed outer PULL");
     }
     pthread_mutex_lock(&os->mu);
+    if (q.round > 0 && (os->round < 0 || (uint64_t)os->round < q.round) &&
+        os->wait_round != q.round) {
+        os->wait_round = q.round; /* the region waits for this round from now on */
+        os->wait_since = outer_wall_s();
+    }
     const outer_pull_ok a = {.done = os->round < 0 ? 0 : (uint64_t)os->round,
                              .digest = os->digest,
                              .wan_bytes = os->wan_sent + os->wan_received,
@@ -236,6 +241,9 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
         v->links[i].up = os->peer[r].up;
         snprintf(v->links[i].last_error, sizeof v->links[i].last_error, "%s",
                  os->peer[r].last_error);
+        v->links[i].rate_Bps = os->peer[r].rate_Bps;
+        v->links[i].last_bytes = os->peer[r].last_bytes;
+        v->links[i].last_send_s = os->peer[r].last_send_s;
     }
     pthread_mutex_unlock(&os->mu);
     return 0;

@@ -115,10 +115,19 @@ typedef struct receiver {
     net_conn *c;
     int from; /* the region at the other end, once it JOINed */
     uint64_t seen_sent, seen_recv;
+    /* The global state a STATE fetch on this connection is served from: copied when the
+     * fetch starts (offset 0), so that its slices are of one round however long it takes.
+     * On a slow link a fetch can outlast several rounds; served from the live state it
+     * would never complete. Freed after its last slice. */
+    float *snap; /* theta, then momentum: 2n floats */
+    int64_t snap_round;
+    uint64_t snap_digest;
 } receiver;
 
-/* A PART of region rv->from's message: kept if it continues what has arrived. Under mu. */
-static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *err)
+/* A PART of region rv->from's message, whose first byte arrived at frame_ms: kept if it
+ * continues what has arrived. Under mu. */
+static int take_part(outer_sync *os, int from, const wan_part *p, int64_t frame_ms,
+                     cirrus_error *err)
 {
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
     if (p->round <= base) return 0; /* a round done here already: a resend after a cut */
@@ -132,17 +141,22 @@ static int take_part(outer_sync *os, int from, const wan_part *p, cirrus_error *
         uint8_t *b = realloc(sl->bytes, p->total ? p->total : 1);
         if (!b) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for a %llu-byte message",
                                    (unsigned long long)p->total);
-        *sl = (round_slot){.round = p->round, .bytes = b, .total = p->total};
+        *sl = (round_slot){.round = p->round, .bytes = b, .total = p->total,
+                           .first_ms = frame_ms};
     }
     if (p->offset != sl->got) return 0; /* out of order (cannot happen on one stream) */
     memcpy(sl->bytes + sl->got, p->bytes, p->len);
     sl->got += p->len;
+    sl->progress_ms = net_now_ms();
     return 0;
 }
 
-/* DONE: the message must be whole and hash right; then the round holds it. Under mu. */
-static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *err)
+/* DONE: the message must be whole and hash right; then the round holds it, and
+ * *receive_ms says how long it took to arrive. Under mu. */
+static int take_done(outer_sync *os, int from, const wan_done *d, uint64_t *receive_ms,
+                     cirrus_error *err)
 {
+    *receive_ms = 0;
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
     /* Sending round r, it has completed r - 1. And it is alive: even a message of a round
      * done here (it fell behind and is catching up) means the next round should wait for it
@@ -168,18 +182,29 @@ static int take_done(outer_sync *os, int from, const wan_done *d, cirrus_error *
     sl->tokens = d->tokens;
     sl->prev_digest = d->prev_digest;
     sl->complete = 1;
+    const int64_t took = net_now_ms() - sl->first_ms;
+    *receive_ms = took > 0 ? (uint64_t)took : 1;
     pthread_cond_broadcast(&os->changed);
     return 0;
 }
 
 /* STATE: a slice of our global state (parameters, then momentum), with its round and
- * digest. Called and returns under mu; sends outside it. */
-static int serve_state(outer_sync *os, net_conn *c, const wire_header *h, wire_reader *r,
+ * digest, from the fetch's snapshot. Called and returns under mu; sends outside it. */
+static int serve_state(outer_sync *os, receiver *rv, const wire_header *h, wire_reader *r,
                        cirrus_error *err)
 {
+    net_conn *c = rv->c;
     uint64_t off, count;
     if (wan_msg_get_state(r, os->n, &off, &count))
         return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed STATE");
+    if (os->round >= 0 && (off == 0 || !rv->snap)) {
+        if (!rv->snap && !(rv->snap = malloc(2 * os->n * sizeof(float))))
+            return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for a state snapshot");
+        memcpy(rv->snap, os->theta, os->n * sizeof(float));
+        memcpy(rv->snap + os->n, os->mom, os->n * sizeof(float));
+        rv->snap_round = os->round;
+        rv->snap_digest = os->digest;
+    }
     if (os->round < 0) {
         pthread_mutex_unlock(&os->mu);
         rpc_refuse(c, h->request_id, CIRRUS_ENOENT, "this gateway has no global state yet",
@@ -189,17 +214,17 @@ static int serve_state(outer_sync *os, net_conn *c, const wire_header *h, wire_r
     }
     wire_writer w;
     wire_writer_init(&w, count * sizeof(float) + 64);
-    /* The slice may span the parameters and the momentum. */
-    const uint64_t p_end = off < os->n ? (off + count < os->n ? off + count : os->n) : off;
-    wan_msg_put_state_ok(&w, (uint64_t)os->round, os->digest, NULL, 0);
-    if (p_end > off) wire_put_bytes(&w, os->theta + off, (p_end - off) * sizeof(float));
-    if (off + count > p_end)
-        wire_put_bytes(&w, os->mom + (p_end - os->n), (off + count - p_end) * sizeof(float));
+    /* theta and momentum are one array in the snapshot: the slice may span both. */
+    wan_msg_put_state_ok(&w, (uint64_t)rv->snap_round, rv->snap_digest, rv->snap + off, count);
     pthread_mutex_unlock(&os->mu);
     int rc = w.failed ? cirrus_fail(err, CIRRUS_ENOMEM, "STATE reply too large")
                       : net_send_frame(c, WAN_STATE_OK, h->request_id, w.data, (uint32_t)w.len,
                                        WAN_IO_TIMEOUT_MS);
     wire_writer_free(&w);
+    if (off + count == 2 * os->n) { /* the fetch's last slice */
+        free(rv->snap);
+        rv->snap = NULL;
+    }
     pthread_mutex_lock(&os->mu);
     return rc;
 }
@@ -261,6 +286,9 @@ static void *receive_main(void *arg)
             if (pr < 0 && errno != EINTR) break;
             if (pr <= 0) continue;
         }
+        /* The frame's first bytes are here (a message's first PART follows a quiet spell:
+         * this is when it began to arrive). */
+        const int64_t frame_ms = net_now_ms();
         wire_header h;
         const uint8_t *p;
         if ((rc = net_recv_frame(rv->c, &h, &p, WAN_IO_TIMEOUT_MS, &err))) {
@@ -276,17 +304,18 @@ static void *receive_main(void *arg)
             wan_part part;
             rc = wan_msg_get_part(&r, os->max_message, &part)
                      ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed PART")
-                     : take_part(os, rv->from, &part, &err);
+                     : take_part(os, rv->from, &part, frame_ms, &err);
         } else if (h.type == WAN_DONE) {
             wan_done d;
+            uint64_t receive_ms = 0;
             rc = wan_msg_get_done(&r, os->max_message, &d)
                      ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed DONE")
-                     : take_done(os, rv->from, &d, &err);
+                     : take_done(os, rv->from, &d, &receive_ms, &err);
             if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_ECONFLICT) { /* answered */
                 pthread_mutex_unlock(&os->mu);
                 wire_writer w;
                 wire_writer_init(&w, 16);
-                wan_msg_put_done_ok(&w, d.round);
+                wan_msg_put_done_ok(&w, d.round, receive_ms);
                 int src = rc ? rpc_refuse(rv->c, h.request_id, rc, err.msg, WAN_IO_TIMEOUT_MS)
                              : net_send_frame(rv->c, WAN_DONE_OK, h.request_id, w.data,
                                               (uint32_t)w.len, WAN_IO_TIMEOUT_MS);
@@ -295,7 +324,7 @@ static void *receive_main(void *arg)
                 pthread_mutex_lock(&os->mu);
             }
         } else if (h.type == WAN_STATE) {
-            rc = serve_state(os, rv->c, &h, &r, &err); /* unlocks and locks mu */
+            rc = serve_state(os, rv, &h, &r, &err); /* unlocks and locks mu */
         } else {
             rc = cirrus_fail(&err, CIRRUS_ECORRUPT, "unexpected frame type %u", h.type);
         }
@@ -312,6 +341,7 @@ static void *receive_main(void *arg)
     pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
     net_close(rv->c);
+    free(rv->snap);
     free(rv);
     return NULL;
 }
@@ -469,9 +499,11 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
     return 0;
 }
 
-/* One attempt: the message as PARTs, then DONE and its answer. */
+/* One attempt: the message as PARTs, then DONE and its answer (*receive_ms: how long the
+ * receiver saw the message arrive; 0: it had it already). */
 static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
-                     uint64_t tokens, uint64_t prev_digest, cirrus_error *err)
+                     uint64_t tokens, uint64_t prev_digest, uint64_t *receive_ms,
+                     cirrus_error *err)
 {
     net_conn *c = os->peer[j].out;
     int rc = 0;
@@ -504,7 +536,7 @@ static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, 
     rc = rpc_call(c, WAN_DONE, round, &w, WAN_IO_TIMEOUT_MS, os->names[j], &r, err);
     wire_writer_free(&w);
     uint64_t acked;
-    if (!rc && (wan_msg_get_done_ok(&r, &acked) || acked != round))
+    if (!rc && (wan_msg_get_done_ok(&r, &acked, receive_ms) || acked != round))
         rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed DONE_OK");
     return rc;
 }
@@ -516,15 +548,29 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
     for (;;) {
         int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
         const int64_t t0 = net_now_ms();
-        if (!rc) rc = send_once(os, j, round, msg, len, tokens, prev_digest, err);
+        uint64_t receive_ms = 0;
+        if (!rc) rc = send_once(os, j, round, msg, len, tokens, prev_digest, &receive_ms, err);
         if (!rc) {
-            /* What the link carried: the message until its answer (the answer's round
-             * trip included, so a slow link is never overestimated). */
-            const double s = (net_now_ms() - t0 + 1) / 1000.0, rate = (double)len / s;
+            /* What the link carried: the message over the time the receiver saw it arrive
+             * (the acknowledgement's way back queues behind the other direction's message
+             * and is no part of this link's rate); the whole exchange when the receiver had
+             * it already, and never less. A slower link is believed at once (the next
+             * round must fit it); a faster one half at a time, so one lucky round does not
+             * undo the compression. */
+            const double whole = (net_now_ms() - t0 + 1) / 1000.0;
+            const double s = receive_ms > 0 && receive_ms / 1000.0 < whole ? receive_ms / 1000.0
+                                                                           : whole;
+            const double rate = (double)len / s;
             pthread_mutex_lock(&os->mu);
             wan_peer *pe = &os->peer[j];
-            pe->rate_Bps = pe->rate_Bps > 0 ? 0.5 * pe->rate_Bps + 0.5 * rate : rate;
+            pe->rate_Bps = pe->rate_Bps > 0 && rate > pe->rate_Bps
+                               ? 0.5 * pe->rate_Bps + 0.5 * rate : rate;
+            pe->last_bytes = len;
+            pe->last_send_s = s;
             pthread_mutex_unlock(&os->mu);
+            log_info("outer round %llu: %llu-byte message to region %s in %.3f s (%.2f Mbit/s; "
+                     "acknowledged after %.3f s)", (unsigned long long)round,
+                     (unsigned long long)len, os->names[j], s, rate * 8e-6, whole);
             return 0;
         }
         /* The receiver is behind: it is taking the job's state (ours, most likely) and

@@ -72,14 +72,16 @@ int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d)
     return wire_reader_done(r) || d->total > max_total || d->round == 0 ? CIRRUS_ECORRUPT : 0;
 }
 
-void wan_msg_put_done_ok(wire_writer *w, uint64_t round)
+void wan_msg_put_done_ok(wire_writer *w, uint64_t round, uint64_t receive_ms)
 {
     wire_put_u64(w, round);
+    wire_put_u64(w, receive_ms);
 }
 
-int wan_msg_get_done_ok(wire_reader *r, uint64_t *round)
+int wan_msg_get_done_ok(wire_reader *r, uint64_t *round, uint64_t *receive_ms)
 {
     *round = wire_get_u64(r);
+    *receive_ms = wire_get_u64(r);
     return wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }
 

@@ -12,7 +12,10 @@
  *     -> OK  the same fields, of the receiver
  *   PART     u64 round, u64 total, u64 offset, bytes (to the frame's end)
  *   DONE     u64 round, u64 tokens, u64 prev_digest, u64 total, u64 hash (XXH3-64 of the
- *            message) -> OK: u64 round
+ *            message) -> OK: u64 round, u64 receive_ms (from the first byte of the
+ *            message's first PART to its DONE, as the receiver saw them: what the link
+ *            carried, without the reply's way back, which queues behind the other
+ *            direction's message; 0 when the receiver had the message already)
  *
  *   STATE    u64 offset, u64 count -> OK: u64 round, u64 digest, count f32: floats
  *            [offset, offset + count) of the sender's global state (n parameters, then n
@@ -86,7 +89,7 @@ int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *co
 void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
                           uint64_t count);
 int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s);
-void wan_msg_put_done_ok(wire_writer *w, uint64_t round);
-int wan_msg_get_done_ok(wire_reader *r, uint64_t *round);
+void wan_msg_put_done_ok(wire_writer *w, uint64_t round, uint64_t receive_ms);
+int wan_msg_get_done_ok(wire_reader *r, uint64_t *round, uint64_t *receive_ms);
 
 #endif

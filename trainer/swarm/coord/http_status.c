@@ -84,17 +84,24 @@ static json_t *member_json(const coord_member_view *m, int *bad)
     return o;
 }
 
+/* A new object and the array it will hold; NULL (and *bad set) when either fails. */
+static json_t *object_and_array(json_t **array, int *bad)
+{
+    json_t *o = json_object();
+    *array = json_array();
+    if (o && *array) return o;
+    json_decref(o);
+    json_decref(*array);
+    *bad = 1;
+    return NULL;
+}
+
 /* {"period_s", "moves", "withdrawn", "recent": [{peer, from, to, min_before, min_after,
  * period, at_s}, ...]}: the rebalancer's work, the latest moves oldest first. */
 static json_t *rebalance_json(const coord_snapshot *s, int *bad)
 {
-    json_t *o = json_object(), *recent = json_array();
-    if (!o || !recent) {
-        json_decref(o);
-        json_decref(recent);
-        *bad = 1;
-        return NULL;
-    }
+    json_t *recent, *o = object_and_array(&recent, bad);
+    if (!o) return NULL;
     put(o, "period_s", real_or_null(s->rebalance_period_s), bad);
     put(o, "moves", count(s->moves), bad);
     put(o, "withdrawn", count(s->withdrawn), bad);
@@ -116,13 +123,8 @@ static json_t *rebalance_json(const coord_snapshot *s, int *bad)
  * gateway's outer sync across regions. */
 static json_t *outer_json(const coord_outer_view *v, int *bad)
 {
-    json_t *o = json_object(), *links = json_array();
-    if (!o || !links) {
-        json_decref(o);
-        json_decref(links);
-        *bad = 1;
-        return NULL;
-    }
+    json_t *links, *o = object_and_array(&links, bad);
+    if (!o) return NULL;
     char digest[17];
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)v->digest);
     put(o, "step", json_integer(v->step), bad);
@@ -139,8 +141,11 @@ static json_t *outer_json(const coord_outer_view *v, int *bad)
     put(o, "codec_reason", json_string(v->codec_reason), bad);
     put(o, "sync_every", count(v->sync_every), bad);
     for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
-        append(links, json_pack("{s:s,s:b,s:s}", "region", v->links[i].region, "up",
-                                v->links[i].up, "last_error", v->links[i].last_error),
+        append(links, json_pack("{s:s,s:b,s:s,s:f,s:I,s:f}", "region", v->links[i].region, "up",
+                                v->links[i].up, "last_error", v->links[i].last_error,
+                                "rate_mbit_s", v->links[i].rate_Bps * 8e-6, "last_message_bytes",
+                                (json_int_t)v->links[i].last_bytes, "last_message_s",
+                                v->links[i].last_send_s),
                bad);
     put(o, "links", links, bad);
     return o;
@@ -268,6 +273,11 @@ static void outer_metrics(text *t, const coord_outer_view *v)
     for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
         tprintf(t, "cirrus_wan_link_up{region=\"%s\"} %d\n", v->links[i].region,
                 v->links[i].up);
+    family(t, "cirrus_wan_link_rate_bytes_per_second", "gauge",
+           "What sending the outer messages to another region carried (moving average).");
+    for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
+        tprintf(t, "cirrus_wan_link_rate_bytes_per_second{region=\"%s\"} %s\n",
+                v->links[i].region, value(b, v->links[i].rate_Bps));
 }
 
 char *http_status_metrics(const coord_snapshot *s)

@@ -51,6 +51,9 @@ typedef struct coord_outer_view {
         char region[64];
         int up;
         char last_error[256];
+        double rate_Bps;          /* what sending to it carried (EWMA); 0: not measured */
+        uint64_t last_bytes;      /* the last message sent to it, and how long it took */
+        double last_send_s;       /*   from its first byte to its acknowledgement */
     } links[COORD_OUTER_LINKS];
 } coord_outer_view;
 
