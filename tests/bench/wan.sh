@@ -11,7 +11,13 @@
 #             the new global state: its own message crossed, the other's too), median over
 #             the rounds after the first; best ms: the fastest of them
 #   ideal ms  payload x 8 / rate
-#   goodput   payload bytes per second of (median) WAN time / the link's rate
+#   round     payload bytes per second of (median) WAN time / the link's rate: the whole
+#             round (encoding, both messages, their acknowledgements, decoding, the step)
+#   link      payload bytes per second over the time the receiver saw the message arrive
+#             (its first byte to its DONE; median) / the link's rate: how fully a sync
+#             uses the link while it sends (TCP/IP and TLS headers count against it)
+# Then the time to synchronise 100 MB of parameters (~25 M, --codec none) at 100 Mbit/s
+# against bytes / bandwidth.
 # Usage: tests/bench/wan.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 #   WAN_BENCH_RATE (default 10mbit), WAN_BENCH_ROUNDS (default 5), WAN_BENCH_CODECS
 set -u
@@ -28,7 +34,7 @@ WAN_EXIT_HOOK='if [ -n "${WAN_BENCH_KEEP:-}" ]; then echo "wan bench: logs in $t
 wan_setup 2 || exit 1
 regions="r0=$(wan_addr 0):7443,r1=$(wan_addr 1):7443"
 "$bin" certs --job bench --region r0 --region r1 --out "$tmp/certs" >/dev/null || exit 1
-sync=5 steps=$((5 * rounds))
+sync=5 steps=$((5 * rounds)) client_flags=()
 
 # run NAME CODEC TLS(1/0) MODEL...: both regions train `rounds` outer rounds; logs in $tmp/NAME.
 # A run whose client failed is tried again (twice at most), its failure named on stderr.
@@ -63,7 +69,8 @@ run_once() {
         done
         OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" client --job bench --coordinator 127.0.0.1:7400 \
             "${model[@]}" --batch 4 --steps "$steps" --sync-every "$sync" --data "$corpus" \
-            --eval-batches 1 --log-every "$steps" >"$d/c$i.out" 2>"$d/c$i.err"
+            --eval-batches 1 --log-every "$steps" --json "${client_flags[@]}" >"$d/c$i.out" \
+            2>"$d/c$i.err"
         clients+=("$WAN_PID")
     done
     local ok=1
@@ -78,13 +85,15 @@ run_once() {
 row() {
     python3 - "$tmp/$1" "$2" "$3" "$4" "$5" <<'PY'
 import re, statistics, sys
-d, codec, link, tls, bps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+d, codec, rate, tls, bps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 pat = re.compile(r"outer round (\d+) done in [0-9.]+ s \((\d+) ms on the WAN\).*?(\d+)-byte delta, "
                  r"WAN bytes (\d+) sent")
-logs = []
+sent = re.compile(r"outer round (\d+): (\d+)-byte message to region \S+ in ([0-9.]+) s")
+logs, link = [], []
 for g in (0, 1):
-    logs.append({int(m[1]): (int(m[2]), int(m[3]), int(m[4]))
-                 for m in map(pat.search, open(f"{d}/gw{g}.err")) if m})
+    lines = open(f"{d}/gw{g}.err").read().splitlines()
+    logs.append({int(m[1]): (int(m[2]), int(m[3]), int(m[4])) for m in map(pat.search, lines) if m})
+    link += [int(m[2]) / float(m[3]) for m in map(sent.search, lines) if m and int(m[1]) > 1]
 ks = sorted(set(logs[0]) & set(logs[1]))
 later = [k for k in ks if k > 1] or ks
 per_round = [min(logs[0][k][0], logs[1][k][0]) for k in later]
@@ -93,14 +102,15 @@ payload = statistics.median(logs[0][k][1] for k in later)
 wire = statistics.median(logs[0][k][2] - logs[0][k - 1][2] for k in later if k - 1 in logs[0])
 ideal = payload * 8 / bps * 1000
 good = payload / (ms / 1000) / (bps / 8) if ms > 0 else float("inf")
-print(f"{codec:<16} {link:>7} {tls:>4} {payload:>10.0f} {wire:>10.0f} {ms:>7.0f} {best:>7.0f} "
-      f"{ideal:>8.1f} {good:>7.2f}")
+on_link = statistics.median(link) / (bps / 8) if link else float("nan")
+print(f"{codec:<16} {rate:>7} {tls:>4} {payload:>10.0f} {wire:>10.0f} {ms:>7.0f} {best:>7.0f} "
+      f"{ideal:>8.1f} {good:>6.2f} {on_link:>6.2f}")
 PY
 }
 
 header() {
-    printf "%-16s %7s %4s %10s %10s %7s %7s %8s %7s\n" codec link TLS "payload B" "wire B" \
-        "WAN ms" "best ms" "ideal ms" goodput
+    printf "%-16s %7s %4s %10s %10s %7s %7s %8s %6s %6s\n" codec link TLS "payload B" "wire B" \
+        "WAN ms" "best ms" "ideal ms" round link
 }
 
 bps=$(wan_rate_bps "$rate")
@@ -128,6 +138,51 @@ for codec in none q8; do
         row "fast-$codec-$tls" "$codec" 1gbit "$([ "$tls" = 1 ] && echo yes || echo no)" 1000000000
     done
 done
+
+# Overlap: training goes on while a sync crosses the WAN (--sync-delay). The link's rate is
+# chosen so that one q8 message needs 80% of the window of H = 20 inner steps (measured first,
+# without syncs); the seconds a step takes then, with the regions syncing every 20 steps and
+# merging 19 steps later, against without syncs, and with blocking syncs (--sync-delay 0).
+# The client's "seconds" over its steps, both regions' mean.
+step_s() { python3 -c 'import json, sys
+v = [json.loads(l) for f in sys.argv[1:] for l in open(f) if "\"final\":true" in l]
+print(sum(o["seconds"] / o["step"] for o in v) / len(v))' "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
+echo
+small_steps=200
+sync=0 steps=$small_steps client_flags=()
+for i in 0 1; do wan_unshape "$i"; done
+run overlap-none q8 1 "${small[@]}"
+base=$(step_s overlap-none)
+msg=$(python3 -c "import math; n=$("$bin" train "${small[@]}" --steps 1 2>/dev/null | sed -n 's/.* \([0-9]*\) params).*/\1/p'); print(math.ceil(n / 64) * 68)")
+orate=$(python3 -c "print(int($msg * 8 / (0.8 * 20 * $base)))")
+echo "cirrus: overlap: ${small[*]}, $small_steps steps; without syncs $(printf %.1f "$(python3 -c "print($base * 1000)")") ms a step;" \
+    "a $msg-byte q8 message, link ${orate} bit/s (80% of a 20-step window)"
+for i in 0 1; do wan_shape "$i" "${orate}bit"; done
+sync=20 client_flags=(--sync-delay 19)
+run overlap-delay q8 1 "${small[@]}"
+client_flags=()
+run overlap-block q8 1 "${small[@]}"
+python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" <<'PY'
+import sys
+base, delay, block = map(float, sys.argv[1:])
+print(f"cirrus: overlap: a step {delay * 1000:.1f} ms syncing with --sync-delay 19 ({delay / base - 1:+.1%}), "
+      f"{block * 1000:.1f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.1f} ms without")
+PY
+
+# 100 MB of parameters (--codec none: 4 bytes each) at 100 Mbit/s, over TLS: ideal 8 s a
+# round, both directions at once. The round's WAN time against it (goal <= 1.15x).
+huge=(--layers 8 --width 512 --heads 8 --context 16)
+echo
+echo "cirrus: link 100mbit each way (tbf: $(wan_tbf_params 100mbit)), model ${huge[*]} (~25 M parameters, ~100 MB a message)"
+for i in 0 1; do wan_shape "$i" 100mbit; done
+header
+sync=2 steps=6
+run "hundred-mb" none 1 "${huge[@]}"
+row "hundred-mb" none 100mbit yes 100000000 | tee "$tmp/hundred.row"
+read -r _ _ _ payload _ ms _ ideal _ <"$tmp/hundred.row"
+awk -v p="$payload" -v ms="$ms" -v ideal="$ideal" 'BEGIN {
+    printf "cirrus: %.1f MB synchronised in %.2f s at 100 Mbit/s: %.3fx bytes / bandwidth (%.2f s)\n",
+        p / 1e6, ms / 1000, ms / ideal, ideal / 1000 }'
 
 echo
 echo "cirrus: openssl speed -evp aes-256-gcm (one core; TLS 1.3's cipher between the gateways)"

@@ -66,22 +66,24 @@ else
 fi
 
 # 2c. Learning, against data parallel over the same tokens (one run with the whole batch of
-#     16 vs two regions of 8): 600 steps of a 2 x 64 model (120,576 parameters), H = 100,
-#     2-bit + zstd. Per-step fp32 data parallel would move 8 bytes a parameter a step across
-#     the WAN; the outer steps move >= 1,000x fewer. The loss gap this short run leaves
-#     (13% here; 5% after 3,000 steps, docs/BENCHMARKS.md) is bounded at 15% so that a
-#     regression in the outer step shows; the 2% goal is not met yet.
-lq=(--stages 2 --layers 2 --width 64 --heads 4 --context 64 --eval-batches 32 --lr 3e-3 --steps 600 --json)
+#     16 vs two regions of 8 each): 3,000 steps of a 2 x 64 model (120,576 parameters) on the
+#     KJV corpus, the best configuration of docs/BENCHMARKS.md: H = 50, 2-bit + zstd, outer
+#     lr 0.5 (momentum 0.9), the embeddings regional (--sync-params no-embed). Per-step fp32
+#     data parallel would move 8 bytes a parameter a step across the WAN; the outer steps
+#     move >= 1,000x fewer (about 1,100x) at a validation loss within 2% of data parallel's
+#     (0.2% on the machines measured; other seeds -0.1% and 0.0%).
+steps_lq=3000
+lq=(--stages 2 --layers 2 --width 64 --heads 4 --context 64 --eval-batches 32 --lr 3e-3 --steps "$steps_lq" --json)
 dpv=$("$bin" local "${lq[@]}" --batch 16 2>/dev/null | grep '"final":true' | sed -n 's/.*"val_loss":\([0-9.]*\).*/\1/p')
-f0=$("$bin" local --regions 2 "${lq[@]}" --batch 8 --sync-every 100 --codec lowbit:2+zstd \
-    2>"$tmp/learn.err" | grep '"final":true' | grep '"region":"r0"')
-if awk -v dp="${dpv:-0}" -v v="$(field val_loss "$f0")" -v w="$(field wan_bytes "$f0")" \
-    'BEGIN { r = 600 * 8 * 120576 / w; g = (v - dp) / dp;
-             printf "    data parallel %.4f, regions %.4f (gap %.1f%%), WAN bytes %d (%.0fx fewer)\n", dp, v, 100 * g, w, r;
-             exit !(dp > 0 && w > 0 && r >= 1000 && g <= 0.15) }'; then
-    ok outer_steps_1000x_fewer_bytes_than_data_parallel
+f0=$("$bin" local --regions 2 "${lq[@]}" --batch 8 --sync-every 50 --codec lowbit:2+zstd \
+    --outer-lr 0.5 --sync-params no-embed 2>"$tmp/learn.err" | grep '"final":true' | grep '"region":"r0"')
+if awk -v dp="${dpv:-0}" -v v="$(field val_loss "$f0")" -v w="$(field wan_bytes "$f0")" -v s="$steps_lq" \
+    'BEGIN { r = s * 8 * 120576 / w; g = (v - dp) / dp;
+             printf "    data parallel %.4f, regions %.4f (gap %.2f%%), WAN bytes %d (%.0fx fewer)\n", dp, v, 100 * g, w, r;
+             exit !(dp > 0 && w > 0 && r >= 1000 && g <= 0.02) }'; then
+    ok outer_steps_1000x_fewer_bytes_within_2_percent_of_data_parallel
 else
-    bad outer_steps_1000x_fewer_bytes_than_data_parallel; tail -3 "$tmp/learn.err"
+    bad outer_steps_1000x_fewer_bytes_within_2_percent_of_data_parallel; tail -3 "$tmp/learn.err"
 fi
 
 # 2. One region with H = 1, no compression, outer lr 1 and no momentum: the outer step sets
