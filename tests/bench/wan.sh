@@ -140,33 +140,37 @@ for codec in none q8; do
 done
 
 # Overlap: training goes on while a sync crosses the WAN (--sync-delay). The link's rate is
-# chosen so that one q8 message needs 80% of the window of H = 20 inner steps (measured first,
-# without syncs); the seconds a step takes then, with the regions syncing every 20 steps and
-# merging 19 steps later, against without syncs, and with blocking syncs (--sync-delay 0).
-# The client's "seconds" over its steps, both regions' mean.
+# chosen so that one q8 message needs 80% of the window of H = 50 inner steps (measured
+# first, without syncs); the time a step takes then, with the regions syncing every 50 steps
+# and merging the result once in from 25 steps later on (--sync-delay 25), against without
+# syncs, and with blocking syncs (--sync-delay 0). A step's time from the client's per-step tokens/s, averaged over the steady state:
+# from the first sync's step to the step before the last (the run's last step always waits
+# for its sync, whatever the delay: the run ends with the global model).
 step_s() { python3 -c 'import json, sys
-v = [json.loads(l) for f in sys.argv[1:] for l in open(f) if "\"final\":true" in l]
-print(sum(o["seconds"] / o["step"] for o in v) / len(v))' "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
+lo, hi = 50, int(sys.argv[1]) - 1
+v = [json.loads(l) for f in sys.argv[2:] for l in open(f) if l.startswith("{\"step\"") and "final" not in l]
+t = [4 * 32 / o["tokens_per_s"] for o in v if lo <= o["step"] < hi]
+print(sum(t) / len(t))' "$steps" "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
 echo
-small_steps=200
-sync=0 steps=$small_steps client_flags=()
+sync=0 steps=400 client_flags=(--log-every 1)
 for i in 0 1; do wan_unshape "$i"; done
 run overlap-none q8 1 "${small[@]}"
 base=$(step_s overlap-none)
 msg=$(python3 -c "import math; n=$("$bin" train "${small[@]}" --steps 1 2>/dev/null | sed -n 's/.* \([0-9]*\) params).*/\1/p'); print(math.ceil(n / 64) * 68)")
-orate=$(python3 -c "print(int($msg * 8 / (0.8 * 20 * $base)))")
-echo "cirrus: overlap: ${small[*]}, $small_steps steps; without syncs $(printf %.1f "$(python3 -c "print($base * 1000)")") ms a step;" \
-    "a $msg-byte q8 message, link ${orate} bit/s (80% of a 20-step window)"
+# The bytes on the wire: TCP/IP and TLS headers add ~6% to a message at MTU 1500.
+orate=$(python3 -c "print(int($msg * 1.06 * 8 / (0.8 * 50 * $base)))")
+echo "cirrus: overlap: ${small[*]}, $steps steps; without syncs $(python3 -c "print(f'{$base * 1000:.1f}')") ms a step;" \
+    "a $msg-byte q8 message, link ${orate} bit/s (80% of a 50-step window)"
 for i in 0 1; do wan_shape "$i" "${orate}bit"; done
-sync=20 client_flags=(--sync-delay 19)
+sync=50 client_flags=(--log-every 1 --sync-delay 25)
 run overlap-delay q8 1 "${small[@]}"
-client_flags=()
+client_flags=(--log-every 1)
 run overlap-block q8 1 "${small[@]}"
 python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" <<'PY'
 import sys
 base, delay, block = map(float, sys.argv[1:])
-print(f"cirrus: overlap: a step {delay * 1000:.1f} ms syncing with --sync-delay 19 ({delay / base - 1:+.1%}), "
-      f"{block * 1000:.1f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.1f} ms without")
+print(f"cirrus: overlap: a step {delay * 1000:.2f} ms syncing with --sync-delay 25 ({delay / base - 1:+.1%}), "
+      f"{block * 1000:.2f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.2f} ms without")
 PY
 
 # 100 MB of parameters (--codec none: 4 bytes each) at 100 Mbit/s, over TLS: ideal 8 s a
@@ -176,7 +180,7 @@ echo
 echo "cirrus: link 100mbit each way (tbf: $(wan_tbf_params 100mbit)), model ${huge[*]} (~25 M parameters, ~100 MB a message)"
 for i in 0 1; do wan_shape "$i" 100mbit; done
 header
-sync=2 steps=6
+sync=2 steps=6 client_flags=()
 run "hundred-mb" none 1 "${huge[@]}"
 row "hundred-mb" none 100mbit yes 100000000 | tee "$tmp/hundred.row"
 read -r _ _ _ payload _ ms _ ideal _ <"$tmp/hundred.row"

@@ -47,6 +47,26 @@ else
     bad two_regions_ran; tail -20 "$tmp/two.err"
 fi
 
+# 2d. Overlap (--sync-delay 2): the regions train on while a round crosses the WAN and
+#     merge its result (theta = global + progress since the push) from 2 steps after the
+#     push on, before the next push; the run's last step waits for its round, so both end
+#     with the same global model.
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 20 --sync-every 5 --codec q8 \
+    --sync-delay 2 --json >"$tmp/ov.json" 2>"$tmp/ov.err"; then
+    f0=$(final_of "$tmp/ov.json" r0) f1=$(final_of "$tmp/ov.json" r1)
+    merges=$(sed -n 's/.*outer step \([0-9]*\) merged at inner step \([0-9]*\) (pushed at \([0-9]*\)).*/\1 \2 \3/p' "$tmp/ov.err")
+    if [ -n "$(field digest "$f0")" ] && [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f0")" = 4 ] && [ "$(wc -l <<<"$merges")" -eq 6 ] &&
+        awk '{ if ($2 < $3 + 2 || $2 > $3 + 5) bad = 1 } END { exit bad }' <<<"$merges"; then
+        ok overlap_merges_within_the_window_and_ends_one_model
+    else
+        bad overlap_merges_within_the_window_and_ends_one_model; echo "r0: $f0"; echo "r1: $f1"
+        echo "merges (round, step, pushed at): $(tr '\n' ';' <<<"$merges")"; tail -3 "$tmp/ov.err"
+    fi
+else
+    bad overlap_ran; tail -20 "$tmp/ov.err"
+fi
+
 # 2b. Parameter-efficient mode: with --sync-params no-embed the embeddings stay regional:
 #     the synchronised part is one state everywhere (equal digests), fewer bytes cross the
 #     WAN than with every tensor (test 1, same run otherwise), and the regions' models

@@ -60,7 +60,8 @@ int roles_cmd_client(int argc, char **argv)
          "--coordinator (0: none; default 0)",
          0},
         {"sync-delay", FLAG_INT, &share.sync_delay, 0, 999999,
-         "inner steps trained on while an outer step crosses the WAN (below --sync-every; "
+         "inner steps trained on at least while an outer step crosses the WAN, then its "
+         "result merged once in (waited for only when the next is due; below --sync-every; "
          "0, the default: wait for it)",
          0},
         {"sync-params", FLAG_STR, &share.sync_params, 0, 0,

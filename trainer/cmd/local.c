@@ -326,8 +326,9 @@ int roles_cmd_local(int argc, char **argv)
          "through inner step S, as a region lost",
          0},
         {"sync-delay", FLAG_INT, &wan.sync_delay, 0, 999999,
-         "inner steps the regions train on while an outer step crosses the WAN, then merge "
-         "(below --sync-every; 0, the default: they wait for it)",
+         "inner steps the regions train on at least while an outer step crosses the WAN, then "
+         "merge its result once in (waiting only when the next is due; below --sync-every; "
+         "0, the default: they wait for it)",
          0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},

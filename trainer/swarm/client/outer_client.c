@@ -16,6 +16,8 @@
 #define OUTER_POLL_MS 20    /* between PULLs while the round runs */
 /* pull's code for a round given up because the run ends (not an error of the run). */
 #define OUTER_ABANDONED CIRRUS_ECLOSED
+/* pull's code, asked not to wait, for a round not done yet. */
+#define OUTER_NOT_YET CIRRUS_ENOENT
 
 struct outer_client {
     pipeline *p;
@@ -126,8 +128,9 @@ static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *e
     return send_push(oc, round, step, net_now_ms() + oc->timeout_ms, err);
 }
 
-/* PULL round's global parameters into theta once the gateway has them. */
-static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
+/* PULL round's global parameters into theta once the gateway has them; without wait,
+ * OUTER_NOT_YET at once when it has not. */
+static int pull(outer_client *oc, uint64_t round, int wait, cirrus_error *err)
 {
     const int64_t deadline = net_now_ms() + oc->timeout_ms;
     for (uint64_t off = 0; off < oc->m;) {
@@ -157,6 +160,7 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
             continue;
         }
         if (!a.ready) {
+            if (!wait && off == 0) return OUTER_NOT_YET;
             if (oc->stop && *oc->stop)
                 return cirrus_fail(err, OUTER_ABANDONED, "outer step %llu abandoned: the run "
                                    "is ending", (unsigned long long)round);
@@ -185,7 +189,7 @@ static int pull(outer_client *oc, uint64_t round, cirrus_error *err)
 static int take_latest(outer_client *oc, cirrus_error *err)
 {
     int rc = push(oc, 0, pipeline_steps_done(oc->p), err);
-    if (!rc) rc = pull(oc, 0, err);
+    if (!rc) rc = pull(oc, 0, 1, err);
     if (!rc) rc = pipeline_gather_params(oc->p, oc->now, err);
     if (!rc) {
         sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
@@ -210,10 +214,12 @@ int outer_client_begin(outer_client *oc, cirrus_error *err)
 /* The round pushed at step `pushed_at` is applied: its global parameters replace the
  * region's. Where the region trained on meanwhile (overlap), the progress it made since
  * the push is kept on top: theta = global + (theta_now - theta_at_push), the delayed merge
- * of one-step-delayed outer updates. */
-static int apply_round(outer_client *oc, cirrus_error *err)
+ * of one-step-delayed outer updates. Without wait, a round not done yet is left pending
+ * (OUTER_NOT_YET). */
+static int apply_round(outer_client *oc, int wait, cirrus_error *err)
 {
-    int rc = pull(oc, oc->pending_round, err);
+    int rc = pull(oc, oc->pending_round, wait, err);
+    if (rc == OUTER_NOT_YET && !wait) return rc;
     if (rc == OUTER_ABANDONED && oc->stop && *oc->stop) {
         log_warn("%s", err->msg); /* the region ends with its own parameters */
         oc->pending = 0;
@@ -221,6 +227,9 @@ static int apply_round(outer_client *oc, cirrus_error *err)
     }
     if (rc) return rc;
     if (pipeline_steps_done(oc->p) != oc->pushed_at) {
+        log_info("outer: outer step %llu merged at inner step %llu (pushed at %llu)",
+                 (unsigned long long)oc->pending_round,
+                 (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)oc->pushed_at);
         if ((rc = pipeline_gather_params(oc->p, oc->now, err))) return rc;
         sync_params_pack(&oc->sp, oc->now, oc->scratch);
         for (uint64_t i = 0; i < oc->m; i++)
@@ -240,9 +249,17 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
 {
     oc->tokens += tokens;
     int rc = 0;
-    if (oc->pending && step >= oc->pushed_at + (uint64_t)oc->delay &&
-        (rc = apply_round(oc, err)))
-        return rc;
+    /* Overlap: from `delay` steps after the push on, the result is merged as soon as it is
+     * in; the region waits for it only when the next outer step is due (its push must
+     * start from the merged parameters) or the run ends. So a sync that takes longer than
+     * `delay` steps, or a region that pushed later than this one, costs no waiting as long
+     * as the round is done within the window. */
+    if (oc->pending && step >= oc->pushed_at + (uint64_t)oc->delay) {
+        const int due = step % (uint64_t)oc->every == 0 || step >= oc->final_step;
+        rc = apply_round(oc, due, err);
+        if (rc == OUTER_NOT_YET && !due) rc = 0;
+        if (rc) return rc;
+    }
     /* The last step is an outer step too (every region ends at the same step): the run
      * ends with the global model whatever its length. */
     if (step % (uint64_t)oc->every == 0 || step == oc->final_step) {
@@ -274,7 +291,7 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
         oc->tokens = 0;
     }
     /* The last step waits for its round: the model the run ends with is the global one. */
-    if (oc->pending && (oc->delay == 0 || step >= oc->final_step)) rc = apply_round(oc, err);
+    if (oc->pending && (oc->delay == 0 || step >= oc->final_step)) rc = apply_round(oc, 1, err);
     return rc;
 }
 

@@ -5,10 +5,10 @@
  * coordinator connection), waits for the gateway to complete the outer round with the
  * other regions, PULLs the new global parameters and installs them on every peer of every
  * stage (pipeline_set_params); AdamW's moments stay on the peers. With a delay, the region
- * goes on training while the round crosses the WAN, and takes the result `delay` inner
- * steps later (Streaming DiLoCo's overlap, one-step-delayed outer updates). At the start
- * it pushes
- * the initial parameters (round 0: the gateway adopts them, or keeps the global state it
+ * goes on training while the round crosses the WAN, and takes the result as soon as it is
+ * in from `delay` inner steps later on, waiting for it only when the next outer step is due
+ * (Streaming DiLoCo's overlap, one-step-delayed outer updates). At the start it pushes the
+ * initial parameters (round 0: the gateway adopts them, or keeps the global state it
  * already has, which the region then takes).
  */
 #ifndef CIRRUS_OUTER_CLIENT_H
@@ -24,8 +24,9 @@
 typedef struct outer_client outer_client;
 
 /* every >= 1 inner steps per outer step. delay (0 .. every - 1): inner steps the region
- * trains on while its round runs on the WAN (0: it waits); the global parameters are then
- * merged with the progress made meanwhile (theta = global + theta_now - theta_pushed).
+ * trains on at least while its round runs on the WAN (0: it waits); the global parameters
+ * are then merged, once in, with the progress made meanwhile (theta = global + theta_now -
+ * theta_pushed).
  * sync_params (gateway/sync_params.h; NULL: all): which parameters the outer steps
  * synchronise, the same spec as the gateway's. final_step: the run's last step, always an outer step, which waits for its round. timeout_ms: how long
  * a round may take; stop (may be NULL): once set, a round still waited for is abandoned. */
