@@ -9,7 +9,7 @@
 # itself are about 1%, as large as the gaps measured) and the largest gap of one seed against
 # data parallel of the same seed.
 # Usage: wan_quality.sh TRAINER [STEPS]   (CIRRUS_CORPUS names the corpus)
-#   SEEDS (default "1337 7 99"), CONFIGS ("H codec outer-lr sync-params delay" each)
+#   SEEDS (default "1337 7 99"), CONFIGS ("H codec outer-lr sync-params delay;..." )
 set -u
 bin=$1 steps=${2:-3000}
 seeds=(${SEEDS:-1337 7 99})
@@ -42,10 +42,12 @@ PY
 }
 printf "%-40s %13s %10s %9s %8s %9s\n" configuration "WAN bytes" "vs DP" "val loss" "gap" "worst"
 row "data parallel (fp32, per step)" "$dp_bytes" $(for s in "${seeds[@]}"; do echo "${dp[$s]}"; done)
-for cfg in ${CONFIGS:-"100 none 0.7 all 0" "50 none 0.7 all 0" "100 q8 0.7 all 0" \
-    "100 lowbit:4+zstd 0.7 all 0" "100 lowbit:2+zstd 0.7 all 0" "50 lowbit:2+zstd 0.7 all 0" \
-    "50 lowbit:2+zstd 0.5 all 0" "50 lowbit:2+zstd 0.5 no-embed 0" "100 lowbit:2+zstd 0.5 no-embed 0" \
-    "50 lowbit:2+zstd 0.5 no-embed 10" "100 topk:0.01+zstd 0.7 all 0"}; do
+default="100 none 0.7 all 0;50 none 0.7 all 0;100 q8 0.7 all 0;100 lowbit:4+zstd 0.7 all 0"
+default+=";100 lowbit:2+zstd 0.7 all 0;50 lowbit:2+zstd 0.7 all 0;50 lowbit:2+zstd 0.5 all 0"
+default+=";50 lowbit:2+zstd 0.5 no-embed 0;100 lowbit:2+zstd 0.5 no-embed 0"
+default+=";50 lowbit:2+zstd 0.5 no-embed 10;100 topk:0.01+zstd 0.7 all 0"
+IFS=';' read -ra configs <<<"${CONFIGS:-$default}"
+for cfg in "${configs[@]}"; do
     set -- $cfg
     vals=() w=
     for s in "${seeds[@]}"; do
