@@ -48,7 +48,15 @@ struct outer_sync {
     pthread_mutex_t mu;        /* everything below */
     pthread_cond_t changed;    /* a push completed, a message arrived, a round ended */
     int receivers;             /* receiver threads alive */
-    net_conn *rconn[64];       /* their connections (WAN_MAX_RECEIVERS), for stopping */
+    /* Their connections (WAN_MAX_RECEIVERS), for stopping and for the limits on who holds
+     * them: from, the region that JOINed on it (-1: still in its handshake), since when,
+     * and the address it came from. */
+    struct receiver_slot {
+        net_conn *c;
+        int from;
+        int64_t since_ms;
+        char addr[64];
+    } rslot[64];
     /* Global state: theta and outer momentum after round `round` (-1: none yet). */
     float *theta, *mom;
     int64_t round;

@@ -24,14 +24,23 @@
 #include "../swarm/proto/rpc.h"
 
 #define WAN_IO_TIMEOUT_MS 30000   /* a frame that started must finish in this time */
-#define WAN_HANDSHAKE_MS 10000    /* TCP + TLS + HELLO + JOIN */
+#define WAN_HANDSHAKE_MS 10000    /* TLS + HELLO + JOIN, all of it */
 /* One TCP connect attempt: a SYN lost on a cut link is retried by the send loop (with its
  * backoff) rather than waited for, so that a stopping gateway is never held by one. */
 #define WAN_CONNECT_MS 2000
 #define WAN_POLL_MS 100
-#define WAN_MAX_RECEIVERS (4 * WAN_MAX_REGIONS) /* accepted connections served at once */
-_Static_assert(WAN_MAX_RECEIVERS <= sizeof ((outer_sync *)0)->rconn /
-                                         sizeof ((outer_sync *)0)->rconn[0],
+/* Who may hold the receivers. The WAN port faces the internet: connections still in their
+ * handshake (not yet authenticated) get at most WAN_MAX_HANDSHAKES slots, at most
+ * WAN_HANDSHAKES_PER_ADDR from one address, so idle or slow connections cannot take the
+ * slots the regions' gateways need; a region's gateway holds at most
+ * WAN_RECEIVERS_PER_REGION (its connection and one it left behind when it reconnected:
+ * a newer JOIN shuts the oldest down). */
+#define WAN_MAX_HANDSHAKES 16
+#define WAN_HANDSHAKES_PER_ADDR 2
+#define WAN_RECEIVERS_PER_REGION 2
+#define WAN_MAX_RECEIVERS (WAN_MAX_HANDSHAKES + WAN_RECEIVERS_PER_REGION * WAN_MAX_REGIONS)
+_Static_assert(WAN_MAX_RECEIVERS <= sizeof ((outer_sync *)0)->rslot /
+                                         sizeof ((outer_sync *)0)->rslot[0],
                "a slot per receiver");
 
 /* Bytes this connection moved since last counted, added to the totals. Under mu. */
@@ -114,6 +123,7 @@ typedef struct receiver {
     outer_sync *os;
     net_conn *c;
     int from; /* the region at the other end, once it JOINed */
+    int slot; /* its index in os->rslot */
     uint64_t seen_sent, seen_recv;
     /* The global state a STATE fetch on this connection is served from: copied when the
      * fetch starts (offset 0), so that its slices are of one round however long it takes.
@@ -229,22 +239,52 @@ static int serve_state(outer_sync *os, receiver *rv, const wire_header *h, wire_
     return rc;
 }
 
+/* Milliseconds left until deadline (at least 1: the step then times out at once). */
+static int left_ms(int64_t deadline)
+{
+    const int64_t d = deadline - net_now_ms();
+    return d < 1 ? 1 : (int)d;
+}
+
+/* A JOIN of region j on receiver slot `slot`: the slot is the region's from now on; its
+ * oldest other connection goes when it holds WAN_RECEIVERS_PER_REGION already. Under mu. */
+static void slot_joined(outer_sync *os, int slot, int j)
+{
+    int held = 0, oldest = -1;
+    for (int i = 0; i < WAN_MAX_RECEIVERS; i++) {
+        const struct receiver_slot *s = &os->rslot[i];
+        if (i == slot || !s->c || s->from != j) continue;
+        held++;
+        if (oldest < 0 || s->since_ms < os->rslot[oldest].since_ms) oldest = i;
+    }
+    if (held >= WAN_RECEIVERS_PER_REGION) {
+        log_warn("outer: region %s connected again: its oldest WAN connection (%s) is closed",
+                 os->names[j], os->rslot[oldest].addr);
+        shutdown(net_fd(os->rslot[oldest].c), SHUT_RDWR); /* its receiver ends */
+    }
+    os->rslot[slot].from = j;
+    os->rslot[slot].since_ms = net_now_ms();
+}
+
 static int receive_handshake(receiver *rv, cirrus_error *err)
 {
     outer_sync *os = rv->os;
     char cert_region[WAN_REGION_MAX + 1] = "";
+    /* One deadline for the whole handshake: a peer sending it a byte at a time must not
+     * hold a slot for the sum of the steps' timeouts. */
+    const int64_t deadline = net_now_ms() + WAN_HANDSHAKE_MS;
     int rc = 0;
     if (os->o.tls)
         rc = net_tls_accept(rv->c, os->o.tls, NULL, cert_region, sizeof cert_region,
-                            WAN_HANDSHAKE_MS, err);
+                            left_ms(deadline), err);
     uint16_t role = 0;
     uint32_t id = 0;
-    if (!rc) rc = net_hello_server(rv->c, os->job, &role, &id, WAN_HANDSHAKE_MS, err);
+    if (!rc) rc = net_hello_server(rv->c, os->job, &role, &id, left_ms(deadline), err);
     if (!rc && role != WAN_ROLE_GATEWAY)
         rc = cirrus_fail(err, CIRRUS_EINVAL, "HELLO role %u is not a gateway's", role);
     wire_header h;
     const uint8_t *p = NULL;
-    if (!rc) rc = net_recv_frame(rv->c, &h, &p, WAN_HANDSHAKE_MS, err);
+    if (!rc) rc = net_recv_frame(rv->c, &h, &p, left_ms(deadline), err);
     wan_join j;
     wire_reader r;
     if (!rc) {
@@ -267,6 +307,11 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
                         WAN_IO_TIMEOUT_MS);
     wire_writer_free(&w);
     rv->from = (int)j.index;
+    if (!rc) {
+        pthread_mutex_lock(&os->mu);
+        slot_joined(os, rv->slot, rv->from);
+        pthread_mutex_unlock(&os->mu);
+    }
     return rc;
 }
 
@@ -335,8 +380,7 @@ static void *receive_main(void *arg)
     }
     pthread_mutex_lock(&os->mu);
     count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
-    for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
-        if (os->rconn[i] == rv->c) os->rconn[i] = NULL;
+    os->rslot[rv->slot].c = NULL;
     os->receivers--;
     pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
@@ -359,35 +403,51 @@ static void *accept_main(void *arg)
             usleep(50 * 1000);
             continue;
         }
+        /* The address it came from, without the port. */
+        char addr[64];
+        snprintf(addr, sizeof addr, "%s", net_peer_name(c));
+        char *colon = strrchr(addr, ':');
+        if (colon) *colon = '\0';
         pthread_mutex_lock(&os->mu);
-        const int full = os->receivers >= WAN_MAX_RECEIVERS;
-        if (!full) {
+        int slot = -1, handshaking = 0, from_addr = 0;
+        for (int i = 0; i < WAN_MAX_RECEIVERS; i++) {
+            const struct receiver_slot *s = &os->rslot[i];
+            if (!s->c) {
+                if (slot < 0) slot = i;
+                continue;
+            }
+            if (s->from >= 0) continue;
+            handshaking++;
+            from_addr += strcmp(s->addr, addr) == 0;
+        }
+        const char *why = slot < 0 ? "too many open"
+                          : handshaking >= WAN_MAX_HANDSHAKES ? "too many in their handshake"
+                          : from_addr >= WAN_HANDSHAKES_PER_ADDR
+                              ? "too many in their handshake from that address"
+                              : NULL;
+        if (!why) {
             os->receivers++;
-            for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
-                if (!os->rconn[i]) {
-                    os->rconn[i] = c;
-                    break;
-                }
+            os->rslot[slot] = (struct receiver_slot){.c = c, .from = -1, .since_ms = net_now_ms()};
+            snprintf(os->rslot[slot].addr, sizeof os->rslot[slot].addr, "%s", addr);
         }
         pthread_mutex_unlock(&os->mu);
-        receiver *rv = full ? NULL : calloc(1, sizeof *rv);
+        receiver *rv = why ? NULL : calloc(1, sizeof *rv);
         pthread_t th;
         pthread_attr_t attr;
         int ok = 0;
         if (rv && pthread_attr_init(&attr) == 0) {
-            *rv = (receiver){.os = os, .c = c, .from = 0};
+            *rv = (receiver){.os = os, .c = c, .from = 0, .slot = slot};
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
             ok = pthread_create(&th, &attr, receive_main, rv) == 0;
             pthread_attr_destroy(&attr);
         }
         if (ok) continue;
         log_warn("outer: refused WAN connection from %s: %s", net_peer_name(c),
-                 full ? "too many open" : "cannot start a thread");
+                 why ? why : "cannot start a thread");
         free(rv);
-        if (!full) {
+        if (!why) {
             pthread_mutex_lock(&os->mu);
-            for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
-                if (os->rconn[i] == c) os->rconn[i] = NULL;
+            os->rslot[slot].c = NULL;
             os->receivers--;
             pthread_mutex_unlock(&os->mu);
         }
@@ -449,7 +509,7 @@ void wan_link_interrupt(outer_sync *os)
     /* A receiver part-way through a frame on a link that was cut would wait out the frame
      * timeout. */
     for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
-        if (os->rconn[i]) shutdown(net_fd(os->rconn[i]), SHUT_RDWR);
+        if (os->rslot[i].c) shutdown(net_fd(os->rslot[i].c), SHUT_RDWR);
     pthread_mutex_unlock(&os->mu);
 }
 
