@@ -8,6 +8,7 @@
 
 #include "../../../common/log.h"
 #include "../../net/conn.h"
+#include "../proto/rpc.h"
 #include "coord_internal.h"
 
 /* ---- requests: the dispatch table ---- */
@@ -45,17 +46,6 @@ static int serve(coordinator *co, const wire_header *h, const uint8_t *p, wire_w
 static uint16_t reply_type(uint16_t type)
 {
     return type == WIRE_PING ? WIRE_PONG : (uint16_t)(type + 1);
-}
-
-static void send_error(net_conn *c, uint64_t request_id, int code, const char *msg)
-{
-    wire_writer w;
-    wire_writer_init(&w, 512);
-    wire_put_u32(&w, (uint32_t)code);
-    wire_put_str(&w, msg);
-    if (!w.failed)
-        net_send_frame(c, WIRE_ERROR, request_id, w.data, (uint32_t)w.len, COORD_IO_TIMEOUT_MS);
-    wire_writer_free(&w);
 }
 
 /* ---- connections ---- */
@@ -111,7 +101,7 @@ static void *conn_main(void *arg)
         if (!rc && reply.failed) rc = cirrus_fail(&oc.err, CIRRUS_ENOMEM, "reply too large");
         if (rc) {
             if (oc.drop) log_warn("dropped %s: %s", net_peer_name(c), oc.err.msg);
-            send_error(c, h.request_id, rc, oc.err.msg);
+            rpc_refuse(c, h.request_id, rc, oc.err.msg, COORD_IO_TIMEOUT_MS);
             wire_writer_free(&reply);
             if (oc.drop) break;
             continue;

@@ -80,13 +80,23 @@ static double wall_since(const work_clock *w)
  * competing for the cores do not stretch. */
 static void slow_down(const peer *p, const work_clock *t0)
 {
-    const double seconds = p->opt->slowdown_cpu ? seconds_since(CLOCK_THREAD_CPUTIME_ID, &t0->cpu)
-                                                : wall_since(t0);
+    const double seconds = p->opt->slowdown_cpu
+                               ? seconds_since(CLOCK_THREAD_CPUTIME_ID, &t0->cpu)
+                               : wall_since(t0);
     const double extra = (p->opt->slowdown - 1.0) * seconds;
     if (!(extra > 0)) return;
     struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+/* A forward or backward of B samples begun at t0 is done: the --slowdown sleep, then its
+ * busy time and samples go to the capacity the heartbeats report. */
+static void work_done(peer *p, const work_clock *t0, int B, double *busy_s, uint64_t *n)
+{
+    slow_down(p, t0);
+    *busy_s += wall_since(t0);
+    *n += (uint64_t)B;
 }
 
 /* ---- the handlers ---- */
@@ -119,9 +129,7 @@ static int on_forward(peer *p, const wire_header *h, wire_reader *r, wire_writer
     int hit;
     gpt_stage *st = slot_for(p, keep ? in.id : 0, &hit);
     if ((rc = gpt_stage_forward(st, &in, p->out, &loss, keep))) return rc;
-    slow_down(p, &t0);
-    p->fwd_busy_s += wall_since(&t0);
-    p->fwd_n += (uint64_t)in.B;
+    work_done(p, &t0, in.B, &p->fwd_busy_s, &p->fwd_n);
     p->samples += (uint64_t)in.B;
     if (last && in.targets)
         stage_msg_put_loss(reply, loss);
@@ -148,9 +156,7 @@ static int on_backward(peer *p, const wire_header *h, wire_reader *r, wire_write
     p->backwards++;
     p->recomputed += !hit;
     if ((rc = gpt_stage_backward(st, &in, p->grad, p->out))) return rc;
-    slow_down(p, &t0);
-    p->bwd_busy_s += wall_since(&t0);
-    p->bwd_n += (uint64_t)in.B;
+    work_done(p, &t0, in.B, &p->bwd_busy_s, &p->bwd_n);
     p->mb_since_step++;
     if (!is_first(p)) stage_msg_put_acts(reply, p->out, n, codec);
     return 0;
