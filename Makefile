@@ -82,7 +82,8 @@ $(BIN)/unit-tests: $(TEST_OBJ) $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-# The trainer under the sanitizers: the chaos test runs a region of it (tests/swarm/chaos.sh).
+# The trainer under the sanitizers (the unit tests' objects and main.o): test-wan runs the
+# gateway restart test (tests/wan/gateways.sh) with it.
 $(ASAN_BUILD)/bin/cirrus-trainer: $(call obj,$(ASAN_BUILD),trainer/cmd/main.c) $(ASAN_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_FLAGS) $^ -o $@ $(LDLIBS)
@@ -145,10 +146,12 @@ test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	    CHAOS_CLIENTS=$$c CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/chaos.sh $(BIN)/cirrus-trainer; } || exit 1; \
 	done
 
-test-wan: $(BIN)/cirrus-trainer $(CORPUS)
+test-wan: $(BIN)/cirrus-trainer $(ASAN_BUILD)/bin/cirrus-trainer $(CORPUS)
 	@echo "cirrus: regions joined by gateways (outer steps, TLS between the gateways)"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/run.sh $(BIN)/cirrus-trainer
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer
+	@echo "cirrus: the gateway restart again, every process under ASan + UBSan"
+	CIRRUS_CORPUS=$(CORPUS) ASAN_OPTIONS=detect_leaks=0 bash tests/wan/gateways.sh $(ASAN_BUILD)/bin/cirrus-trainer
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/shaped.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
