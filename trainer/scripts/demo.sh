@@ -2,7 +2,8 @@
 # The Cirrus demo (make demo): two regions on this machine, each a SWARM region (its
 # gateway, 2 pipeline stages of peer processes, a client routing microbatches between them
 # over loopback), train the tiny model on disjoint halves of the King James Bible; every
-# 100 steps their gateways take an outer step over TLS, sending 2-bit pseudo-gradients.
+# 50 steps their gateways take an outer step over TLS (outer lr 0.5, the embeddings
+# regional: the configuration docs/BENCHMARKS.md found best), sending 2-bit pseudo-gradients.
 # Live progress shows the loss and the WAN bytes; then the loss curves and the WAN bytes
 # are plotted to a PNG and text is generated from the checkpoint the job wrote.
 # Usage: demo.sh TRAINER CORPUS OUTDIR (CIRRUS_DEMO_STEPS overrides 3000;
@@ -15,10 +16,11 @@ rm -rf "$out"
 mkdir -p "$out"
 
 regions=${CIRRUS_DEMO_REGIONS:-2} stages=${CIRRUS_DEMO_STAGES:-2} peers=${CIRRUS_DEMO_PEERS:-1}
-codec=${CIRRUS_DEMO_CODEC:-lowbit:2+zstd} sync=${CIRRUS_DEMO_SYNC_EVERY:-100}
+codec=${CIRRUS_DEMO_CODEC:-lowbit:2+zstd} sync=${CIRRUS_DEMO_SYNC_EVERY:-50}
 echo "cirrus demo: $regions regions of $stages stages x $peers peers train the tiny model" \
     "($steps steps each) on $corpus; outer steps every $sync steps, codec $codec, TLS"
 "$bin" local --regions "$regions" --sync-every "$sync" --codec "$codec" --stages "$stages" \
+    --outer-lr 0.5 --sync-params no-embed \
     --peers "$peers" --model tiny --steps "$steps" --batch 8 --lr 3e-3 --eval-every 250 \
     --log-every 25 --data "$corpus" --ckpt "$out/ckpt" --ckpt-every 1000 \
     --metrics "$out/metrics.jsonl"
