@@ -166,11 +166,18 @@ sync=50 client_flags=(--log-every 1 --sync-delay 25)
 run overlap-delay q8 1 "${small[@]}"
 client_flags=(--log-every 1)
 run overlap-block q8 1 "${small[@]}"
-python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" <<'PY'
+# The same syncs over an unshaped link: what syncing costs besides the link (gathering and
+# installing parameters, the gateways' work, the faster region waiting for the slower).
+for i in 0 1; do wan_unshape "$i"; done
+client_flags=(--log-every 1 --sync-delay 25)
+run overlap-fast q8 1 "${small[@]}"
+python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" "$(step_s overlap-fast)" <<'PY'
 import sys
-base, delay, block = map(float, sys.argv[1:])
+base, delay, block, fast = map(float, sys.argv[1:])
 print(f"cirrus: overlap: a step {delay * 1000:.2f} ms syncing with --sync-delay 25 ({delay / base - 1:+.1%}), "
-      f"{block * 1000:.2f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.2f} ms without")
+      f"{block * 1000:.2f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.2f} ms without; "
+      f"{fast * 1000:.2f} ms syncing with --sync-delay 25 on an unshaped link ({fast / base - 1:+.1%}): "
+      f"the link's share {delay / fast - 1:+.1%}")
 PY
 
 # 100 MB of parameters (--codec none: 4 bytes each) at 100 Mbit/s, over TLS: ideal 8 s a
