@@ -398,9 +398,23 @@ cmd_up() {
         --profiling=false
     # kwok plays the kubelet for every node labelled kwok.x-k8s.io/node=fake (tests can remove
     # the label to make a node stop heart-beating, e.g. to simulate a lost spot node).
+    # kwok's pod-delete stage deletes by name, with no uid precondition (a real kubelet sends
+    # the pod's uid), and it also fires on a deletion with grace period 0, which the API server
+    # completes by itself: that late delete then lands on a replacement made under the same
+    # name meanwhile (the operator's in-place re-creation), seen as one more preemption. Play it
+    # only for deletions that wait for a kubelet (grace period > 0).
+    awk '/^  name: / { del = ($2 == "pod-delete") }
+         { print }
+         del && /operator: .Exists./ {
+             print "    - key: '"'"'.metadata.deletionGracePeriodSeconds > 0'"'"'"
+             print "      operator: '"'"'In'"'"'"
+             print "      values:"
+             print "      - '"'"'true'"'"'"
+             del = 0
+         }' "$KWOK_STAGES" >"$STATE/kwok-stages.yaml"
     start kwok kwok \
         --kubeconfig "$ADMIN_KUBECONFIG" \
-        --config "$KWOK_STAGES" \
+        --config "$STATE/kwok-stages.yaml" \
         --manage-nodes-with-label-selector kwok.x-k8s.io/node=fake \
         --node-lease-duration-seconds 40 \
         --server-address "127.0.0.1:$CLUSTER_KWOK_PORT" \
