@@ -7,17 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/clock.h"
 #include "../common/rng.h"
 #include "model/cpu/cpu_gemm.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double bench_flops_per_token(const gpt_config *cfg, int T)
 {
@@ -74,7 +68,7 @@ static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
     double best = 1e30;
     if (!tiled) cpu_gemm_blas_threads(omp_get_max_threads());
     for (int r = 0; a && b && c && r < reps; r++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         for (int i = 0; i < n; i++) {
             int lda = s[i].ta == CblasNoTrans ? s[i].k : s[i].m;
             int ldb = s[i].tb == CblasNoTrans ? s[i].n : s[i].k;
@@ -85,7 +79,7 @@ static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
                 cblas_sgemm(CblasRowMajor, s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, 1.0f, a,
                             lda, b, ldb, 1.0f, c, s[i].n);
         }
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         best = dt < best ? dt : best;
     }
     if (!tiled) cpu_gemm_blas_threads(1);
@@ -122,24 +116,24 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     }
     double t0 = 0.0, phase[3] = {0};
     for (int s = 0; s < steps + 2; s++) {
-        if (s == 2) t0 = now_s(); /* two warm-up steps: page faults, thread pools */
+        if (s == 2) t0 = clock_now_s(); /* two warm-up steps: page faults, thread pools */
         gpt_stage_input in = {.id = (uint64_t)s + 1, .B = B, .T = T, .tokens = x, .targets = y};
         float loss;
-        double ta = now_s();
+        double ta = clock_now_s();
         gpt_stage_forward(st, &in, NULL, &loss, 1);
-        double tb = now_s();
+        double tb = clock_now_s();
         gpt_stage_backward(st, &in, NULL, NULL);
-        double tc = now_s();
+        double tc = clock_now_s();
         gpt_fold_tied_grads(&m);
         double ss = adamw_total_sumsq(&opt, m.grads, 1.0f);
         adamw_step(&opt, m.params, m.grads, 1.0f, ss, 1e-4f, (uint64_t)s + 1);
         if (s >= 2) {
             phase[0] += tb - ta;
             phase[1] += tc - tb;
-            phase[2] += now_s() - tc;
+            phase[2] += clock_now_s() - tc;
         }
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     for (int i = 0; i < 3; i++) r->phase_ms[i] = 1e3 * phase[i] / steps;
     r->tokens_per_s = (double)steps * B * T / dt;
     r->model_flops_per_token = bench_flops_per_token(cfg, T);

@@ -14,15 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "net/ring.h"
 #include "net/conn.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int run_rank(int rank, const bench_collective_options *o, const int *fds,
                     const char *const *hosts, const int *ports)
@@ -50,10 +44,10 @@ static int run_rank(int rank, const bench_collective_options *o, const int *fds,
         iters = iters < 3 ? 3 : iters > 50 ? 50 : iters;
         if (collective_allreduce_sum(c, buf, n, &err)) goto fail; /* warm-up */
         if (collective_allreduce_sum(c, &one, 1, &err)) goto fail; /* barrier */
-        double t0 = now_s();
+        double t0 = clock_now_s();
         for (int i = 0; i < iters; i++)
             if (collective_allreduce_sum(c, buf, n, &err)) goto fail;
-        double dt = (now_s() - t0) / iters;
+        double dt = (clock_now_s() - t0) / iters;
         double algbw = (double)bytes / dt / 1e9;
         double busbw = algbw * 2.0 * (o->world - 1) / o->world;
         if (rank == 0) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "../common/clock.h"
 #include "../common/log.h"
 #include "ckpt/checkpoint.h"
 #include "data/loader.h"
@@ -26,13 +27,6 @@ void train_options_defaults(train_options *o)
     o->seed = 1337;
     o->log_every = 10;
     o->eval_batches = 16;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Mean loss over the first n batches of the validation split. */
@@ -210,7 +204,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
                                 (unsigned long long)step);
     }
 
-    double t0 = now_s(), t_last = t0;
+    double t0 = clock_now_s(), t_last = t0;
     uint64_t last_step = step;
     int ran = 0;
     for (; step < (uint64_t)o->steps; step++) {
@@ -236,7 +230,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             fflush(metrics);
         }
         if (!o->quiet && ((step + 1) % (uint64_t)o->log_every == 0 || last || val >= 0)) {
-            double t = now_s();
+            double t = clock_now_s();
             double tps = (double)(step + 1 - last_step) * B * T / (t - t_last + 1e-9);
             char where[512] = "";
             if (ex->describe) ex->describe(ex->ctx, o->json, where, sizeof where);
@@ -278,7 +272,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             break;
         }
     }
-    res->seconds = now_s() - t0;
+    res->seconds = clock_now_s() - t0;
     res->step = step;
     res->val_loss = evaluate(ex, &corpus, B, T, o->eval_batches, o->seed, x, y);
     /* A validation loss below 0 is none (not evaluated here, or the evaluation failed). */

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "../net/conn.h"
 #include "../swarm/client/executor.h"
@@ -29,13 +30,6 @@ void roles_catch_signals(void)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int roles_parse_codec(const char *name, int *codec, cirrus_error *err)
@@ -132,7 +126,7 @@ static int group_by_stage(const coord_peer_info *list, size_t count, uint32_t n_
 static int discover_stages(coord_client *cc, const char *coordinator, int wait_s,
                            discovered *d, cirrus_error *err)
 {
-    const double deadline = now_s() + wait_s;
+    const double deadline = clock_now_s() + wait_s;
     char waiting[512] = "", last[512] = "";
     for (;;) {
         coord_peer_info *list = NULL;
@@ -154,7 +148,7 @@ static int discover_stages(coord_client *cc, const char *coordinator, int wait_s
             snprintf(waiting, sizeof waiting, "a peer in each of stages [%s] (of %u) at %s",
                      missing, n_stages, coordinator);
         }
-        if (now_s() >= deadline)
+        if (clock_now_s() >= deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "still waiting for %s after %d s "
                                "(--wait-peers-s)", waiting, wait_s);
         if (strcmp(waiting, last) != 0) {
@@ -176,9 +170,9 @@ static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *
         return pipeline_connect(p, job, src->n, src->peers, src->addrs, cfg, micro, T, codec,
                                 PIPE_TIMEOUT_MS, err);
     static discovered d; /* large; one client per process */
-    const double deadline = now_s() + src->wait_s;
+    const double deadline = clock_now_s() + src->wait_s;
     for (;;) {
-        int left = (int)ceil(deadline - now_s());
+        int left = (int)ceil(deadline - clock_now_s());
         int rc = discover_stages(cc, coordinator, left > 0 ? left : 0, &d, err);
         if (rc) return rc;
         rc = pipeline_connect(p, job, d.n, d.peers, d.addrs, cfg, micro, T, codec,
@@ -188,7 +182,7 @@ static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *
             return 0;
         }
         if (rc == CIRRUS_EMISMATCH || rc == CIRRUS_EINVAL || rc == CIRRUS_ENOMEM ||
-            now_s() >= deadline)
+            clock_now_s() >= deadline)
             return rc;
         log_warn("%s; asking %s again", err->msg, coordinator);
         sleep(1);

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
+
 #define XXH_STATIC_LINKING_ONLY
 /* Inlined, XXH3 is compiled for this CPU (-march) rather than the shared library's generic
  * build: 1.5-3x as fast, which a CPU-bound bulk transfer (the ring all-reduce) feels. */
@@ -96,9 +98,7 @@ void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received)
 
 int64_t net_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return clock_now_ms();
 }
 
 /* -1 means no deadline. */

@@ -51,7 +51,7 @@ void net_conn_set_transport(net_conn *c, const net_transport *tp, void *state);
  * must skip the poll then, or those bytes wait for the next packet (or forever). */
 int net_pending(const net_conn *c);
 
-/* Milliseconds on the monotonic clock: the base of every deadline here. */
+/* Milliseconds on the monotonic clock (clock_now_ms): the base of every deadline here. */
 int64_t net_now_ms(void);
 /* Wait until fd is ready for events (POLLIN/POLLOUT) or the absolute deadline (net_now_ms
  * based; -1: none) passes: 0, CIRRUS_ETIMEDOUT or CIRRUS_EIO. Readiness includes errors and

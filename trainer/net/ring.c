@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "../../common/clock.h"
 #include "ring.h"
 #include "conn.h"
 
@@ -306,13 +307,6 @@ typedef struct ring_dial {
     cirrus_error err;
 } ring_dial;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
 /* Socket settings of a built ring. A link within one host has no bandwidth-delay product to
  * cover, and whatever its send buffer holds is cache the two processes share: autotuned up
  * to 4 MiB per link, it evicted the very chunks being reduced, and a small fixed buffer made
@@ -333,14 +327,14 @@ static void ring_tune_links(ring *r)
 static void *ring_dial_right(void *arg)
 {
     ring_dial *d = arg;
-    double deadline = now_ms() + d->timeout_ms;
+    const int64_t deadline = clock_now_ms() + d->timeout_ms;
     for (;;) {
-        int left = (int)(deadline - now_ms());
+        int left = (int)(deadline - clock_now_ms());
         if (left <= 0) break;
         d->rc = net_connect(d->host, d->port, left, &d->conn, &d->err);
         if (d->rc == 0) {
             d->rc = net_hello_client(d->conn, d->job_id, RING_ROLE, (uint32_t)d->rank,
-                                     (int)(deadline - now_ms()), &d->err);
+                                     (int)(deadline - clock_now_ms()), &d->err);
             if (d->rc) {
                 net_close(d->conn);
                 d->conn = NULL;
@@ -383,10 +377,10 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
         return cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the dialer thread");
     }
     int rc = 0;
-    double deadline = now_ms() + r->opt.timeout_ms;
+    const int64_t deadline = clock_now_ms() + r->opt.timeout_ms;
     /* Accept until the left neighbour shows up; anything else is refused and dropped. */
     while (!r->left) {
-        int wait = (int)(deadline - now_ms());
+        int wait = (int)(deadline - clock_now_ms());
         if (wait <= 0) {
             rc = cirrus_fail(err, CIRRUS_ETIMEDOUT, "ring rank %d: rank %d never connected",
                              rank, left);

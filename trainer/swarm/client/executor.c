@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../../common/clock.h"
 #include "../../../common/log.h"
 #include "outer_client.h"
 #include "step_share.h"
@@ -26,18 +27,11 @@ struct pipeline_executor {
     int outer_begun;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Tell the coordinator how training goes (for /status); never fatal. */
 static void report_step(pipeline_executor *e, uint64_t step, float loss, int tokens)
 {
     if (!e->coord) return;
-    double t = now_s();
+    double t = clock_now_s();
     coord_report rep = {.step = step, .loss = loss,
                         .tokens_per_s = e->t_last > 0 ? tokens / (t - e->t_last) : 0.0,
                         .mb_retried = pipeline_get_counters(e->p)->retried};

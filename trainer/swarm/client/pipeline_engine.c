@@ -67,7 +67,7 @@ typedef struct task {
     int sent;                /* on the wire (id, t_sent, deadline valid) */
     int learned;             /* the deadline is the stage's learned one */
     uint64_t id;
-    double t_sent, deadline; /* seconds (pipe_now_s) */
+    double t_sent, deadline; /* seconds (clock_now_s) */
 } task;
 
 static int task_push(pipeline *p, const task *t)
@@ -164,7 +164,7 @@ static int task_send(pipeline *p, task *t, cirrus_error *err)
     if (rc) return rc;
     t->sent = 1;
     t->learned = pipe_deadline_learned(p, t->s, t->k);
-    t->t_sent = pipe_now_s();
+    t->t_sent = clock_now_s();
     t->deadline = t->t_sent + (t->learned ? pipe_learned_deadline(p, t->s, t->k, t->type,
                                                                   p->mb[t->m].B)
                                           : p->timeout_ms / 1000.0);
@@ -259,16 +259,16 @@ static int task_answer(pipeline *p, int i, int timed_out, cirrus_error *err)
     int rc;
     if (timed_out) {
         rc = cirrus_fail(&why, CIRRUS_ETIMEDOUT, "stage %d peer %s: no reply within %.3f s",
-                         t.s, p->link[t.s].peer[t.k].addr, pipe_now_s() - t.t_sent);
+                         t.s, p->link[t.s].peer[t.k].addr, clock_now_s() - t.t_sent);
     } else {
         /* Readable: the frame is arriving; a peer stalling mid-frame still meets the
          * deadline, with a little slack for the frame that has begun. */
-        double left = t.deadline - pipe_now_s();
+        double left = t.deadline - clock_now_s();
         rc = pipe_await(p, t.s, t.k, t.type, t.id, &r, (int)((left > 0.1 ? left : 0.1) * 1000),
                          &why);
     }
     if (!rc) rc = task_read_reply(p, &t, &r, &why);
-    pipe_observe(p, t.s, t.k, t.type, p->mb[t.m].B, pipe_now_s() - t.t_sent, t.learned, rc);
+    pipe_observe(p, t.s, t.k, t.type, p->mb[t.m].B, clock_now_s() - t.t_sent, t.learned, rc);
     if (!rc) {
         task_drop(p, i);
         return task_done(p, &t, err);
@@ -294,7 +294,7 @@ static int engine_wait(pipeline *p, cirrus_error *err)
         if (n == 1 || t->deadline < first) first = t->deadline;
     }
     if (n == 0) return cirrus_fail(err, CIRRUS_EIO, "tasks queued but none on the wire");
-    double left = first - pipe_now_s();
+    double left = first - clock_now_s();
     int ready = poll(fds, (nfds_t)n, left > 0 ? (int)(left * 1000.0) + 1 : 0);
     if (ready < 0 && errno != EINTR)
         return cirrus_fail(err, CIRRUS_EIO, "poll: %s", strerror(errno));
@@ -302,7 +302,7 @@ static int engine_wait(pipeline *p, cirrus_error *err)
     for (int j = 0; j < n && ready > 0; j++)
         if (fds[j].revents) return task_answer(p, which[j], 0, err);
     for (int j = 0; j < n; j++)
-        if (p->tasks[which[j]].deadline <= pipe_now_s()) return task_answer(p, which[j], 1, err);
+        if (p->tasks[which[j]].deadline <= clock_now_s()) return task_answer(p, which[j], 1, err);
     return 0;
 }
 

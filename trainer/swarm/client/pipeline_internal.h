@@ -10,6 +10,7 @@
 #ifndef CIRRUS_PIPELINE_INTERNAL_H
 #define CIRRUS_PIPELINE_INTERNAL_H
 
+#include "../../../common/clock.h"
 #include "../../net/conn.h"
 #include "../policy/deadline.h"
 #include "../policy/wiring.h"
@@ -102,14 +103,6 @@ struct pipeline {
     pipeline_lost_fn on_lost;
     void *on_lost_ctx;
 };
-
-/* The client's clock for latencies and deadlines, in seconds. */
-static inline double pipe_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static inline int pipe_peer_alive(const pipeline *p, int s, int k)
 {

@@ -108,11 +108,11 @@ static int call_timed(pipeline *p, int s, int k, uint16_t type, int B, const wir
 {
     const int saved = p->timeout_ms;
     const int learned = pipe_deadline_learned(p, s, k);
-    double t0 = pipe_now_s();
+    double t0 = clock_now_s();
     if (learned) p->timeout_ms = (int)(pipe_learned_deadline(p, s, k, type, B) * 1000.0) + 1;
     int rc = pipe_call_peer(p, s, k, type, w, r, err);
     p->timeout_ms = saved;
-    pipe_observe(p, s, k, type, B, pipe_now_s() - t0, learned, rc);
+    pipe_observe(p, s, k, type, B, clock_now_s() - t0, learned, rc);
     return rc;
 }
 

@@ -39,7 +39,7 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
              * waits that long again for their answers (a refusal from each survivor, none
              * from a member that hangs). */
             const double limit = deadline_get(p->avg_deadline[s]);
-            const double t0 = pipe_now_s(), wait_until = t0 + 2.0 * limit;
+            const double t0 = clock_now_s(), wait_until = t0 + 2.0 * limit;
             stage_average *avg = &p->avg;
             avg->round = round;
             avg->n = 0;
@@ -62,13 +62,13 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
             for (int k = 0; k < p->link[s].n; k++) {
                 if (sent[k] == 0) continue;
                 wire_reader r;
-                const double left = wait_until - pipe_now_s();
+                const double left = wait_until - clock_now_s();
                 int rc = sent[k] == 1 ? pipe_await(p, s, k, STAGE_AVERAGE, id, &r,
                                                    (int)((left > 0.01 ? left : 0.01) * 1000.0),
                                                    &why[k])
                                       : CIRRUS_ECLOSED;
                 if (rc == CIRRUS_ETIMEDOUT)
-                    deadline_observe_timeout(p->avg_deadline[s], pipe_now_s() - t0);
+                    deadline_observe_timeout(p->avg_deadline[s], clock_now_s() - t0);
                 if (!rc) {
                     uint32_t mb = 0;
                     if (!stage_msg_get_average_ok(&r, &mb)) {
@@ -91,7 +91,7 @@ static int average_stages(pipeline *p, const pipeline_step_sync *sync, cirrus_er
                 missing = 0;
                 continue;
             }
-            deadline_observe(p->avg_deadline[s], pipe_now_s() - t0);
+            deadline_observe(p->avg_deadline[s], clock_now_s() - t0);
             if (sync && held != (uint32_t)expected && attempt < PIPE_MAX_PEERS + 2) {
                 missing = expected - (int)held; /* < 0: more than the step has */
                 continue;

@@ -5,14 +5,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../../common/clock.h"
 #include "../../../common/log.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 #define BARRIER_TIMEOUT_S 300.0
 
@@ -47,7 +41,7 @@ static int barrier_call(step_share *sh, uint8_t op, uint32_t stage, const char *
 }
 
 /* A barrier call that fails for want of the coordinator (it restarts, the network blips)
- * is tried again until `deadline` (seconds, now_s()); its barrier state is rebuilt by the
+ * is tried again until `deadline` (seconds, clock_now_s()); its barrier state is rebuilt by the
  * clients' next calls. Only a refusal (CIRRUS_EINVAL: this client does not fit the job)
  * ends the wait at once. */
 static int barrier_call_until(step_share *sh, uint8_t op, uint32_t stage, const char *addr,
@@ -55,7 +49,7 @@ static int barrier_call_until(step_share *sh, uint8_t op, uint32_t stage, const 
 {
     for (int warned = 0;; warned = 1) {
         int rc = barrier_call(sh, op, stage, addr, err);
-        if (!rc || rc == CIRRUS_EINVAL || now_s() > deadline) return rc;
+        if (!rc || rc == CIRRUS_EINVAL || clock_now_s() > deadline) return rc;
         if (!warned) log_warn("step barrier: %s; trying again", err->msg);
         usleep(100000); /* the coordinator is away: ask every 0.1 s */
     }
@@ -101,7 +95,7 @@ static int repost_forgotten(step_share *sh, double deadline, cirrus_error *err)
  * client has arrived having acted on them. */
 static int leader_gather(step_share *sh, cirrus_error *err)
 {
-    const double deadline = now_s() + BARRIER_TIMEOUT_S;
+    const double deadline = clock_now_s() + BARRIER_TIMEOUT_S;
     for (int i = 0; i < sh->n_lost; i++) {
         int rc = post_notice(sh, (uint32_t)sh->lost[i].stage, sh->lost[i].addr, 0, deadline,
                              err);
@@ -115,7 +109,7 @@ static int leader_gather(step_share *sh, cirrus_error *err)
         if (!rc) rc = repost_forgotten(sh, deadline, err);
         if (rc) return rc;
         if (sh->barrier.arrived == (uint32_t)sh->n_clients) return 0;
-        if (now_s() > deadline)
+        if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu: %u of %d clients finished "
                                "their share within %.0f s", (unsigned long long)sh->step,
                                sh->barrier.arrived, sh->n_clients, BARRIER_TIMEOUT_S);
@@ -142,7 +136,7 @@ static int leader_restart_step(step_share *sh, int stage, int excess, cirrus_err
              "client died half-way?): the step starts again", (unsigned long long)sh->step,
              stage, excess);
     int rc = pipeline_take_over(sh->p, err);
-    if (!rc) rc = post_notice(sh, COORD_ALL_STAGES, "restart", 0, now_s() + BARRIER_TIMEOUT_S,
+    if (!rc) rc = post_notice(sh, COORD_ALL_STAGES, "restart", 0, clock_now_s() + BARRIER_TIMEOUT_S,
                               err);
     if (rc) return rc;
     sh->n_lost = 0; /* the restart redoes everything */
@@ -163,7 +157,7 @@ static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
 /* A follower: wait until the leader has applied the step, redoing what it asks. */
 static int follower_wait(step_share *sh, cirrus_error *err)
 {
-    const double deadline = now_s() + BARRIER_TIMEOUT_S;
+    const double deadline = clock_now_s() + BARRIER_TIMEOUT_S;
     for (;;) { /* each ARRIVE is held until the step is applied or there is news, or 1 s */
         int rc = barrier_call_until(sh, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (rc) return rc;
@@ -178,7 +172,7 @@ static int follower_wait(step_share *sh, cirrus_error *err)
             if (rc) return rc;
             sh->redo_seen = n->id;
         }
-        if (now_s() > deadline)
+        if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
                                (unsigned long long)sh->step, BARRIER_TIMEOUT_S);
     }
@@ -216,7 +210,7 @@ int step_share_lead(step_share *sh, int microbatches, float lr, float grad_scale
     *total_loss = sh->barrier.loss_sum; /* every client's share, from the gather */
     /* Best effort: if the coordinator is away, the leader's next ARRIVE says it too. */
     cirrus_error why;
-    if (!rc && barrier_call_until(sh, COORD_STEP_APPLIED, 0, NULL, now_s() + 30.0, &why))
+    if (!rc && barrier_call_until(sh, COORD_STEP_APPLIED, 0, NULL, clock_now_s() + 30.0, &why))
         log_warn("step %llu: could not say it was applied: %s", (unsigned long long)sh->step,
                  why.msg);
     return rc;

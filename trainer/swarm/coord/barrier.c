@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../../common/clock.h"
 #include "../../../common/log.h"
 #include "coord_internal.h"
 
@@ -120,14 +121,9 @@ static int step_awaited(const coord_step_sync *q, const coord_step_state *st)
  * between. Waits in slices of COORD_POLL_MS to see the stop flag. */
 static void step_hold(coordinator *co, const coord_step_sync *q, coord_step_state *st)
 {
-    struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    const int64_t end_ns = (int64_t)end.tv_sec * 1000000000 + end.tv_nsec +
-                           (int64_t)q->wait_ms * 1000000;
+    const int64_t end_ns = clock_now_ns() + (int64_t)q->wait_ms * 1000000;
     while (!step_awaited(q, st) && !atomic_load(&co->stopping)) {
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t now_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+        const int64_t now_ns = clock_now_ns();
         if (now_ns >= end_ns) break;
         int64_t until = now_ns + (int64_t)COORD_POLL_MS * 1000000;
         if (until > end_ns) until = end_ns;

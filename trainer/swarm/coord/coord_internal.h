@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "../../../common/clock.h"
 #include "../../net/wire.h"
 #include "../policy/rebalance.h"
 #include "coordinator.h"
@@ -110,13 +111,6 @@ struct coordinator {
     size_t n_moved;    /* entries ever written; the latest at (n_moved - 1) % max_peers */
     step_barrier barrier;
 };
-
-static inline int64_t coord_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* A request's outcome: 0 and a reply payload, or a code and message for WIRE_ERROR;
  * `drop` when the request was malformed (the connection's stream is not to be trusted). */

@@ -92,7 +92,7 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     co->o.job_id = co->job_id;
     co->o.host = co->host;
     co->epoch = f.epoch;
-    co->start_ms = coord_now_ms();
+    co->start_ms = clock_now_ms();
     co->lfd = -1;
     co->http_port = -1;
     co->max_conns = f.max_peers + COORD_CONN_SLACK;
@@ -164,7 +164,7 @@ int coordinator_set_instruction(coordinator *co, uint32_t peer_id, uint32_t stag
     int rc = m && m->reg.role == COORD_ROLE_STAGE ? 0 : CIRRUS_ENOENT;
     if (!rc) {
         m->instruction = stage;
-        m->instructed_ms = coord_now_ms();
+        m->instructed_ms = clock_now_ms();
     }
     pthread_mutex_unlock(&co->mu);
     return rc;
@@ -175,7 +175,7 @@ int coordinator_snapshot(coordinator *co, coord_snapshot *s)
     memset(s, 0, sizeof *s);
     /* Outside the coordinator's lock: the extension has its own. */
     if (co->o.ext_status) s->has_outer = co->o.ext_status(co->o.ext_ctx, &s->outer) == 0;
-    int64_t now = coord_now_ms();
+    int64_t now = clock_now_ms();
     pthread_mutex_lock(&co->mu);
     coord_members_reap(co, now);
     s->stage_peers = calloc(co->o.n_stages, sizeof *s->stage_peers);

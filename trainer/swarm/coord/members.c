@@ -110,7 +110,7 @@ int coord_members_register(coordinator *co, const uint8_t *p, uint32_t n, wire_w
                     "layers of the model", r.l0, r.l1, co->o.n_layer);
         return coord_malformed(oc);
     }
-    int64_t now = coord_now_ms();
+    int64_t now = clock_now_ms();
     int rc = 0;
     pthread_mutex_lock(&co->mu);
     coord_members_reap(co, now);
@@ -192,7 +192,7 @@ int coord_members_heartbeat(coordinator *co, const uint8_t *p, uint32_t n, wire_
     uint32_t id;
     coord_stats s;
     if (coord_get_heartbeat(p, n, &epoch, &id, &s, &oc->err)) return coord_malformed(oc);
-    int64_t now = coord_now_ms();
+    int64_t now = clock_now_ms();
     int rc = 0;
     member *m = lock_member(co, epoch, id, now, oc, &rc);
     if (!m) goto out;
@@ -215,7 +215,7 @@ int coord_members_report(coordinator *co, const uint8_t *p, uint32_t n, wire_wri
     uint32_t id;
     coord_report rep;
     if (coord_get_report(p, n, &epoch, &id, &rep, &oc->err)) return coord_malformed(oc);
-    int64_t now = coord_now_ms();
+    int64_t now = clock_now_ms();
     int rc = 0;
     member *m = lock_member(co, epoch, id, now, oc, &rc);
     if (!m) goto out;
@@ -257,7 +257,7 @@ int coord_members_peers(coordinator *co, const uint8_t *p, uint32_t n, wire_writ
         return coord_malformed(oc);
     }
     pthread_mutex_lock(&co->mu);
-    coord_members_reap(co, coord_now_ms());
+    coord_members_reap(co, clock_now_ms());
     uint32_t count = 0;
     for (size_t i = 0; i < co->n_members; i++) {
         const member *m = &co->members[i];

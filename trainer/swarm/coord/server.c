@@ -71,7 +71,7 @@ static void *conn_main(void *arg)
         log_warn("dropped %s: %s", net_peer_name(c), err.msg);
         goto out;
     }
-    int64_t idle_until = coord_now_ms() + co->o.idle_ms;
+    int64_t idle_until = clock_now_ms() + co->o.idle_ms;
     while (!atomic_load(&co->stopping)) {
         /* Wait for the first byte of a frame here, not inside net_recv_frame: a receive
          * that timed out mid-frame would leave the stream at an unknown position. */
@@ -79,7 +79,7 @@ static void *conn_main(void *arg)
         int pr = poll(&pfd, 1, COORD_POLL_MS);
         if (pr < 0 && errno != EINTR) break;
         if (pr <= 0) {
-            if (coord_now_ms() > idle_until) {
+            if (clock_now_ms() > idle_until) {
                 log_info("closing %s: idle for %u ms", net_peer_name(c), co->o.idle_ms);
                 break;
             }
@@ -93,7 +93,7 @@ static void *conn_main(void *arg)
             log_warn("dropped %s: %s", net_peer_name(c), err.msg);
             break;
         }
-        idle_until = coord_now_ms() + co->o.idle_ms;
+        idle_until = clock_now_ms() + co->o.idle_ms;
         wire_writer reply;
         wire_writer_init(&reply, COORD_REPLY_LIMIT);
         outcome oc = {0};
@@ -166,7 +166,7 @@ static void *accept_main(void *arg)
         }
         /* Expire on time even when nobody is asking; rebalance when a period is over. */
         pthread_mutex_lock(&co->mu);
-        int64_t now = coord_now_ms();
+        int64_t now = clock_now_ms();
         coord_members_reap(co, now);
         coord_moves_rebalance(co, now);
         pthread_mutex_unlock(&co->mu);

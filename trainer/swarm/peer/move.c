@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../../common/clock.h"
 #include "../../../common/log.h"
 #include "peer_internal.h"
 
@@ -65,13 +66,6 @@ void peer_kit_swap(peer *p, stage_kit *k)
 
 /* ---- moving to another stage (rebalancing) ---- */
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Leave the current stage (under the lock): from now on every request is refused until
  * the mover has built the new one, and connections opened before are refused for good. */
 void peer_start_move_locked(peer *p)
@@ -89,7 +83,7 @@ void peer_start_move_locked(peer *p)
  * STEP), or after STAGE_PEER_MOVE_WAIT_S in any case (a client that died mid-step). */
 void peer_take_instruction(peer *p, uint32_t ins)
 {
-    const double now = mono_s();
+    const double now = clock_now_s();
     pthread_mutex_lock(&p->mu);
     if (atomic_load(&p->moving)) {
         /* busy moving: the instruction is the one being carried out, or is stale */
@@ -189,7 +183,7 @@ static void *mover_main(void *arg)
         pthread_mutex_lock(&p->mu);
         log_warn("move to stage %d failed: %s; serving stage %d again, retrying in %d s",
                  mv->to, err.msg, p->stage, STAGE_PEER_MOVE_RETRY_S);
-        p->retry_after_s = mono_s() + STAGE_PEER_MOVE_RETRY_S;
+        p->retry_after_s = clock_now_s() + STAGE_PEER_MOVE_RETRY_S;
         p->move_to = -1;
         atomic_store(&p->moving, 0);
         pthread_mutex_unlock(&p->mu);
@@ -217,7 +211,7 @@ void peer_mover_poll(peer *p, peer_mover *mv)
     pthread_mutex_lock(&p->mu);
     log_warn("cannot start a thread to move to stage %d; staying at stage %d", mv->to, p->stage);
     p->move_to = -1;
-    p->retry_after_s = mono_s() + STAGE_PEER_MOVE_RETRY_S;
+    p->retry_after_s = clock_now_s() + STAGE_PEER_MOVE_RETRY_S;
     atomic_store(&p->moving, 0);
     pthread_mutex_unlock(&p->mu);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../../common/clock.h"
 #include "peer_internal.h"
 
 /* A FORWARD or BACKWARD into the peer's buffers (the gradient of the output into p->grad);
@@ -52,12 +53,13 @@ static gpt_stage *slot_for(peer *p, uint64_t id, int *hit)
 
 /* When a forward or backward started: wall time, and this thread's CPU time. */
 typedef struct work_clock {
-    struct timespec wall, cpu;
+    double wall; /* clock_now_s() */
+    struct timespec cpu;
 } work_clock;
 
 static void work_start(work_clock *w)
 {
-    clock_gettime(CLOCK_MONOTONIC, &w->wall);
+    w->wall = clock_now_s();
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &w->cpu);
 }
 
@@ -70,7 +72,7 @@ static double seconds_since(clockid_t clock, const struct timespec *t0)
 
 static double wall_since(const work_clock *w)
 {
-    return seconds_since(CLOCK_MONOTONIC, &w->wall);
+    return clock_now_s() - w->wall;
 }
 
 /* A peer started with --slowdown F stands for slower hardware: having computed for a
