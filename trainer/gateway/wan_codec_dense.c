@@ -333,6 +333,10 @@ static inline qparams block_params(float absmax, float L, float smax)
     p.inv = absmax > 0.0f ? L / (absmax * p.pre) : 0.0f;
     p.scale = absmax / L;
     if (p.scale > smax) p.scale = smax;
+    /* A block so small that its scale underflows to 0 (absmax below L x 2^-150) decodes to
+     * zeros whatever its codes: write zero codes, so that the message is the one zeros
+     * encode to (encode(decode(m)) == m; the fuzzer found nonzero codes under a 0 scale). */
+    if (p.scale == 0.0f) p.inv = 0.0f;
     return p;
 }
 
