@@ -166,7 +166,7 @@ PY
 # Abuse at r1's WAN port while the regions train: garbage, a frame header announcing the
 # largest payload and never sending it, a plaintext HELLO to the TLS port, 100 connections
 # left idle. The gateway drops them and keeps syncing (the outer step goes on), and nothing
-# exits. Of the idle connections, from one address, it keeps two in their handshake at a
+# exits. Of the idle connections, from one address, it keeps four in their handshake at a
 # time (closing the others at once) and drops those after the handshake's 10 s.
 wan_r1=$(grep -o 'WAN link to region r1 ([0-9.]*:[0-9]*)' "$tmp/status.err" | head -1 | sed 's/.*(\(.*\))/\1/')
 if [ -n "$wan_r1" ] && python3 - "$status_port" "$wan_r1" <<'PY'; then ok wan_port_survives_abuse; else bad wan_port_survives_abuse; fi
@@ -197,7 +197,7 @@ def closed_by_gateway():
     return n
 time.sleep(2)
 early = closed_by_gateway()
-assert early >= 98, f"only {early} of 100 idle connections closed after 2 s"
+assert early >= 96, f"only {early} of 100 idle connections closed after 2 s"
 deadline = time.time() + 60
 while step() < before + 2:
     assert time.time() < deadline, f"outer step stuck at {step()} (was {before})"

@@ -36,7 +36,7 @@
  * WAN_RECEIVERS_PER_REGION (its connection and one it left behind when it reconnected:
  * a newer JOIN shuts the oldest down). */
 #define WAN_MAX_HANDSHAKES 16
-#define WAN_HANDSHAKES_PER_ADDR 2
+#define WAN_HANDSHAKES_PER_ADDR 4
 #define WAN_RECEIVERS_PER_REGION 2
 #define WAN_MAX_RECEIVERS (WAN_MAX_HANDSHAKES + WAN_RECEIVERS_PER_REGION * WAN_MAX_REGIONS)
 _Static_assert(WAN_MAX_RECEIVERS <= sizeof ((outer_sync *)0)->rslot /
