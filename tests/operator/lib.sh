@@ -106,3 +106,34 @@ test_operator_stop() {
     op_pid=
     return $rc
 }
+
+# focused_test_begin NAME NAMESPACE_PREFIX: what a focused test (created_test.sh,
+# runpolicy_test.sh, podsecurity_test.sh) starts with: NS (PREFIX-PID), work (a temporary
+# folder), kn (kubectl in NS), an EXIT trap that kills the operator and deletes NS and work,
+# finish (the operator log's last 40 lines on failure, then the "NAME: N passed" summary and
+# exit), fail_fast; then the operator installed (work/kubeconfig) and NS created. The test
+# starts its operator itself (test_operator_start), after anything NS must have first.
+focused_test_begin() {
+    FOCUSED_NAME=$1
+    NS=$2-$$
+    work=$(mktemp -d)
+    kn() { kubectl -n "$NS" "$@"; }
+    focused_cleanup() {
+        [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
+        kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
+        rm -rf "$work"
+    }
+    trap focused_cleanup EXIT
+    finish() {
+        if ((fail)); then
+            echo "--- operator log (last 40 lines)"
+            tail -40 "$work/operator.log"
+        fi
+        checks_summary "$FOCUSED_NAME"
+        exit
+    }
+    fail_fast() { not_ok "$*"; finish; }
+    local why
+    why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
+    kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
+}

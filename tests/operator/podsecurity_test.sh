@@ -14,28 +14,8 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/operator/lib.sh
 source "$root/tests/operator/lib.sh"
-NS=cirrus-pss-test-$$
 JOB=tiny-bible
-work=$(mktemp -d)
-kn() { kubectl -n "$NS" "$@"; }
-cleanup() {
-    [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
-    kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
-    rm -rf "$work"
-}
-trap cleanup EXIT
-finish() {
-    if ((fail)); then
-        echo "--- operator log (last 20 lines)"
-        tail -20 "$work/operator.log"
-    fi
-    checks_summary podsecurity
-    exit
-}
-fail_fast() { not_ok "$*"; finish; }
-
-why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
-kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
+focused_test_begin podsecurity cirrus-pss-test
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/enforce-version=latest >/dev/null || fail_fast "label $NS"
 # The label is enforced: a plain pod (root allowed, no seccomp) is refused.

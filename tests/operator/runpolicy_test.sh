@@ -12,27 +12,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/operator/lib.sh
 source "$root/tests/operator/lib.sh"
-NS=cirrus-runpolicy-test-$$
-work=$(mktemp -d)
-kn() { kubectl -n "$NS" "$@"; }
-cleanup() {
-    [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
-    kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
-    rm -rf "$work"
-}
-trap cleanup EXIT
-finish() {
-    if ((fail)); then
-        echo "--- operator log (last 40 lines)"
-        tail -40 "$work/operator.log"
-    fi
-    checks_summary runpolicy
-    exit
-}
-fail_fast() { not_ok "$*"; finish; }
-
-why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
-kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
+focused_test_begin runpolicy cirrus-runpolicy-test
 test_operator_start "$work" "$NS" || fail_fast "operator not leading: $(tail -3 "$work/operator.log")"
 
 job() { # NAME RUNPOLICY: a one-region job (gateway, one peer, one client)
