@@ -14,7 +14,9 @@
 # (default: <repo>/build/cluster). Ports are free random ones unless set with
 # CLUSTER_ETCD_PORT, CLUSTER_ETCD_PEER_PORT, CLUSTER_API_PORT, CLUSTER_KCM_PORT,
 # CLUSTER_SCHED_PORT, CLUSTER_KWOK_PORT. CLUSTER_NODES_PER_POOL (default 1) fake nodes are
-# created for each region (r1, r2) and pool (on-demand, spot).
+# created for each region (r1, r2) and pool (on-demand, spot); 0 makes none (tests/nodes/
+# adds real ones). CLUSTER_API_ADDRESS (default 127.0.0.1) is the address kube-apiserver
+# binds and advertises: one that pods can reach gives the `kubernetes` Service endpoints.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -35,6 +37,7 @@ NODES_PER_POOL=${CLUSTER_NODES_PER_POOL:-1}
 SERVICE_CIDR=10.0.0.0/24
 SERVICE_IP=10.0.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 START_TIMEOUT=${CLUSTER_START_TIMEOUT:-90}
+API_ADDRESS=${CLUSTER_API_ADDRESS:-127.0.0.1}
 
 # ---- helpers -------------------------------------------------------------------------------
 
@@ -146,20 +149,6 @@ wait_for() {
 
 # ---- certificates (openssl) ----------------------------------------------------------------
 
-b64() { base64 -w0 <"$1"; }
-
-gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-
-# sign NAME SUBJECT EXTENSIONS: key + CSR, certificate signed by the test CA
-sign() {
-    local name=$1 subj=$2 ext=$3
-    gen_key "$PKI/$name.key"
-    openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-    printf '%s\n' "$ext" >"$PKI/$name.ext"
-    openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-        -days 365 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-    rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
 
 gen_pki() {
     mkdir -p "$PKI"
@@ -170,43 +159,20 @@ gen_pki() {
     local server_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$API_ADDRESS,DNS:localhost,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     local client_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
     sign serving "/CN=kube-apiserver" "$server_ext" # also serves the KCM/scheduler health ports
     sign admin "/O=system:masters/CN=cirrus-admin" "$client_ext"
+    # What kube-apiserver shows kubelets (logs, exec): a client of the cluster CA.
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
     sign kube-controller-manager "/CN=system:kube-controller-manager" "$client_ext"
     sign kube-scheduler "/CN=system:kube-scheduler" "$client_ext"
     # Service-account token signing key pair.
     gen_key "$PKI/sa.key"
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
     chmod 600 "$PKI"/*.key
-}
-
-# kubeconfig FILE CERT-NAME USER
-write_kubeconfig() {
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: cirrus-test
-  cluster:
-    server: https://127.0.0.1:$CLUSTER_API_PORT
-    certificate-authority-data: $(b64 "$PKI/ca.crt")
-users:
-- name: $3
-  user:
-    client-certificate-data: $(b64 "$PKI/$2.crt")
-    client-key-data: $(b64 "$PKI/$2.key")
-contexts:
-- name: cirrus-test
-  context:
-    cluster: cirrus-test
-    user: $3
-current-context: cirrus-test
-EOF
-    chmod 600 "$1"
 }
 
 # ---- fake nodes ----------------------------------------------------------------------------
@@ -295,7 +261,7 @@ export PATH='$K8S_BIN':"\$PATH"
 export CIRRUS_CLUSTER_STATE='$STATE'
 export CIRRUS_K8S_BIN='$K8S_BIN'
 export CIRRUS_K8S_VERSION='$K8S_VERSION'
-export CIRRUS_APISERVER='https://127.0.0.1:$CLUSTER_API_PORT'
+export CIRRUS_APISERVER='https://$API_ADDRESS:$CLUSTER_API_PORT'
 export CIRRUS_CA_FILE='$PKI/ca.crt'
 EOF
 }
@@ -346,7 +312,7 @@ cmd_up() {
     pick_port CLUSTER_SCHED_PORT
     pick_port CLUSTER_KWOK_PORT
 
-    log "up: Kubernetes $K8S_VERSION in $STATE (apiserver https://127.0.0.1:$CLUSTER_API_PORT)"
+    log "up: Kubernetes $K8S_VERSION in $STATE (apiserver https://$API_ADDRESS:$CLUSTER_API_PORT)"
     gen_pki
     write_kubeconfig "$ADMIN_KUBECONFIG" admin cirrus-admin
     write_kubeconfig "$STATE/kube-controller-manager.kubeconfig" kube-controller-manager system:kube-controller-manager
@@ -361,10 +327,13 @@ cmd_up() {
         --log-level warn
     wait_for "etcd" 30 etcd port_in_use "$CLUSTER_ETCD_PORT"
 
-    log "up: starting kube-apiserver (127.0.0.1:$CLUSTER_API_PORT)"
+    log "up: starting kube-apiserver ($API_ADDRESS:$CLUSTER_API_PORT)"
+    # The `kubernetes` Service gets endpoints only when pods can reach the advertised address.
+    local reconciler=lease
+    [[ "$API_ADDRESS" == 127.* ]] && reconciler=none
     start kube-apiserver kube-apiserver \
         --etcd-servers "$etcd_url" \
-        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$CLUSTER_API_PORT" \
+        --bind-address "$API_ADDRESS" --advertise-address "$API_ADDRESS" --secure-port "$CLUSTER_API_PORT" \
         --cert-dir "$PKI" --tls-cert-file "$PKI/serving.crt" --tls-private-key-file "$PKI/serving.key" \
         --client-ca-file "$PKI/ca.crt" \
         --authorization-mode Node,RBAC \
@@ -373,7 +342,10 @@ cmd_up() {
         --service-account-signing-key-file "$PKI/sa.key" \
         --service-cluster-ip-range "$SERVICE_CIDR" \
         --allow-privileged=true \
-        --endpoint-reconciler-type none \
+        --endpoint-reconciler-type "$reconciler" \
+        --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+        --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+        --kubelet-preferred-address-types InternalIP,Hostname \
         --profiling=false
     wait_for "kube-apiserver /readyz" "$START_TIMEOUT" kube-apiserver k get --raw /readyz
 
@@ -422,7 +394,7 @@ cmd_up() {
         --cidr 10.244.0.1/16
 
     log "up: creating $((${#REGIONS[@]} * ${#POOLS[@]} * NODES_PER_POOL)) fake nodes (regions ${REGIONS[*]}; pools ${POOLS[*]})"
-    node_manifests | k apply -f - >/dev/null
+    ((NODES_PER_POOL == 0)) || node_manifests | k apply -f - >/dev/null
 
     log "up: waiting for the controller-manager, the scheduler and Ready nodes"
     local comp port
@@ -431,7 +403,7 @@ cmd_up() {
         wait_for "$comp /healthz" "$START_TIMEOUT" "$comp" k --server "https://127.0.0.1:$port" get --raw /healthz
     done
     wait_for "the default ServiceAccount" "$START_TIMEOUT" kube-controller-manager k -n default get serviceaccount default
-    wait_for "Ready nodes" "$START_TIMEOUT" kwok nodes_ready
+    ((NODES_PER_POOL == 0)) || wait_for "Ready nodes" "$START_TIMEOUT" kwok nodes_ready
     alive kwok || die "kwok exited (see $LOGS/kwok.log)"
 
     UP_OK=1

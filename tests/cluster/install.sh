@@ -4,6 +4,7 @@
 #
 #   ${CIRRUS_CACHE:-$HOME/.cache/cirrus}/k8s-<version>/bin/
 #       kube-apiserver kube-controller-manager kube-scheduler kubectl   built from k8s/ (go build)
+#       kubelet kube-proxy   the same, for the real-node tests (tests/nodes/)
 #       etcd    Debian etcd-server if new enough, else built from k8s/ (the etcd server module
 #               that the pinned Kubernetes release itself requires)
 #       kwok    go install sigs.k8s.io/kwok/cmd/kwok@<pinned>
@@ -59,10 +60,12 @@ declare -A PKG=(
     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
     [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
     [kubectl]=k8s.io/kubernetes/cmd/kubectl
+    [kubelet]=k8s.io/kubernetes/cmd/kubelet
+    [kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
     [etcd]=go.etcd.io/etcd/server/v3
 )
 todo=()
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd; do
     if have "$b"; then
         log "$b: present, skipping"
     elif [[ "$b" == etcd ]] && etcd_from_debian; then

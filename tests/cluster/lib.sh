@@ -27,7 +27,49 @@ K8S_HOME=${K8S_HOME:-$CIRRUS_CACHE/k8s-$K8S_VERSION}
 K8S_BIN=$K8S_HOME/bin
 # kwok's default node and pod lifecycle stages (as kwokctl uses them), taken from the kwok module.
 KWOK_STAGES=$K8S_HOME/kwok-stages.yaml
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok)
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ---- certificates (openssl), in the directory $PKI of the script that sources this ----------
+
+b64() { base64 -w0 <"$1"; }
+
+gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+# sign NAME SUBJECT EXTENSIONS: key + CSR, certificate signed by the test CA
+sign() {
+    local name=$1 subj=$2 ext=$3
+    gen_key "$PKI/$name.key"
+    openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+    printf '%s\n' "$ext" >"$PKI/$name.ext"
+    openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+        -days 365 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+    rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+# kubeconfig FILE CERT-NAME USER (server https://$API_ADDRESS:$CLUSTER_API_PORT)
+write_kubeconfig() {
+    cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: cirrus-test
+  cluster:
+    server: https://$API_ADDRESS:$CLUSTER_API_PORT
+    certificate-authority-data: $(b64 "$PKI/ca.crt")
+users:
+- name: $3
+  user:
+    client-certificate-data: $(b64 "$PKI/$2.crt")
+    client-key-data: $(b64 "$PKI/$2.key")
+contexts:
+- name: cirrus-test
+  context:
+    cluster: cirrus-test
+    user: $3
+current-context: cirrus-test
+EOF
+    chmod 600 "$1"
+}

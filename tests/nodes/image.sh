@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the images the real nodes run, without a registry or a Docker engine, and exports
+# them as OCI archives for the nodes' containerd to import:
+#
+#   debian:12-slim   the Dockerfile's base: a minimal Debian 12 root file system made with
+#                    mmdebstrap (documentation and locales left out, as the slim image does)
+#   pause:3.10       the pod sandbox: Kubernetes's own pause.c from the pinned release,
+#                    linked statically
+#   cirrus:latest    the project's Dockerfile, built unmodified with buildah
+#
+# Output: $IMAGES_HOME/{pause,cirrus}.oci.tar. Idempotent: the base and pause images are made
+# once per cache; the Cirrus image is rebuilt every time, and buildah's layer cache makes that
+# quick when the sources did not change. Needs root and tests/nodes/install.sh's packages.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need_root "building images"
+command -v buildah >/dev/null || ndie "buildah is not installed (run tests/nodes/install.sh)"
+mkdir -p "$IMAGES_HOME" "$BUILDAH_ROOT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cirrus-image.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
+
+# ---- the base image ------------------------------------------------------------------------
+if have_image "$BASE_IMAGE"; then
+    nlog "base image $BASE_IMAGE: present"
+else
+    t0=$SECONDS
+    nlog "base image: bootstrapping Debian 12 (bookworm, minbase) with mmdebstrap"
+    slim=()
+    for p in /usr/share/man/'*' /usr/share/locale/'*' /usr/share/doc/'*' /usr/share/info/'*'; do
+        slim+=(--dpkgopt="path-exclude=$p")
+    done
+    slim+=(--dpkgopt='path-include=/usr/share/locale/locale.alias' --dpkgopt='path-include=/usr/share/doc/*/copyright')
+    mmdebstrap --quiet --variant=minbase "${slim[@]}" bookworm "$WORK/rootfs.tar"
+    ctr=$(bah from scratch)
+    bah add --quiet "$ctr" "$WORK/rootfs.tar" /
+    bah config --cmd /bin/bash --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
+    bah commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
+    nlog "base image $BASE_IMAGE: made in $((SECONDS - t0))s"
+fi
+
+# ---- the pause image -----------------------------------------------------------------------
+if [[ -s "$IMAGES_HOME/pause.oci.tar" ]]; then
+    nlog "pause image: present"
+else
+    src=$(cd "$K8S_MOD_DIR" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+    [[ -f "$src" ]] || ndie "cannot find $src (run tests/cluster/install.sh first)"
+    nlog "pause image: building $PAUSE_IMAGE from the pinned release's pause.c"
+    gcc -Os -static -DVERSION="cirrus-$K8S_VERSION" -o "$WORK/pause" "$src"
+    strip "$WORK/pause"
+    ctr=$(bah from scratch)
+    bah copy --quiet "$ctr" "$WORK/pause" /pause
+    bah config --entrypoint '["/pause"]' --user 65535:65535 "$ctr"
+    bah commit --quiet --rm "$ctr" "$PAUSE_IMAGE" >/dev/null
+    bah push --quiet "$PAUSE_IMAGE" "oci-archive:$WORK/pause.oci.tar:$PAUSE_IMAGE"
+    mv "$WORK/pause.oci.tar" "$IMAGES_HOME/pause.oci.tar"
+fi
+
+# ---- the Cirrus image ----------------------------------------------------------------------
+t0=$SECONDS
+nlog "cirrus image: buildah bud $REPO_DIR/Dockerfile -> $CIRRUS_IMAGE"
+# runc, not buildah's default crun: crun refuses a host with cgroups v1 and v2 mounted side by
+# side. --network host: the RUN steps install Debian packages.
+bah bud --quiet --runtime "$(command -v runc)" --pull=never --network host --layers \
+    --isolation chroot -t "$CIRRUS_IMAGE" -f "$REPO_DIR/Dockerfile" "$REPO_DIR" >/dev/null
+bah push --quiet "$CIRRUS_IMAGE" "oci-archive:$WORK/cirrus.oci.tar:$CIRRUS_IMAGE"
+mv "$WORK/cirrus.oci.tar" "$IMAGES_HOME/cirrus.oci.tar"
+# Layers of earlier builds that no tag names any more.
+bah rmi --prune >/dev/null 2>&1 || true
+nlog "cirrus image: built and exported in $((SECONDS - t0))s ($(du -h "$IMAGES_HOME/cirrus.oci.tar" | cut -f1))"

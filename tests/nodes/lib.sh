@@ -1,0 +1,32 @@
+# shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
+# Shared settings of the real-node scripts (install.sh, image.sh, nodes.sh, the tests).
+# Source it; do not run it. Builds on the control plane's settings (../cluster/lib.sh).
+
+NODES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../cluster/lib.sh
+source "$NODES_DIR/../cluster/lib.sh"
+REPO_DIR=$(cd "$NODES_DIR/../.." && pwd)
+
+# Debian packages the real nodes need: the container runtime, the CNI plugins, the image
+# builder (buildah; there is no Docker engine) and the base image's bootstrapper.
+NODES_DEB_PKGS=(containerd runc containernetworking-plugins buildah mmdebstrap iptables conntrack)
+CNI_BIN_DIR=/usr/lib/cni
+
+NODES_HOME=$CIRRUS_CACHE/nodes
+NODES_BIN=$NODES_HOME/bin
+COREDNS_MOD_DIR=$NODES_DIR/coredns
+COREDNS_VERSION=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$COREDNS_MOD_DIR/go.mod")
+
+# Images. buildah keeps its storage (layers, the build cache) in the cache, not in /var/lib.
+IMAGES_HOME=$NODES_HOME/images
+BUILDAH_ROOT=$NODES_HOME/containers
+BUILDAH_RUNROOT=/run/cirrus-buildah
+BASE_IMAGE=docker.io/library/debian:12-slim # what the Dockerfile starts FROM
+PAUSE_IMAGE=registry.k8s.io/pause:3.10      # the pod sandbox image named in containerd's config
+CIRRUS_IMAGE=${CIRRUS_IMAGE:-docker.io/library/cirrus:latest}
+
+nlog() { printf '[nodes] %s\n' "$*" >&2; }
+ndie() { printf '[nodes] ERROR: %s\n' "$*" >&2; exit 1; }
+need_root() { [[ $(id -u) == 0 ]] || ndie "$1 needs root (containers, network namespaces, iptables): run as root"; }
+
+bah() { buildah --root "$BUILDAH_ROOT" --runroot "$BUILDAH_RUNROOT" --storage-driver overlay "$@"; }
