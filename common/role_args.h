@@ -56,6 +56,10 @@
 #define ROLE_FLAG_CODEC "codec"               /* gateway: the WAN codec (wan_codec_parse) */
 #define ROLE_FLAG_OUTER_LR "outer-lr"         /* gateway: outer learning rate */
 #define ROLE_FLAG_OUTER_MOMENTUM "outer-momentum" /* gateway: outer Nesterov momentum */
+#define ROLE_FLAG_CKPT "ckpt"                 /* client (0 only): checkpoint directory */
+#define ROLE_FLAG_CKPT_EVERY "ckpt-every"     /* client: steps between checkpoints */
+#define ROLE_FLAG_MAX_STAGE_PEERS "max-stage-peers" /* gateway: most peers rebalancing
+                                                     * leaves in a stage (0: no bound) */
 
 /* Ports the roles listen on in a Pod. */
 #define ROLE_PORT_COORDINATOR 7400 /* gateway: peers and clients register here */

@@ -201,11 +201,14 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     ctl->job_confirmed = -1;
     desired_job d = {0};
     int rc = m ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    if (!rc && desired_build(job, &d, err)) {
+    failpolicy policy = {0};
+    if (!rc && (desired_build(job, &d, err) ||
+                failpolicy_from_spec(json_object_get(job, "spec"), &policy, err))) {
         /* The API server validated the spec; what still fails here (e.g. names too long
          * once combined) will not fix itself by retrying: said once in an Event and for as
          * long as it lasts in the Created condition. */
         rc = invalid_spec(ctl, job, m, err);
+        desired_job_free(&d);
         json_decref((json_t *)job);
         return rc;
     }
@@ -241,7 +244,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     json_object_foreach(have, pname, pod)
     {
         enum pod_action a =
-            ctl_observe_pod(ctl, job, m, pod, json_object_get(d.pods, pname), &obs);
+            ctl_observe_pod(ctl, job, m, &policy, pod, json_object_get(d.pods, pname), &obs);
         if (a != KEEP_POD)
             json_object_set_new(doomed, pname,
                                 json_pack("{s:s, s:b, s:b}", "uid", meta_str(pod, "uid"),
@@ -326,6 +329,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
                           : progress_ms;
     if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
+    failpolicy_free(&policy);
     json_decref((json_t *)job);
     return rc;
 }

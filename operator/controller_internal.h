@@ -21,6 +21,7 @@
 #include "../common/cerr.h"
 #include "controller.h"
 #include "desired.h"
+#include "failpolicy.h"
 #include "jobstatus.h"
 #include "kube/informer.h"
 #include "kube/workqueue.h"
@@ -41,6 +42,9 @@ typedef struct job_mem {
     json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
     char phase[16]; /* the phase last written, for transition events */
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
+    /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
+     * the status says Failed (after that the status keeps it). */
+    char fail_job[384];
     struct job_mem *next;
 } job_mem;
 
@@ -113,7 +117,8 @@ void ctl_observe_spec(const json_t *job, job_observed *obs);
 
 enum pod_action { KEEP_POD, DELETE_POD, FORCE_DELETE_POD };
 enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
-                                const json_t *pod, const json_t *want, job_observed *obs);
+                                const failpolicy *policy, const json_t *pod,
+                                const json_t *want, job_observed *obs);
 int ctl_create_pod(controller *ctl, const json_t *job, job_mem *m, const char *name,
                    const json_t *want, cirrus_error *err);
 int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,

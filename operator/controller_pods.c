@@ -12,6 +12,7 @@
 #include "../common/log.h"
 #include "../common/role_args.h"
 #include "controller_internal.h"
+#include "failpolicy.h"
 #include "podstate.h"
 
 /* ---- per-job memory ----------------------------------------------------------------------- */
@@ -22,6 +23,7 @@ static void mem_reset(job_mem *m, const json_t *job)
     json_decref(m->seen);
     m->counts = json_object();
     m->seen = json_object();
+    m->fail_job[0] = 0;
     snprintf(m->uid, sizeof m->uid, "%s", meta_str(job, "uid") ? meta_str(job, "uid") : "");
     const json_t *st = json_object_get(job, "status");
     const char *ph = json_string_value(json_object_get(st, "phase"));
@@ -155,12 +157,14 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
     }
 }
 
-/* One observed pod of the job: fold it into obs, count its end once (preemption or failure),
- * and say whether it must go: ended (to be re-created), no longer wanted, or built from an
- * older spec. No requests here except Events: deletions wait until the counts are written
- * to the status, so a count is never lost with the pod that showed it. */
+/* One observed pod of the job: fold it into obs, judge its end once (a preemption or a
+ * failure, by the job's podFailurePolicy; a FailJob rule fails the job), and say whether it
+ * must go: ended (to be re-created), no longer wanted, or built from an older spec. No
+ * requests here except Events: deletions wait until the counts are written to the status,
+ * so a count is never lost with the pod that showed it. */
 enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
-                                const json_t *pod, const json_t *want, job_observed *obs)
+                                const failpolicy *policy, const json_t *pod,
+                                const json_t *want, job_observed *obs)
 {
     const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
     const char *region = label(pod, CIRRUS_LABEL_REGION), *role = label(pod, CIRRUS_LABEL_ROLE);
@@ -170,13 +174,15 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     int counted = seen_uid && !strcmp(seen_uid, uid) &&
                   json_is_true(json_object_get(seen, "counted"));
     ctl_mark_seen(m, name, uid, 1, 0);
-    char why[128];
+    char why[160];
     enum pod_state st = pod_state_of(pod, why, sizeof why);
     const char *node =
         json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+    /* A pod on a deleted node is lost with it: proof of a preemption the rules need not
+     * judge (it has no exit of its own). */
     int node_gone = node && json_object_get(ctl->gone_nodes, node);
     if (node_gone && !pod_state_ended(st)) {
-        st = POD_PREEMPTED;
+        st = POD_FAILED;
         snprintf(why, sizeof why, "node %s deleted", node);
     }
     region_observed *ro = region_obs(obs, region);
@@ -197,14 +203,29 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
         return DELETE_POD;
     }
     if (st == POD_SUCCEEDED && is_client) return KEEP_POD; /* done; kept for its logs */
-    if (pod_state_ended(st) && !counted) {
-        if (st == POD_FAILED || st == POD_PREEMPTED) {
-            count(ctl, m, region, st == POD_FAILED);
-            ctl_event(ctl, job, 1, st == POD_FAILED ? "PodFailed" : "PodPreempted",
-                      "pod %s %s (%s)", name, st == POD_FAILED ? "failed" : "was preempted", why);
-        }
-        ctl_mark_seen(m, name, uid, 1, 1);
+    if (st == POD_FAILED && !counted) {
+        int rule = -1;
+        failpolicy_action a =
+            node_gone ? FAILPOLICY_IGNORE : failpolicy_judge(policy, pod, &rule);
+        char by[96];
+        if (node_gone)
+            snprintf(by, sizeof by, "its node is gone");
+        else if (rule < 0)
+            snprintf(by, sizeof by, "no rule of runPolicy.podFailurePolicy matched");
+        else
+            snprintf(by, sizeof by, "runPolicy.podFailurePolicy.rules[%d]: %s", rule,
+                     failpolicy_action_name(a));
+        count(ctl, m, region, a != FAILPOLICY_IGNORE);
+        if (a == FAILPOLICY_FAIL_JOB && !m->fail_job[0])
+            snprintf(m->fail_job, sizeof m->fail_job, "pod %s failed (%s): %s", name, why, by);
+        ctl_event(ctl, job, 1, a == FAILPOLICY_IGNORE ? "PodPreempted" : "PodFailed",
+                  "pod %s %s (%s; %s)", name,
+                  a == FAILPOLICY_IGNORE ? "was preempted"
+                  : a == FAILPOLICY_COUNT ? "failed, counted toward runPolicy.backoffLimit"
+                                          : "failed, failing the job",
+                  why, by);
     }
+    if (pod_state_ended(st) && !counted) ctl_mark_seen(m, name, uid, 1, 1);
     /* No kubelet will confirm a graceful deletion on a node that is gone: force it. */
     if (pod_state_ended(st)) return node_gone ? FORCE_DELETE_POD : DELETE_POD;
     const char *have_hash = annotation(pod, CIRRUS_ANNOT_SPEC_HASH);
@@ -252,4 +273,5 @@ void ctl_apply_counts(job_observed *obs, const job_mem *m)
         obs->regions[i].preemptions = int_at(c, "preemptions", NULL, 0);
         obs->regions[i].failures = int_at(c, "failures", NULL, 0);
     }
+    obs->policy_failure = m->fail_job[0] ? m->fail_job : NULL;
 }

@@ -297,6 +297,7 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
 
     const json_t *vol = NULL;
     if ((rc = get_obj(spec, "checkpoint", "spec", &o, err)) ||
+        (rc = get_int(o, "every", "spec.checkpoint", 1, 1000000000, 100, &v->ckpt_every, err)) ||
         (rc = get_obj(o, "volume", "spec.checkpoint", &vol, err)))
         return rc;
     if (vol && ((rc = req_str(vol, "claimName", "spec.checkpoint.volume", &v->ckpt_claim, err)) ||
@@ -375,6 +376,13 @@ static int read_region(const json_t *regions, size_t k, region_view *r, cirrus_e
         (rc = get_int(o, "replicas", sub, 1, 256, 2, &x, err)))
         return rc;
     r->replicas = (int)x;
+    /* The most peers a stage may have: the operator makes replicas per stage, and the
+     * gateway's rebalancing moves no peer into a stage that has max (desired_args.c). */
+    if ((rc = get_int(o, "max", sub, 1, 256, r->replicas, &x, err))) return rc;
+    if (x < r->replicas)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s.max (%lld) must be >= %s.replicas (%d)", sub,
+                           x, sub, r->replicas);
+    r->max = (int)x;
     if ((rc = get_int(reg, "clients", path, 0, 256, 1, &x, err))) return rc;
     r->clients = (int)x;
 

@@ -101,6 +101,9 @@ json_t *desired_args_gateway(const job_view *v, const region_view *r)
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_HTTP_PORT), "%d", ROLE_PORT_HTTP);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_STAGES), "%d", v->stages);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_LAYERS), "%d", v->n_layer);
+    /* peers.max: rebalancing moves idle peers to a bottleneck stage, but leaves no stage
+     * with more than this (the operator itself makes peers.replicas per stage). */
+    argf(args, &bad, ROLE_ARG(ROLE_FLAG_MAX_STAGE_PEERS), "%d", r->max);
     /* One region trains with no outer steps: its gateway is the region's coordinator only. */
     if (desired_outer(v)) wan_args(args, &bad, v, r);
     return done(args, bad);
@@ -139,6 +142,13 @@ json_t *desired_args_client(const job_view *v, const region_view *r, const char 
     }
     /* The region's one client takes the outer steps, through its gateway (--coordinator). */
     if (desired_outer(v)) argf(args, &bad, ROLE_ARG(ROLE_FLAG_SYNC_EVERY), "%lld", v->sync_every);
+    /* Client 0 takes the optimizer steps and gathers the model from the stage peers: it
+     * writes the region's checkpoints (the trainer refuses --ckpt on the others). A folder
+     * per region: regions sharing a checkpoint.volume do not overwrite each other's. */
+    if (i == 0) {
+        argf(args, &bad, ROLE_ARG(ROLE_FLAG_CKPT), "%s/%s", CIRRUS_CKPT_DIR, r->name);
+        argf(args, &bad, ROLE_ARG(ROLE_FLAG_CKPT_EVERY), "%lld", v->ckpt_every);
+    }
     model_args(args, &bad, v);
     if (v->data_path && v->data_claim) {
         const char *rel = v->data_path;

@@ -27,6 +27,7 @@ typedef struct job_view {
     long long batch, seq, seed; /* seq 0: unset */
     const char *data_path, *data_claim;
     const char *ckpt_claim, *ckpt_subpath;
+    long long ckpt_every; /* spec.checkpoint.every */
     const char *service_type;
     long long gw_port;
     const json_t *svc_annotations;
@@ -41,7 +42,7 @@ typedef struct job_view {
 
 typedef struct region_view {
     const char *name;
-    int replicas, clients;
+    int replicas, max, clients; /* peers.replicas, peers.max (replicas when unset), clients */
     const char *region_label, *priority_class;
     const json_t *node_selector, *affinity, *tolerations;
     const json_t *res_peer, *res_client, *res_gateway;

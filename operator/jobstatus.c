@@ -35,7 +35,9 @@ enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
 {
     if (old_phase && !strcmp(old_phase, "Failed")) return PHASE_FAILED;
     if (old_phase && !strcmp(old_phase, "Succeeded")) return PHASE_SUCCEEDED;
-    if (total_failures(obs) > obs->backoff_limit || obs->deadline_exceeded) return PHASE_FAILED;
+    if (obs->policy_failure || total_failures(obs) > obs->backoff_limit ||
+        obs->deadline_exceeded)
+        return PHASE_FAILED;
     int clients = 0, done = 0;
     for (int i = 0; i < obs->n_regions; i++) {
         clients += obs->regions[i].clients;
@@ -266,7 +268,7 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                           const char *now)
 {
     json_t *c = json_array();
-    char msg[256];
+    char msg[512];
     int64_t g = obs->generation;
     int64_t fails = total_failures(obs);
     add_condition(c, old_status, "Created", !obs->not_created_reason,
@@ -293,13 +295,25 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                   ph == PHASE_SUCCEEDED ? "every client finished its steps"
                                         : "clients still training",
                   now, g);
-    int by_deadline = ph == PHASE_FAILED && obs->deadline_exceeded && fails <= obs->backoff_limit;
-    if (by_deadline)
+    /* A FailJob rule's verdict: from this reconcile, else as the status already says it (a
+     * new leader or a restarted operator no longer knows the pod that matched). */
+    const json_t *old_failed = old_condition(old_status, "Failed");
+    const char *old_reason = json_string_value(json_object_get(old_failed, "reason"));
+    const char *policy_msg = obs->policy_failure;
+    if (!policy_msg && ph == PHASE_FAILED && old_reason && !strcmp(old_reason, "PodFailurePolicy"))
+        policy_msg = json_string_value(json_object_get(old_failed, "message"));
+    int by_policy = ph == PHASE_FAILED && policy_msg;
+    int by_deadline = ph == PHASE_FAILED && !by_policy && obs->deadline_exceeded &&
+                      fails <= obs->backoff_limit;
+    if (by_policy)
+        snprintf(msg, sizeof msg, "%s", policy_msg);
+    else if (by_deadline)
         snprintf(msg, sizeof msg, "runPolicy.activeDeadlineSeconds passed since the job started");
     else
         snprintf(msg, sizeof msg, "%lld pod failures, backoffLimit %lld", (long long)fails,
                  (long long)obs->backoff_limit);
     const char *reason = ph != PHASE_FAILED ? "WithinBackoffLimit"
+                         : by_policy        ? "PodFailurePolicy"
                          : by_deadline      ? "DeadlineExceeded"
                                             : "BackoffLimitExceeded";
     add_condition(c, old_status, "Failed", ph == PHASE_FAILED, reason, msg, now, g);

@@ -38,8 +38,9 @@
  * write) while nothing happens; jobstatus_progress_due() says when time alone will change
  * the condition, for the controller to look again then.
  *
- * Phases: Failed once failures exceed runPolicy.backoffLimit or runPolicy.activeDeadlineSeconds
- * has passed since the job started, and Succeeded once every client
+ * Phases: Failed once failures exceed runPolicy.backoffLimit, a pod matched a FailJob rule of
+ * runPolicy.podFailurePolicy or runPolicy.activeDeadlineSeconds has passed since the job
+ * started, and Succeeded once every client
  * finished (both final); Suspended while spec.suspend; Running when every region has its
  * gateway and at least peers.min ready peers in every stage; Degraded when training can go
  * on (some region has a ready gateway and a ready peer in every stage) or had started, but
@@ -87,6 +88,9 @@ typedef struct job_observed {
     int64_t backoff_limit;
     int suspended;
     int deadline_exceeded; /* runPolicy.activeDeadlineSeconds has passed since startTime */
+    /* A pod matched a FailJob rule of runPolicy.podFailurePolicy: the Failed condition's
+     * message (reason PodFailurePolicy, kept while the job stays Failed); NULL: none. */
+    const char *policy_failure;
     int64_t generation;
     int progress_stale_s;  /* progress_stale_s(); 0: the gateways are not read */
     /* Why not everything the spec asks for could be made, for the Created condition (False

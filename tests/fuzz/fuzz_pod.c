@@ -1,16 +1,21 @@
 /* fuzz_pod: the operator's reading of a Pod as the API server returns it
- * (operator/podstate.c: pod_state_of), which decides whether a pod was preempted or
- * failed and so whether it counts toward the job's backoff limit.
+ * (operator/podstate.c: pod_state_of) and the judgement of a failed one by the default
+ * runPolicy.podFailurePolicy (operator/failpolicy.c: failpolicy_judge), which decide whether
+ * a pod was preempted or failed and so whether it counts toward the job's backoff limit.
  *
- * Input: a Pod as JSON. Invariants: the state is one of the eight, with a name; the reason
+ * Input: a Pod as JSON. Invariants: the state is one of the seven, with a name; the reason
  * is NUL-terminated within its buffer, also for buffers of 0, 1 and 8 bytes; the state does
  * not depend on whether or how large a reason buffer is given; a pod with a
- * deletionTimestamp is Terminating; the pod JSON is not modified (compared with a copy).
+ * deletionTimestamp is Terminating; the default rules judge any pod to one of their actions,
+ * naming the rule that decided (0 or 1) unless none did (-1: Count), and Ignore only pods
+ * that carry a proof (a True DisruptionTarget condition or a status.reason); the pod JSON is
+ * not modified (compared with a copy).
  */
 #include "fuzz.h"
 
 #include <jansson.h>
 
+#include "../../operator/failpolicy.h"
 #include "../../operator/podstate.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -35,7 +40,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (json_string_value(json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp")))
         FUZZ_CHECK(s == POD_TERMINATING, "deleted pod in state %s", pod_state_name(s));
-    FUZZ_CHECK(json_equal(pod, copy), "pod_state_of modified the pod");
+    static failpolicy defaults;
+    if (!defaults.rules) {
+        cirrus_error err = {0};
+        FUZZ_CHECK(!failpolicy_from_spec(NULL, &defaults, &err), "defaults: %s", err.msg);
+    }
+    int rule = -2;
+    failpolicy_action a = failpolicy_judge(&defaults, pod, &rule);
+    FUZZ_CHECK(a == FAILPOLICY_COUNT || a == FAILPOLICY_IGNORE, "default action %d", (int)a);
+    FUZZ_CHECK(rule >= -1 && rule <= 1, "rule %d", rule);
+    FUZZ_CHECK((rule < 0) == (a == FAILPOLICY_COUNT), "rule %d for action %d", rule, (int)a);
+    const json_t *status = json_object_get(pod, "status");
+    FUZZ_CHECK(a != FAILPOLICY_IGNORE || json_object_get(status, "conditions") ||
+                   json_string_value(json_object_get(status, "reason")),
+               "ignored without a proof");
+    FUZZ_CHECK(json_equal(pod, copy), "pod_state_of or failpolicy_judge modified the pod");
     json_decref(copy);
     json_decref(pod);
     return 0;

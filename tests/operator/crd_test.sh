@@ -63,6 +63,7 @@ expect_eq "sample: default placement.regionLabel" "topology.kubernetes.io/region
 expect_eq "sample: default suspend" false "$(sj_get tiny-bible .spec.suspend)"
 expect_eq "sample: default data.batchSize" 8 "$(sj_get tiny-bible .spec.data.batchSize)"
 expect_eq "sample: kept runPolicy.backoffLimit" 4 "$(sj_get tiny-bible .spec.runPolicy.backoffLimit)"
+expect_eq "sample: its podFailurePolicy rules" "FailJob Ignore Ignore" "$(sj_get tiny-bible '.spec.runPolicy.podFailurePolicy.rules[*].action')"
 
 minimal='apiVersion: cirrus.dev/v1alpha1
 kind: SwarmJob

@@ -6,9 +6,10 @@
 #     placement and arguments; the certificates verify against the job CA and name their
 #     region; status, conditions, printer columns, events and /metrics filled;
 #   * a deleted peer pod is replaced in place within 2 s, the other pods untouched, counted as
-#     a preemption; a pod whose program fails (exit 1) counts as a failure, one killed by a
-#     signal (exit 137) as a preemption; past runPolicy.backoffLimit the job is Failed, and
-#     so it is once runPolicy.activeDeadlineSeconds has passed;
+#     a preemption; a pod whose program fails (exit 1) counts as a failure, one ended with
+#     the DisruptionTarget condition (proof, runPolicy.podFailurePolicy's default rule) as a
+#     preemption; past runPolicy.backoffLimit the job is Failed, and so it is once
+#     runPolicy.activeDeadlineSeconds has passed (failurepolicy_test.sh tests the rules);
 #   * a deleted node's pods come back on another node of the same region within 20 s;
 #   * the operator killed (SIGKILL) mid-reconcile and restarted converges with no duplicate
 #     and no needlessly replaced pod; a pod deleted while the operator is frozen and
@@ -173,9 +174,13 @@ wait_until 10 counts_are "1 0"
 expect_eq "r1 preemptions, failures" "1 0" "$(counts)"
 if [[ "${OPERATOR_VALGRIND:-0}" != 1 ]]; then
 
-# A pod's program failing (exit 1) is a failure; one killed by a signal (137) a preemption.
+# A pod's program failing (exit 1) is a failure; one preempted (the DisruptionTarget
+# condition Kubernetes sets, then SIGKILL: 137) a preemption.
 end_pod() { # POD EXIT_CODE: what the kubelet reports when the container exits so
     kn patch pod "$1" --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"trainer\",\"image\":\"cirrus:latest\",\"imageID\":\"\",\"ready\":false,\"restartCount\":0,\"state\":{\"terminated\":{\"exitCode\":$2,\"reason\":\"Error\"}}}]}}" >/dev/null
+}
+preempt_pod() { # POD: preempted by the scheduler, as the kubelet reports it
+    kn patch pod "$1" --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Failed\",\"conditions\":[{\"type\":\"DisruptionTarget\",\"status\":\"True\",\"reason\":\"PreemptionByScheduler\"}],\"containerStatuses\":[{\"name\":\"trainer\",\"image\":\"cirrus:latest\",\"imageID\":\"\",\"ready\":false,\"restartCount\":0,\"state\":{\"terminated\":{\"exitCode\":137,\"reason\":\"Error\"}}}]}}" >/dev/null
 }
 old=$(kn get pod tiny-bible-r1-s1-0 -o jsonpath='{.metadata.uid}')
 victim=tiny-bible-r1-s1-0
@@ -185,10 +190,10 @@ expect_eq "exit 1: r1 preemptions, failures" "1 1" "$(counts)"
 check "failed pod replaced in place" wait_until 10 replaced
 old=$(kn get pod tiny-bible-r1-s1-1 -o jsonpath='{.metadata.uid}')
 victim=tiny-bible-r1-s1-1
-end_pod $victim 137
+preempt_pod $victim
 wait_until 10 counts_are "2 1"
-expect_eq "exit 137: r1 preemptions, failures" "2 1" "$(counts)"
-check "killed pod replaced in place" wait_until 10 replaced
+expect_eq "DisruptionTarget: r1 preemptions, failures" "2 1" "$(counts)"
+check "preempted pod replaced in place" wait_until 10 replaced
 wait_until 30 all_running
 
 # ---- node loss ---------------------------------------------------------------------------------
@@ -285,8 +290,8 @@ EOF
 kn apply -f "$work/fragile.yaml" >/dev/null
 fragile_up() { [[ $(kn get pods -l cirrus.dev/job=fragile --field-selector status.phase=Running -o name | wc -l) == 2 ]]; }
 wait_until 30 fragile_up
-end_pod fragile-r1-s0-0 137   # preemptions never count
-end_pod fragile-r1-gw 137
+preempt_pod fragile-r1-s0-0   # preemptions never count
+preempt_pod fragile-r1-gw
 sleep 1
 wait_until 30 fragile_up
 fphase() { kn get sj fragile -o jsonpath='{.status.phase}'; }

@@ -134,6 +134,53 @@ TEST(desired_options)
     json_decref(job);
 }
 
+/* issue 13, defect 3: checkpoint.every and peers.max were accepted and ignored. Client 0 of
+ * each region (the one that steps, the only one the trainer lets write checkpoints) gets
+ * --ckpt in the checkpoint mount, a folder per region, and --ckpt-every checkpoint.every
+ * (default 100); the gateway gets --max-stage-peers peers.max (unset: peers.replicas), and
+ * the operator makes replicas peers per stage, never max. */
+TEST(desired_checkpoint_and_max_peers)
+{
+    json_t *job = sample_job();
+    json_array_remove(json_object_get(spec_of(job), "regions"), 1);
+    json_t *r1 = json_array_get(json_object_get(spec_of(job), "regions"), 0);
+    json_object_set_new(r1, "clients", json_integer(3));
+    json_object_set_new(json_object_get(r1, "peers"), "max", json_integer(7));
+    json_object_set_new(json_object_get(r1, "peers"), "replicas", json_integer(3));
+    desired_job d;
+    cirrus_error err = {0};
+    if (desired_build(job, &d, &err)) TEST_FAIL("desired_build: %s", err.msg);
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-c0"), "--ckpt"), "/checkpoints/r1", "c0 --ckpt");
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-c0"), "--ckpt-every"), "200", "c0 --ckpt-every");
+    ASSERT(!arg_of(pod(&d, "tiny-bible-r1-c1"), "--ckpt"));
+    ASSERT(!arg_of(pod(&d, "tiny-bible-r1-c2"), "--ckpt-every"));
+    /* --ckpt is inside the checkpoint volume's mount. */
+    const json_t *c = container(pod(&d, "tiny-bible-r1-c0"));
+    const json_t *mnt;
+    size_t i;
+    int in_mount = 0;
+    json_array_foreach(json_object_get(c, "volumeMounts"), i, mnt)
+    {
+        if (!strcmp(str_at(mnt, "name"), "checkpoints") &&
+            !strncmp(arg_of(pod(&d, "tiny-bible-r1-c0"), "--ckpt"), str_at(mnt, "mountPath"),
+                     strlen(str_at(mnt, "mountPath"))))
+            in_mount = 1;
+    }
+    ASSERT(in_mount);
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-gw"), "--max-stage-peers"), "7", "gateway max");
+    ASSERT(pod(&d, "tiny-bible-r1-s1-2") && !json_object_get(d.pods, "tiny-bible-r1-s1-3"));
+    ASSERT_EQ(json_object_size(d.pods), 1 + 2 * 3 + 3);
+    desired_job_free(&d);
+    /* Unset: checkpoint.every 100, peers.max = replicas. */
+    json_object_del(spec_of(job), "checkpoint");
+    json_object_del(json_object_get(r1, "peers"), "max");
+    if (desired_build(job, &d, &err)) TEST_FAIL("desired_build: %s", err.msg);
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-c0"), "--ckpt-every"), "100", "default every");
+    assert_str(arg_of(pod(&d, "tiny-bible-r1-gw"), "--max-stage-peers"), "3", "max = replicas");
+    desired_job_free(&d);
+    json_decref(job);
+}
+
 TEST(desired_errors)
 {
     json_t *j;
@@ -175,6 +222,15 @@ TEST(desired_errors)
     j = sample_job();
     json_object_set_new(spec_of(j), "steps", json_string("many"));
     expect_invalid(j, "spec.steps");
+    /* An object the CRD's rules did not check (an older CRD): never more than max. */
+    j = sample_job();
+    json_object_set_new(json_object_get(json_array_get(json_object_get(spec_of(j), "regions"), 0),
+                                        "peers"),
+                        "max", json_integer(1));
+    expect_invalid(j, "spec.regions[0].peers.max (1) must be >= spec.regions[0].peers.replicas (2)");
+    j = sample_job();
+    json_object_set_new(spec_of(j), "checkpoint", json_pack("{s:i}", "every", 0));
+    expect_invalid(j, "spec.checkpoint.every");
     j = sample_job();
     json_object_set_new(spec_of(j), "data", json_pack("{s:i}", "sequenceLength", 129));
     expect_invalid(j, "spec.data.sequenceLength");

@@ -17,7 +17,8 @@ TEST(desired_outer_two_regions)
      * port, in the spec's order: the same list for both. */
     assert_str(args_of(pod(&d, "tiny-bible-r1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 4 --model tiny --sync-every 100 "
+               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4 --model tiny "
+               "--sync-every 100 "
                "--region r1 --regions r1=tiny-bible-r1-gw.train.svc:7443,"
                "r2=tiny-bible-r2-gw.train.svc:7443 --wan-listen 0.0.0.0:7443 "
                "--tls-dir /etc/cirrus/tls --codec q8 --outer-lr 0.7 --outer-momentum 0.9",
@@ -42,7 +43,7 @@ TEST(desired_outer_two_regions)
     assert_str(args_of(pod(&d, "tiny-bible-r2-c0")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 "
                "--coordinator tiny-bible-r2-gw.train.svc:7400 --steps 3000 --sync-every 100 "
-               "--model tiny --batch 8 --seed 1337",
+               "--ckpt /checkpoints/r2 --ckpt-every 200 --model tiny --batch 8 --seed 1337",
                "r2 client args");
     ASSERT(!arg_of(pod(&d, "tiny-bible-r1-s0-0"), "--sync-every"));
     ASSERT(!arg_of(pod(&d, "tiny-bible-r1-s0-0"), "--codec"));
@@ -65,7 +66,8 @@ TEST(desired_outer_two_regions)
     if (desired_build(job, &d, &err)) TEST_FAIL("desired_build: %s", err.msg);
     assert_str(args_of(pod(&d, "tiny-bible-eu-west-1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 5 --model small --width 256 --heads 8 "
+               "--http-port 7480 --stages 2 --layers 5 --max-stage-peers 2 --model small "
+               "--width 256 --heads 8 "
                "--context 64 --sync-every 25 --region eu-west-1 "
                "--regions r1=tiny-bible-r1-gw.train.svc:9443,r2=tiny-bible-r2-gw.train.svc:9443,"
                "eu-west-1=tiny-bible-eu-west-1-gw.train.svc:9443 --wan-listen 0.0.0.0:9443 "
@@ -114,7 +116,7 @@ TEST(desired_outer_one_region)
     ASSERT_EQ(json_object_size(d.pods), 6);
     assert_str(args_of(pod(&d, "tiny-bible-r1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 4",
+               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4",
                "one-region gateway args");
     const json_t *c = container(pod(&d, "tiny-bible-r1-gw"));
     ASSERT_EQ(json_array_size(json_object_get(c, "ports")), 2);
@@ -126,7 +128,7 @@ TEST(desired_outer_one_region)
     assert_str(args_of(cl),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 "
                "--coordinator tiny-bible-r1-gw.train.svc:7400 --steps 3000 "
-               "--model tiny --batch 8 --seed 1337",
+               "--ckpt /checkpoints/r1 --ckpt-every 200 --model tiny --batch 8 --seed 1337",
                "one-region client args");
     /* Several clients are fine with one region. */
     desired_job_free(&d);

@@ -1,5 +1,5 @@
-/* podstate and jobstatus: pods classified from hand-written statuses (preemption is never a
- * failure), and the phase / conditions / per-region figures a SwarmJob's status gets. */
+/* podstate and jobstatus: pods classified from hand-written statuses (a failed pod is never
+ * guessed to be a preemption), and the phase / conditions / per-region figures a SwarmJob's status gets. */
 #include <string.h>
 
 #include <jansson.h>
@@ -47,38 +47,36 @@ static const char *failed_with(int code)
     return buf;
 }
 
-TEST(podstate_preemption_is_not_failure)
+/* A pod that ended in phase Failed is POD_FAILED whatever ended it: whether that was a
+ * preemption is the podFailurePolicy's to say (test_failpolicy.c), never guessed here from a
+ * signal number or a missing exit code. */
+TEST(podstate_failed_is_never_guessed_preempted)
 {
-    char why[64];
+    char why[96];
     ASSERT_EQ(state_of(failed_with(1), why, sizeof why), POD_FAILED);
     ASSERT(!strcmp(why, "exit 1"));
-    ASSERT_EQ(state_of(failed_with(127), why, sizeof why), POD_FAILED);
-    ASSERT_EQ(state_of(failed_with(128), why, sizeof why), POD_PREEMPTED);
-    ASSERT_EQ(state_of(failed_with(137), why, sizeof why), POD_PREEMPTED);
-    ASSERT(!strcmp(why, "exit 137"));
+    ASSERT_EQ(state_of(failed_with(139), why, sizeof why), POD_FAILED);
+    ASSERT(!strcmp(why, "exit 139"));
+    ASSERT_EQ(state_of(failed_with(0), why, sizeof why), POD_FAILED);
+    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\"}}", why, sizeof why), POD_FAILED);
+    ASSERT(!strcmp(why, "no exit code"));
     ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"reason\":\"Evicted\"}}", why,
                        sizeof why),
-              POD_PREEMPTED);
-    ASSERT(!strcmp(why, "Evicted"));
-    /* A DisruptionTarget condition wins over the program's exit code. */
+              POD_FAILED);
+    ASSERT(!strcmp(why, "Evicted, no exit code"));
     ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"conditions\":[{\"type\":"
                        "\"DisruptionTarget\",\"status\":\"True\",\"reason\":"
                        "\"PreemptionByScheduler\"}],\"containerStatuses\":[{\"state\":{"
-                       "\"terminated\":{\"exitCode\":1}}}]}}",
+                       "\"terminated\":{\"exitCode\":143}}}]}}",
                        why, sizeof why),
-              POD_PREEMPTED);
-    ASSERT(!strcmp(why, "DisruptionTarget: PreemptionByScheduler"));
-    /* Out of memory is the job's doing: a failure, whatever the signal. */
+              POD_FAILED);
+    ASSERT(!strcmp(why, "DisruptionTarget: PreemptionByScheduler, exit 143"));
     ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"state\":{"
                        "\"terminated\":{\"exitCode\":137,\"reason\":\"OOMKilled\"}}}]}}",
                        why, sizeof why),
               POD_FAILED);
-    ASSERT(!strcmp(why, "OOMKilled"));
-    /* Phase Failed although the program exited 0: stopped from outside. */
-    ASSERT_EQ(state_of(failed_with(0), why, sizeof why), POD_PREEMPTED);
-    /* Failed without any container record: the node lost it. */
-    ASSERT_EQ(state_of("{\"status\":{\"phase\":\"Failed\"}}", why, sizeof why), POD_PREEMPTED);
-    ASSERT(pod_state_ended(POD_PREEMPTED) && pod_state_ended(POD_FAILED) &&
+    ASSERT(!strcmp(why, "OOMKilled, exit 137"));
+    ASSERT(pod_state_ended(POD_FAILED) && pod_state_ended(POD_SUCCEEDED) &&
            !pod_state_ended(POD_TERMINATING) && !pod_state_ended(POD_READY));
 }
 

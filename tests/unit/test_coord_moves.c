@@ -161,3 +161,36 @@ TEST_T(coordinator_rebalances_unbalanced_stages, 15)
     for (int i = 0; i < NP; i++) coord_client_close(m[i]);
     coordinator_stop(co);
 }
+
+/* max_stage_peers (the gateway's --max-stage-peers, the operator's peers.max): the same
+ * unbalanced swarm as above, but stage 1 already has the most peers a stage may have, so
+ * nobody is told to move there over five periods. */
+TEST_T(coordinator_rebalance_bounded_by_max_stage_peers, 15)
+{
+    coordinator_options o = {.job_id = JOB, .host = "127.0.0.1", .http_port = 0, .n_stages = 2,
+                             .n_layer = 8, .heartbeat_ms = 1000, .rebalance_period_ms = 200,
+                             .max_stage_peers = 1};
+    coordinator *co = NULL;
+    cirrus_error err = {0};
+    if (coordinator_start(&o, &co, &err)) TEST_FAIL("coordinator_start: %s", err.msg);
+    enum { NP = 4 };
+    static const char *names[NP] = {"a", "b", "c", "d"};
+    coord_client *m[NP];
+    coord_registered id[NP];
+    for (int i = 0; i < NP; i++)
+        m[i] = join(co, stage_reg(names[i], i < 3 ? 0 : 1, i < 3 ? 0 : 4, i < 3 ? 4 : 8,
+                                  (uint16_t)(7001 + i), 10), &id[i]);
+    coord_stats s = {.loss = NAN, .fwd_throughput = 10, .bwd_throughput = 4};
+    uint32_t ins;
+    for (double t0 = now_ms(); now_ms() - t0 < 1000; sleep_ms(50))
+        for (int i = 0; i < NP; i++) {
+            heartbeat(m[i], &s, &ins, NULL);
+            ASSERT_EQ(ins, COORD_NO_INSTRUCTION);
+        }
+    coord_snapshot snap;
+    ASSERT_OK(coordinator_snapshot(co, &snap));
+    ASSERT_EQ(snap.moves, 0);
+    coord_snapshot_free(&snap);
+    for (int i = 0; i < NP; i++) coord_client_close(m[i]);
+    coordinator_stop(co);
+}

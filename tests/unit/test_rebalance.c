@@ -127,6 +127,40 @@ TEST(rebalance_min_peers_floor)
     rebalance_destroy(s);
 }
 
+/* max_peers (the operator's peers.max): no stage is given a peer when it has that many,
+ * even while it is still the bottleneck; without the bound the same swarm piles peers onto
+ * the slow stage. */
+static int settle(int max_peers)
+{
+    rebalance_config c = rebalance_config_default();
+    c.hold_periods = 0;
+    c.max_peers = max_peers;
+    rebalance_state *s = rebalance_create(2, &c);
+    ASSERT(s != NULL);
+    for (uint32_t i = 0; i < 6; i++) put(s, i, 0, 1.0);
+    put(s, 6, 1, 0.2); /* stage 1: one slow peer */
+    rebalance_move m;
+    for (int period = 0; period < 20; period++) {
+        while (rebalance_decide(s, &m) == 1) ASSERT_OK(rebalance_apply(s, &m));
+        rebalance_next_period(s);
+    }
+    int n;
+    double t;
+    ASSERT_OK(rebalance_stage_info(s, 1, &n, &t));
+    rebalance_destroy(s);
+    return n;
+}
+
+TEST(rebalance_max_peers_bound)
+{
+    ASSERT_EQ(settle(2), 2);
+    ASSERT_EQ(settle(3), 3);
+    ASSERT(settle(0) > 3);
+    rebalance_config c = rebalance_config_default();
+    c.max_peers = -1;
+    ASSERT(rebalance_create(2, &c) == NULL);
+}
+
 TEST(rebalance_scales_by_stage_work)
 {
     /* Stage 1 does twice the work per sample: a 2 samples/s peer of stage 0 is worth 1

@@ -53,8 +53,8 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
 
 /* Checkpoint flags shared by train, client and local (--resume is train's alone). */
 #define CKPT_FLAGS(o)                                                                         \
-    {"ckpt", FLAG_STR, &(o).ckpt_dir, 0, 0, "checkpoint directory", 0},                      \
-        {"ckpt-every", FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
+    {ROLE_FLAG_CKPT, FLAG_STR, &(o).ckpt_dir, 0, 0, "checkpoint directory", 0},              \
+        {ROLE_FLAG_CKPT_EVERY, FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
          "steps between checkpoints (default: only at the end)", 0}
 
 /* Print the banner, run train_run() and map its result to an exit code. SIGTERM or SIGINT

@@ -49,6 +49,7 @@ int roles_cmd_gateway(int argc, char **argv)
     const char *job = "cirrus", *listen_addr = "0.0.0.0:7400", *region = NULL;
     const char *regions_text = NULL, *wan_listen = NULL, *tls_dir = NULL;
     int stages = 1, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
+    int max_stage_peers = 0;
     int exit_after_redo = 0;
     model_flags mf = {.preset = "tiny"};
     wan_flags wan = WAN_FLAGS_DEFAULTS;
@@ -64,6 +65,10 @@ int roles_cmd_gateway(int argc, char **argv)
          "seconds between rebalancing decisions: a peer of an over-provisioned stage moves to "
          "the bottleneck when that clearly raises the slowest stage's capacity (0: never; "
          "default 30)",
+         0},
+        {ROLE_FLAG_MAX_STAGE_PEERS, FLAG_INT, &max_stage_peers, 0, COORD_MAX_PEERS,
+         "rebalancing moves no peer into a stage that has this many (0: no bound, the "
+         "default; the operator passes the region's peers.max)",
          0},
         {ROLE_FLAG_REGION, FLAG_STR, &region, 0, 0, "this gateway's region (with --sync-every)", 0},
         {ROLE_FLAG_REGIONS, FLAG_STR, &regions_text, 0, 0,
@@ -143,6 +148,7 @@ int roles_cmd_gateway(int argc, char **argv)
                              .n_stages = (uint32_t)stages, .n_layer = (uint32_t)mf.layers,
                              .heartbeat_ms = (uint32_t)heartbeat_ms,
                              .rebalance_period_ms = (uint32_t)rebalance_s * 1000u,
+                             .max_stage_peers = (uint32_t)max_stage_peers,
                              .test_exit_after_redo = exit_after_redo,
                              .ext_handler = os ? outer_sync_serve : NULL, .ext_ctx = os,
                                   .ext_status = os ? outer_sync_view : NULL,

@@ -156,6 +156,9 @@ int coord_barrier_step_sync(coordinator *co, const uint8_t *p, uint32_t n, wire_
 moved_peer *coord_moves_find(coordinator *co, const char *name);
 /* Remember where a named stage peer moved. */
 void coord_moves_remember(coordinator *co, const char *name, uint32_t stage);
+/* Whether stage has o.max_stage_peers stage peers (those moving there counted there), not
+ * counting self: no peer may be sent there then. 0 when there is no bound. */
+int coord_moves_stage_full(const coordinator *co, uint32_t stage, const member *self);
 /* One period of the rebalancer, when it is due. */
 void coord_moves_rebalance(coordinator *co, int64_t now);
 

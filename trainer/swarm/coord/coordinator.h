@@ -49,6 +49,8 @@ typedef struct coordinator_options {
     uint32_t idle_ms;       /* drop connections silent this long; 0: max(60 s, 4 x expire) */
     uint64_t epoch;         /* 0: a fresh one from the clock (53 bits, exact in JSON) */
     uint32_t rebalance_period_ms; /* 0: no rebalancing */
+    uint32_t max_stage_peers;     /* rebalancing moves no peer into a stage with this many
+                                   * (the operator's peers.max); 0: no bound */
     /* Tests only: once a REDO notice is recorded, the process exits (137) on the next
      * STEP_SYNC without answering it, as a gateway lost just after posting a notice would:
      * the leader knows the notice, the coordinator that comes back does not. */

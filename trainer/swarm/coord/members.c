@@ -144,7 +144,9 @@ int coord_members_register(coordinator *co, const uint8_t *p, uint32_t n, wire_w
                              m->instruction == COORD_NO_INSTRUCTION
                          ? coord_moves_find(co, r.name)
                          : NULL;
-    if (mv && mv->stage != r.stage && mv->stage < co->o.n_stages) {
+    /* Not into a stage that is full meanwhile (max_stage_peers): it stays where it is. */
+    if (mv && mv->stage != r.stage && mv->stage < co->o.n_stages &&
+        !coord_moves_stage_full(co, mv->stage, m)) {
         /* A replacement of a peer that had moved (registering fresh, or under its
          * predecessor's entry before that expired): it starts where the predecessor was
          * first put; send it where the swarm had moved it. */

@@ -33,6 +33,18 @@ static int is_stage_peer(const member *m)
     return m->reg.role == COORD_ROLE_STAGE;
 }
 
+int coord_moves_stage_full(const coordinator *co, uint32_t stage, const member *self)
+{
+    if (!co->o.max_stage_peers) return 0;
+    uint32_t n = 0;
+    for (size_t i = 0; i < co->n_members; i++) {
+        const member *m = &co->members[i];
+        if (m == self || !is_stage_peer(m)) continue;
+        n += (m->instruction != COORD_NO_INSTRUCTION ? m->instruction : m->reg.stage) == stage;
+    }
+    return n >= co->o.max_stage_peers;
+}
+
 /* The policy forgets the peers that are no longer members. */
 static void rebalance_forget_gone(coordinator *co)
 {

@@ -52,7 +52,7 @@ rebalance_state *rebalance_create(int n_stages, const rebalance_config *cfg)
 {
     rebalance_config c = cfg ? *cfg : rebalance_config_default();
     if (n_stages < 1 || !(c.min_gain >= 0) || isinf(c.min_gain) || !(c.reverse_gain >= 0) ||
-        isinf(c.reverse_gain) || c.min_peers < 0 || c.hold_periods < 0 ||
+        isinf(c.reverse_gain) || c.min_peers < 0 || c.max_peers < 0 || c.hold_periods < 0 ||
         c.reverse_memory < 0 || n_stages > 4096)
         return NULL;
     rebalance_state *s = calloc(1, sizeof *s);
@@ -209,6 +209,7 @@ int rebalance_decide(const rebalance_state *s, rebalance_move *out)
     double best_donor = 0;
     for (int b = 0; b < S; b++) {
         if (t[b].tput > band) continue;
+        if (c->max_peers > 0 && t[b].n >= c->max_peers) continue; /* full */
         int urgent = t[b].n < c->min_peers || t[b].tput <= 0;
         if (!urgent && within(s, s->stages[b].last_give, c->hold_periods)) continue;
         for (int i = 0; i < s->n_peers; i++) {

@@ -13,7 +13,9 @@
  *    stages at it, the step every real improvement then needs (4-1-1 -> 3-2-1 -> 2-2-2).
  *    Under fixed estimates every accepted move strictly improves (minimum, then number of
  *    bottleneck stages), so no sequence of moves can return to an earlier assignment;
- *  - no stage is left with fewer than min_peers peers;
+ *  - no stage is left with fewer than min_peers peers, and none is given a peer when it has
+ *    max_peers already (the operator's peers.max: a stage's peers share a gradient ring and
+ *    a node pool sized for so many);
  *  - a peer moves at most once per hold_periods periods (and never twice in one period);
  *  - hysteresis: for hold_periods periods a stage that received a peer does not give one
  *    and a stage that gave one does not receive; and for reverse_memory periods after
@@ -47,6 +49,7 @@ typedef struct rebalance_config {
     double reverse_gain; /* the same for a move against a recent flow (B -> A after
                           * A -> B); 0.25 */
     int min_peers;       /* peers every stage keeps, >= 0; 1 */
+    int max_peers;       /* most peers a stage is given, >= 0; 0: no bound */
     int hold_periods;    /* stage/peer hold in periods, >= 0; 3 */
     int reverse_memory;  /* periods a flow A -> B is remembered, >= 0; 50 */
 } rebalance_config;
