@@ -28,9 +28,10 @@ LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(WAN_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -
 OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
+# python3-pip: test-cuda-build fetches the CUDA toolkit wheels when none is installed.
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
             gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
-            libmicrohttpd-dev libzstd-dev jq curl valgrind
+            libmicrohttpd-dev libzstd-dev jq curl valgrind python3-pip
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/cmd/main.c,$(shell find trainer -name '*.c' | sort))
@@ -123,7 +124,8 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz
+	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz \
+	  test-cuda-build
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -207,5 +209,9 @@ include tests/cluster/cluster.mk
 
 # libFuzzer harnesses: fuzz, test-fuzz, fuzz-merge, fuzz-coverage, fuzz-seeds.
 include tests/fuzz/fuzz.mk
+
+# The CUDA build (toolkit fetched into a cache when none is installed): cuda,
+# test-cuda-build, test-gpu.
+include trainer/model/cuda/cuda.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -31,11 +31,13 @@ static int cmd_train(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
+    const char *backend = "cpu";
     int help = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
         CKPT_FLAGS(o),
+        BACKEND_FLAG(backend),
         {"resume", FLAG_BOOL, &o.resume, 0, 0, "continue from the checkpoint in --ckpt", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
@@ -51,12 +53,13 @@ static int cmd_train(int argc, char **argv)
         cirrus_fail(&err, CIRRUS_EINVAL, "--resume needs --ckpt DIR");
         return cli_fail_input("train", &err);
     }
+    if (cli_select_backend(backend, &err)) return cli_fail_input("train", &err);
     return cli_run_training("train", &o);
 }
 
 static int cmd_sample(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt = "";
+    const char *dir = NULL, *prompt = "", *backend = "cpu";
     int tokens = 200, help = 0;
     float temperature = 0.8f;
     uint64_t seed = 1;
@@ -66,6 +69,7 @@ static int cmd_sample(int argc, char **argv)
         {"tokens", FLAG_INT, &tokens, 0, 1e6, "bytes to generate (default 200)", 0},
         {"temperature", FLAG_FLOAT, &temperature, 0, 100, "0 = greedy (default 0.8)", 0},
         {"seed", FLAG_U64, &seed, 0, 0, "sampling seed", 0},
+        BACKEND_FLAG(backend),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -79,6 +83,7 @@ static int cmd_sample(int argc, char **argv)
         cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt DIR is required");
         return cli_fail_input("sample", &err);
     }
+    if (cli_select_backend(backend, &err)) return cli_fail_input("sample", &err);
     ckpt_meta meta;
     if (ckpt_read_meta(dir, &meta, &err)) return cli_fail_input("sample", &err);
     gpt_model m;
