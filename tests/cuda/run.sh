@@ -44,6 +44,17 @@ else
     bad "gpu_tests_runs: exit $rc"; sed 's/^/    /' "$tmp/gt"
 fi
 
+# The GPU test program's own code, with the CPU backend standing in for the GPU: it must
+# run to the end with every comparison exact (52 checks; under 50 means tests went missing).
+"$gpu_tests" --cpu-as-gpu >"$tmp/self" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -qE '^gpu-tests \(cpu against cpu\): [0-9]+ checks, 0 failed$' "$tmp/self" &&
+    [ "$(grep -c '^ok ' "$tmp/self")" -ge 50 ]; then
+    ok "gpu_tests_harness_cpu_as_gpu ($(tail -1 "$tmp/self"))"
+else
+    bad "gpu_tests_harness_cpu_as_gpu: exit $rc"; grep -v '^ok ' "$tmp/self" | sed 's/^/    /'
+fi
+
 "$gpu_tests" --probe
 probe=$?
 case $probe in

@@ -72,6 +72,24 @@ void ops_head_forward(float *logits, const float *inp, const float *wte, int N, 
 void ops_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                        const float *wte, int N, int C, int V);
 
+/* ---- the optimizer's and the codec's kernels (CPU: model/cpu/ops_optim.c) ---- */
+
+/* Sum of squares of (scale * x[i]) over n floats, in double: chunks of OPS_SUMSQ_CHUNK
+ * floats each summed in index order, then the chunks' sums added in order. Every backend
+ * does exactly these additions (no fused multiply-adds), so every backend gives the same
+ * bits, whatever its thread count. */
+#define OPS_SUMSQ_CHUNK 65536
+double ops_sumsq(const float *x, size_t n, float scale);
+
+/* One AdamW step's constants (see adamw_step: bc1, bc2 the bias corrections). */
+typedef struct ops_adamw_args {
+    float grad_scale; /* scale * clip factor applied to every gradient */
+    float lr, beta1, beta2, bc1, bc2, eps, weight_decay;
+} ops_adamw_args;
+/* For i < n: g' = g * grad_scale; g = 0; m, v updated; p -= lr * (mhat / (sqrt(vhat) + eps)
+ * + weight_decay * p), in binary32 with no fused multiply-adds (bit-equal across backends). */
+void ops_adamw_update(float *p, float *g, float *m, float *v, size_t n, const ops_adamw_args *a);
+
 /* ---- the backend table ---- */
 
 typedef struct ops_backend {
@@ -112,6 +130,15 @@ typedef struct ops_backend {
                          int V);
     void (*head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                           const float *wte, int N, int C, int V);
+    /* The optimizer (optim/adamw.c calls these on the buffers of its backend). */
+    double (*sumsq)(const float *x, size_t n, float scale);
+    void (*adamw_update)(float *p, float *g, float *m, float *v, size_t n,
+                         const ops_adamw_args *a);
+    /* The q8 activation codec (codec/q8.h), bit-equal across backends; buffers from this
+     * backend's alloc. The wire path still encodes on the host (the buffers are managed
+     * memory, so that works on both backends); these are the device versions for later. */
+    int (*q8_encode)(uint8_t *out, const float *x, size_t n);
+    int (*q8_decode)(float *out, size_t n, const uint8_t *in, size_t in_len);
 } ops_backend;
 
 extern const ops_backend ops_backend_cpu;

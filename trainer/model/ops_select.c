@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../codec/q8.h"
+
 #ifdef CIRRUS_CUDA
 #include "cuda/ops_cuda.h"
 #endif
@@ -48,6 +50,10 @@ const ops_backend ops_backend_cpu = {
     .crossentropy_backward = ops_crossentropy_backward,
     .head_forward = ops_head_forward,
     .head_backward = ops_head_backward,
+    .sumsq = ops_sumsq,
+    .adamw_update = ops_adamw_update,
+    .q8_encode = codec_q8_encode,
+    .q8_decode = codec_q8_decode,
 };
 
 static const ops_backend *selected = &ops_backend_cpu;

@@ -84,7 +84,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 else
     py=${PYTHON:-python3}
     if ! "$py" -m pip --version >/dev/null 2>&1; then
-        echo "cirrus: cuda: no CUDA toolkit installed and no pip to fetch one ($py -m pip); install python3-pip or set CUDA_HOME" >&2
+        echo "cirrus: cuda: no CUDA toolkit and no pip to fetch one ($py -m pip):" \
+            "install python3-pip or set CUDA_HOME" >&2
         exit 1
     fi
     say "fetching CUDA $CUDA_VERSION + NCCL wheels (~700 MB) into $cache"

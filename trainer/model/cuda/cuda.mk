@@ -46,6 +46,9 @@ $(CUDA_BUILD)/obj/%.o: %.cu trainer/model/cuda/cuda.mk
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# Bit-equal to the CPU needs unfused multiply-adds here (see the file's top comment).
+$(CUDA_BUILD)/obj/trainer/model/cuda/optim_codec.o: NVCCFLAGS += -fmad=false
+
 $(CUDA_SELECT_OBJ): trainer/model/ops_select.c trainer/model/cuda/cuda.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCIRRUS_CUDA -I$(CUDA_INC) -c $< -o $@

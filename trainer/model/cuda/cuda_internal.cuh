@@ -20,6 +20,9 @@ struct cuda_state {
     int ready;
     cudaStream_t stream;
     cublasHandle_t blas;
+    /* Without concurrent managed access (pre-Pascal, Windows) the host may touch no managed
+     * memory while any kernel runs, so a stream's sync is not enough: the whole device's. */
+    int device_sync;
     int32_t *tokens; /* device copy of the last token/target array */
     size_t tokens_cap;
     int failed;      /* sticky: the first error, in err */
@@ -68,13 +71,17 @@ __device__ __forceinline__ float cuda_block_max(float v, float *shared)
     shared[threadIdx.x] = v;
     __syncthreads();
     for (int s = CUDA_ROW_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+        if ((int)threadIdx.x < s)
+            shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
         __syncthreads();
     }
     float r = shared[0];
     __syncthreads();
     return r;
 }
+
+/* optim_codec.cu: fills the sumsq, adamw_update and q8 entries of the table. */
+void cuda_optim_codec_fill(ops_backend *b);
 
 /* attention.cu */
 void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,

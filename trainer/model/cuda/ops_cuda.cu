@@ -27,7 +27,8 @@ void cuda_finish(const char *op)
 {
     if (cuda_g.failed) return;
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cuda_g.stream);
+    if (e == cudaSuccess)
+        e = cuda_g.device_sync ? cudaDeviceSynchronize() : cudaStreamSynchronize(cuda_g.stream);
     if (e != cudaSuccess) cuda_fail(__FILE__, __LINE__, op, cudaGetErrorString(e));
 }
 
@@ -404,6 +405,7 @@ static void fill_table(ops_backend *b)
     b->crossentropy_backward = cuda_crossentropy_backward;
     b->head_forward = cuda_head_forward;
     b->head_backward = cuda_head_backward;
+    cuda_optim_codec_fill(b);
 }
 
 extern "C" int ops_cuda_open(const ops_backend **out, cirrus_error *err)
@@ -428,15 +430,19 @@ extern "C" int ops_cuda_open(const ops_backend **out, cirrus_error *err)
     if (e != cudaSuccess)
         return cirrus_fail(err, CIRRUS_EIO, "--backend cuda: cannot start CUDA: %s",
                            cudaGetErrorString(e));
-    int managed = 0;
+    int managed = 0, concurrent = 0;
     cudaDeviceProp prop;
-    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess ||
-        (e = cudaDeviceGetAttribute(&managed, cudaDevAttrManagedMemory, 0)) != cudaSuccess)
+    if ((e = cudaSetDevice(0)) != cudaSuccess ||
+        (e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&managed, cudaDevAttrManagedMemory, 0)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, 0)) !=
+            cudaSuccess)
         return cirrus_fail(err, CIRRUS_EIO, "--backend cuda: cannot use device 0: %s",
                            cudaGetErrorString(e));
     if (!managed)
         return cirrus_fail(err, CIRRUS_EIO, "--backend cuda: device 0 (%s) has no managed memory",
                            prop.name);
+    cuda_g.device_sync = !concurrent;
     if ((e = cudaStreamCreateWithFlags(&cuda_g.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return cirrus_fail(err, CIRRUS_EIO, "--backend cuda: cannot create a stream: %s",
                            cudaGetErrorString(e));
