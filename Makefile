@@ -161,12 +161,15 @@ test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/cli/run.sh $(BIN)/cirrus-trainer
 
 # ---- benchmarks (not tests): record results in docs/BENCHMARKS.md ----
+# BACKEND=cuda: the `make cuda` binary on the GPU, its ceiling cuBLAS on the same shapes.
+BACKEND ?= cpu
+BENCH_TRAINER = $(if $(filter cuda,$(BACKEND)),$(CUDA_BUILD)/bin/cirrus-trainer,$(BIN)/cirrus-trainer)
 bench-train: deps
-	$(MAKE) all
+	$(MAKE) $(if $(filter cuda,$(BACKEND)),cuda,all)
 	@echo "cirrus: small model, batch 8 x 256"
-	$(BIN)/cirrus-trainer bench --model small --batch 8 --seq 256 --steps 10
+	$(BENCH_TRAINER) bench --backend $(BACKEND) --model small --batch 8 --seq 256 --steps 10
 	@echo "cirrus: llm.c's CPU comparison point: 6 layers x 384, 6 heads, batch 4 x 64"
-	$(BIN)/cirrus-trainer bench --model small --batch 4 --seq 64 --steps 30
+	$(BENCH_TRAINER) bench --backend $(BACKEND) --model small --batch 4 --seq 64 --steps 30
 
 # The ring all-reduce vs OpenMPI (installed here, not needed by the tests).
 bench-collective: deps

@@ -3,6 +3,7 @@
 # or without a GPU. Without one, --backend cuda must be refused with exit 2 and one line that
 # names the reason, in every command that has the flag, never a crash; with one, it trains.
 # Either way the CUDA binary's --backend cpu must train exactly as the plain binary does.
+# Commands with --backend: train, sample, stage, bench.
 # Usage: tests/cuda/run.sh PLAIN-TRAINER CUDA-TRAINER GPU-TESTS   (CIRRUS_CORPUS: the corpus)
 set -u
 plain=$1 cuda=$2 gpu_tests=$3
@@ -64,6 +65,12 @@ case $probe in
     rc=$?
     if [ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$tmp/gpu.json")" -eq 4 ]; then ok cuda_trains
     else bad "cuda_trains: exit $rc"; sed 's/^/    /' "$tmp/err"; fi
+    "$cuda" bench --layers 2 --width 32 --heads 2 --context 16 --batch 2 --steps 2 --json \
+        --backend cuda >"$tmp/bench.json" 2>"$tmp/err"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '"backend":"cuda","blas_kernel":"cuBLAS"' "$tmp/bench.json"; then
+        ok "cuda_bench ($(cat "$tmp/bench.json"))"
+    else bad "cuda_bench: exit $rc"; sed 's/^/    /' "$tmp/err"; fi
     ;;
 3)
     # No driver or no device: the reason, on one line, exit 2, for each command with the flag.
@@ -72,6 +79,8 @@ case $probe in
         "$cuda" train "${tiny[@]}" --backend cuda
     expect stage_without_gpu 2 "^cirrus-trainer stage: $reason" -- \
         "$cuda" stage --serve 0:1 --layers 2 --width 32 --heads 2 --context 16 --backend cuda
+    expect bench_without_gpu 2 "^cirrus-trainer bench: $reason" -- \
+        "$cuda" bench --layers 1 --width 16 --heads 2 --context 8 --batch 1 --steps 1 --backend cuda
     mkdir -p "$tmp/ck"
     "$plain" train --layers 1 --width 16 --heads 2 --context 8 --batch 1 --steps 1 \
         --ckpt "$tmp/ck" >/dev/null 2>&1

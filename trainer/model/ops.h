@@ -130,6 +130,10 @@ typedef struct ops_backend {
                          int V);
     void (*head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                           const float *wte, int N, int C, int V);
+    /* Row-major C (M,N) = alpha op(A) (M,K) @ op(B) (K,N) + beta C, op = transpose when ta
+     * or tb is 1: the product the matmuls are made of, exposed for `bench`'s ceiling. */
+    void (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
     /* The optimizer (optim/adamw.c calls these on the buffers of its backend). */
     double (*sumsq)(const float *x, size_t n, float scale);
     void (*adamw_update)(float *p, float *g, float *m, float *v, size_t n,

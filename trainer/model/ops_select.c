@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../codec/q8.h"
+#include "cpu/cpu_gemm.h"
 
 #ifdef CIRRUS_CUDA
 #include "cuda/ops_cuda.h"
@@ -23,6 +24,14 @@ static float *cpu_alloc(size_t n)
 static void cpu_free(float *p)
 {
     free(p);
+}
+
+/* The model's own products: cpu_gemm's fixed tiles. */
+static void cpu_sgemm_rm(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    cpu_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+              lda, B, ldb, beta, C, ldc);
 }
 
 static int cpu_status(cirrus_error *err)
@@ -50,6 +59,7 @@ const ops_backend ops_backend_cpu = {
     .crossentropy_backward = ops_crossentropy_backward,
     .head_forward = ops_head_forward,
     .head_backward = ops_head_backward,
+    .sgemm = cpu_sgemm_rm,
     .sumsq = ops_sumsq,
     .adamw_update = ops_adamw_update,
     .q8_encode = codec_q8_encode,

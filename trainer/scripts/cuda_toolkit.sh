@@ -73,7 +73,7 @@ if [ -n "$home" ] && [ -x "$home/bin/nvcc" ] && [ -f "$home/include/cublas_v2.h"
 fi
 
 # ---- the PyPI wheels, cached ----
-cache=${CIRRUS_CACHE:-$HOME/.cache/cirrus}/cuda-$CUDA_VERSION
+cache=${CIRRUS_CACHE:-${HOME:?set HOME or CIRRUS_CACHE}/.cache/cirrus}/cuda-$CUDA_VERSION
 root=$cache/root
 cu=$root/nvidia/cu13
 nccl=$root/nvidia/nccl

@@ -67,6 +67,13 @@ static void sgemm(int ta, int tb, int M, int N, int K, float alpha, const float 
                "cublasSgemm");
 }
 
+static void cuda_sgemm_op(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                          int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cuda_finish("sgemm");
+}
+
 /* ---- memory ---- */
 
 static float *cuda_alloc(size_t n)
@@ -405,6 +412,7 @@ static void fill_table(ops_backend *b)
     b->crossentropy_backward = cuda_crossentropy_backward;
     b->head_forward = cuda_head_forward;
     b->head_backward = cuda_head_backward;
+    b->sgemm = cuda_sgemm_op;
     cuda_optim_codec_fill(b);
 }
 
