@@ -28,9 +28,10 @@ LDLIBS  := $(BLAS_LIBS) $(HTTP_LIBS) $(WAN_LIBS) $(KUBE_LIBS) -lxxhash -lz -lm -
 OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 
 # Debian packages the build, tests and demo need (checked every time; installed if missing).
+# python3-pip: test-cuda-build fetches the CUDA toolkit wheels when none is installed.
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
             gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
-            libmicrohttpd-dev libzstd-dev jq curl valgrind
+            libmicrohttpd-dev libzstd-dev jq curl valgrind python3-pip
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/cmd/main.c,$(shell find trainer -name '*.c' | sort))
@@ -123,7 +124,8 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz
+	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz \
+	  test-cuda-build
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -159,12 +161,15 @@ test-cli: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/cli/run.sh $(BIN)/cirrus-trainer
 
 # ---- benchmarks (not tests): record results in docs/BENCHMARKS.md ----
+# BACKEND=cuda: the `make cuda` binary on the GPU, its ceiling cuBLAS on the same shapes.
+BACKEND ?= cpu
+BENCH_TRAINER = $(if $(filter cuda,$(BACKEND)),$(CUDA_BUILD)/bin/cirrus-trainer,$(BIN)/cirrus-trainer)
 bench-train: deps
-	$(MAKE) all
+	$(MAKE) $(if $(filter cuda,$(BACKEND)),cuda,all)
 	@echo "cirrus: small model, batch 8 x 256"
-	$(BIN)/cirrus-trainer bench --model small --batch 8 --seq 256 --steps 10
+	$(BENCH_TRAINER) bench --backend $(BACKEND) --model small --batch 8 --seq 256 --steps 10
 	@echo "cirrus: llm.c's CPU comparison point: 6 layers x 384, 6 heads, batch 4 x 64"
-	$(BIN)/cirrus-trainer bench --model small --batch 4 --seq 64 --steps 30
+	$(BENCH_TRAINER) bench --backend $(BACKEND) --model small --batch 4 --seq 64 --steps 30
 
 # The ring all-reduce vs OpenMPI (installed here, not needed by the tests).
 bench-collective: deps
@@ -207,5 +212,9 @@ include tests/cluster/cluster.mk
 
 # libFuzzer harnesses: fuzz, test-fuzz, fuzz-merge, fuzz-coverage, fuzz-seeds.
 include tests/fuzz/fuzz.mk
+
+# The CUDA build (toolkit fetched into a cache when none is installed): cuda,
+# test-cuda-build, test-gpu.
+include trainer/model/cuda/cuda.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

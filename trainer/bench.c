@@ -10,6 +10,7 @@
 #include "../common/clock.h"
 #include "../common/rng.h"
 #include "model/cpu/cpu_gemm.h"
+#include "model/ops.h"
 #include "model/stage.h"
 #include "optim/adamw.h"
 
@@ -47,10 +48,12 @@ static int step_shapes(const gpt_config *cfg, int N, gemm_shape *s)
     return n;
 }
 
-/* GFLOP/s of sgemm alone over the step's shapes, best of a few repetitions: OpenBLAS
- * threading each product itself (tiled = 0, the reference), or Cirrus's fixed tiles
- * (cpu_sgemm, what the model runs). */
-static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
+/* GFLOP/s of sgemm alone over the step's shapes, best of a few repetitions. On the CPU:
+ * OpenBLAS threading each product itself (tiled = 0, the reference), or Cirrus's fixed
+ * tiles (cpu_sgemm, what the model runs). On another backend (gpu != NULL): its own product
+ * (cuBLAS), on its own memory, each call waited for. */
+static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled,
+                            const ops_backend *gpu)
 {
     gemm_shape *s = malloc(sizeof *s * (size_t)(12 * cfg->n_layer + 3));
     if (!s) return 0.0;
@@ -63,16 +66,19 @@ static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
         for (int j = 0; j < 3; j++) maxa = sz[j] > maxa ? sz[j] : maxa;
         flops += 2.0 * s[i].m * s[i].n * s[i].k;
     }
-    float *a = calloc(maxa, sizeof(float)), *b = calloc(maxa, sizeof(float)),
-          *c = calloc(maxa, sizeof(float));
+    const ops_backend *mem = gpu ? gpu : &ops_backend_cpu;
+    float *a = mem->alloc(maxa), *b = mem->alloc(maxa), *c = mem->alloc(maxa);
     double best = 1e30;
-    if (!tiled) cpu_gemm_blas_threads(omp_get_max_threads());
+    if (!tiled && !gpu) cpu_gemm_blas_threads(omp_get_max_threads());
     for (int r = 0; a && b && c && r < reps; r++) {
         double t0 = clock_now_s();
         for (int i = 0; i < n; i++) {
             int lda = s[i].ta == CblasNoTrans ? s[i].k : s[i].m;
             int ldb = s[i].tb == CblasNoTrans ? s[i].n : s[i].k;
-            if (tiled)
+            if (gpu)
+                gpu->sgemm(s[i].ta == CblasTrans, s[i].tb == CblasTrans, s[i].m, s[i].n, s[i].k,
+                           1.0f, a, lda, b, ldb, 1.0f, c, s[i].n);
+            else if (tiled)
                 cpu_sgemm(s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, 1.0f, a, lda, b, ldb, 1.0f, c,
                           s[i].n);
             else
@@ -82,10 +88,10 @@ static double sgemm_ceiling(const gpt_config *cfg, int N, int reps, int tiled)
         double dt = clock_now_s() - t0;
         best = dt < best ? dt : best;
     }
-    if (!tiled) cpu_gemm_blas_threads(1);
-    free(a);
-    free(b);
-    free(c);
+    if (!tiled && !gpu) cpu_gemm_blas_threads(1);
+    mem->free(a);
+    mem->free(b);
+    mem->free(c);
     free(s);
     return best < 1e30 ? flops / best / 1e9 : 0.0;
 }
@@ -138,8 +144,10 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     r->tokens_per_s = (double)steps * B * T / dt;
     r->model_flops_per_token = bench_flops_per_token(cfg, T);
     r->model_gflops = r->tokens_per_s * r->model_flops_per_token / 1e9;
-    r->sgemm_gflops = sgemm_ceiling(cfg, B * T, 5, 0);
-    r->tiled_gflops = sgemm_ceiling(cfg, B * T, 5, 1);
+    const ops_backend *gpu = m.ops == &ops_backend_cpu ? NULL : m.ops;
+    r->sgemm_gflops = sgemm_ceiling(cfg, B * T, 5, 0, gpu);
+    r->tiled_gflops = gpu ? r->sgemm_gflops : sgemm_ceiling(cfg, B * T, 5, 1, NULL);
+    if (gpu && (rc = gpu->status(err))) goto out;
 out:
     adamw_destroy(&opt);
     gpt_stage_destroy(st);

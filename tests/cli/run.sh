@@ -48,6 +48,8 @@ expect seq_too_long 2 'seq must be in \[1, 16\]' -- "$bin" train "${tiny[@]}" --
 expect resume_needs_ckpt 2 '--resume needs --ckpt' -- "$bin" train --resume
 expect sample_needs_ckpt 2 '--ckpt DIR is required' -- "$bin" sample
 expect sample_missing_ckpt 2 'not found' -- "$bin" sample --ckpt "$tmp/none"
+expect backend_unknown 2 "--backend must be cpu or cuda, got 'gpu'" -- "$bin" train --backend gpu
+expect backend_cuda_not_built 2 'built without CUDA' -- "$bin" train "${tiny[@]}" --backend cuda
 
 # A short JSON run: every line an object; steps carry step/loss/lr/tokens_per_s, the last
 # val_loss and tokens.

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../model/ops.h"
+
 const char *cli_default_data(void)
 {
     const char *env = getenv("CIRRUS_CORPUS");
@@ -15,6 +17,11 @@ int cli_fail_input(const char *cmd, const cirrus_error *err)
 {
     fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err->msg);
     return EXIT_BAD_INPUT;
+}
+
+int cli_select_backend(const char *name, cirrus_error *err)
+{
+    return ops_select(name, err);
 }
 
 int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *err)

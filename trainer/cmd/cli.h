@@ -57,6 +57,16 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
         {ROLE_FLAG_CKPT_EVERY, FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
          "steps between checkpoints (default: only at the end)", 0}
 
+/* --backend: which kernels the model runs on (ops.h). Every command that computes with the
+ * model in its own process has it: train, sample, stage. */
+#define BACKEND_FLAG(name)                                                                    \
+    {"backend", FLAG_STR, &(name), 0, 0,                                                     \
+     "kernels: cpu (default) or cuda (a `make cuda` build on a machine with a GPU)", 0}
+
+/* ops_select(name); on failure err holds the one-line reason (exit 2 then: the flag asked
+ * for something this binary or machine cannot do). */
+int cli_select_backend(const char *name, cirrus_error *err);
+
 /* Print the banner, run train_run() and map its result to an exit code. SIGTERM or SIGINT
  * ends the run after the step in progress (with a checkpoint if o->ckpt_dir), exit 0. */
 int cli_run_training(const char *cmd, const train_options *o);

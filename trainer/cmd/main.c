@@ -31,11 +31,13 @@ static int cmd_train(int argc, char **argv)
     train_options_defaults(&o);
     o.data = cli_default_data();
     model_flags mf = {.preset = "tiny"};
+    const char *backend = "cpu";
     int help = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
         CKPT_FLAGS(o),
+        BACKEND_FLAG(backend),
         {"resume", FLAG_BOOL, &o.resume, 0, 0, "continue from the checkpoint in --ckpt", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
@@ -51,12 +53,13 @@ static int cmd_train(int argc, char **argv)
         cirrus_fail(&err, CIRRUS_EINVAL, "--resume needs --ckpt DIR");
         return cli_fail_input("train", &err);
     }
+    if (cli_select_backend(backend, &err)) return cli_fail_input("train", &err);
     return cli_run_training("train", &o);
 }
 
 static int cmd_sample(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt = "";
+    const char *dir = NULL, *prompt = "", *backend = "cpu";
     int tokens = 200, help = 0;
     float temperature = 0.8f;
     uint64_t seed = 1;
@@ -66,6 +69,7 @@ static int cmd_sample(int argc, char **argv)
         {"tokens", FLAG_INT, &tokens, 0, 1e6, "bytes to generate (default 200)", 0},
         {"temperature", FLAG_FLOAT, &temperature, 0, 100, "0 = greedy (default 0.8)", 0},
         {"seed", FLAG_U64, &seed, 0, 0, "sampling seed", 0},
+        BACKEND_FLAG(backend),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -79,6 +83,7 @@ static int cmd_sample(int argc, char **argv)
         cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt DIR is required");
         return cli_fail_input("sample", &err);
     }
+    if (cli_select_backend(backend, &err)) return cli_fail_input("sample", &err);
     ckpt_meta meta;
     if (ckpt_read_meta(dir, &meta, &err)) return cli_fail_input("sample", &err);
     gpt_model m;
@@ -100,6 +105,7 @@ static int cmd_sample(int argc, char **argv)
 static int cmd_bench(int argc, char **argv)
 {
     model_flags mf = {.preset = "small"};
+    const char *backend = "cpu";
     int batch = 8, seq = 0, steps = 10, json = 0, help = 0;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -107,6 +113,7 @@ static int cmd_bench(int argc, char **argv)
         {"seq", FLAG_INT, &seq, 1, 65536, "tokens per sequence (default: the context)", 0},
         {"steps", FLAG_INT, &steps, 1, 1e6, "timed steps (default 10)", 0},
         {"json", FLAG_BOOL, &json, 0, 0, "print one JSON object", 0},
+        BACKEND_FLAG(backend),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -118,6 +125,9 @@ static int cmd_bench(int argc, char **argv)
     }
     gpt_config cfg;
     if (cli_model_from_flags(&mf, &cfg, &err)) return cli_fail_input("bench", &err);
+    if (cli_select_backend(backend, &err)) return cli_fail_input("bench", &err);
+    /* The ceiling's library: OpenBLAS's kernel on the CPU, cuBLAS on the GPU. */
+    const char *blas = strcmp(backend, "cpu") == 0 ? blas_kernel_name() : "cuBLAS";
     if (!seq) seq = cfg.seq_len;
     if (seq > cfg.seq_len) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--seq %d exceeds the context %d", seq, cfg.seq_len);
@@ -130,17 +140,18 @@ static int cmd_bench(int argc, char **argv)
     }
     double ratio = r.sgemm_gflops > 0 ? r.model_gflops / r.sgemm_gflops : 0.0;
     if (json)
-        printf("{\"blas_kernel\":\"%s\",\"layers\":%d,\"width\":%d,\"heads\":%d,\"batch\":%d,\"seq\":%d,"
+        printf("{\"backend\":\"%s\",\"blas_kernel\":\"%s\",\"layers\":%d,\"width\":%d,"
+               "\"heads\":%d,\"batch\":%d,\"seq\":%d,"
                "\"params\":%zu,\"tokens_per_s\":%.1f,\"model_gflops\":%.2f,"
                "\"sgemm_gflops\":%.2f,\"tiled_sgemm_gflops\":%.2f,\"ratio\":%.3f}\n",
-               blas_kernel_name(), cfg.n_layer, cfg.n_embd, cfg.n_head, batch, seq, gpt_num_params(&cfg),
+               backend, blas, cfg.n_layer, cfg.n_embd, cfg.n_head, batch, seq, gpt_num_params(&cfg),
                r.tokens_per_s, r.model_gflops, r.sgemm_gflops, r.tiled_gflops, ratio);
     else
         printf("model %dL x %d (%d heads, %zu params), batch %d x %d: %.0f tokens/s, "
                "%.1f model GFLOP/s; sgemm on the same shapes %.1f GFLOP/s (%s), in fixed tiles "
                "%.1f; ratio %.2f\n",
                cfg.n_layer, cfg.n_embd, cfg.n_head, gpt_num_params(&cfg), batch, seq,
-               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, blas_kernel_name(),
+               r.tokens_per_s, r.model_gflops, r.sgemm_gflops, blas,
                r.tiled_gflops, ratio);
     if (!json)
         printf("  per step: forward %.1f ms, backward %.1f ms, optimizer %.1f ms\n",

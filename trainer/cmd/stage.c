@@ -38,6 +38,7 @@ int roles_cmd_stage(int argc, char **argv)
     const char *job = "cirrus", *listen_addr = "127.0.0.1:0", *layers = NULL;
     int listen_fd = -1, batch = 8, seq = 0, help = 0, ring_fd = -1, stage_index = 0;
     const char *ring_addr = NULL, *coordinator = NULL, *advertise = "127.0.0.1", *name = NULL;
+    const char *backend = "cpu";
     char ring_default[STAGE_ADDR_MAX];
     uint64_t seed = 1337;
     float slowdown = 1.0f, stall_s = 0.0f;
@@ -80,6 +81,7 @@ int roles_cmd_stage(int argc, char **argv)
         {"stall-average-at", FLAG_INT, &stall_at, 1, 1e9,
          "tests only: hang --stall-s seconds in the gradient averaging of this step", 0},
         {"stall-s", FLAG_FLOAT, &stall_s, 0, 3600, "tests only: see --stall-average-at", 0},
+        BACKEND_FLAG(backend),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -99,6 +101,7 @@ int roles_cmd_stage(int argc, char **argv)
                     COORD_NAME_MAX);
         return cli_fail_input("stage", &err);
     }
+    if (cli_select_backend(backend, &err)) return cli_fail_input("stage", &err);
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
                             .slowdown_cpu = slowdown_cpu, .act_slots = act_slots,
                             .stall_at = stall_at, .stall_s = stall_s, .name = name};

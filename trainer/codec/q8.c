@@ -51,6 +51,7 @@
  *   decode  ~20.5 GB/s (20.2-21.3; in L2, 256 KiB: ~31 GB/s)  reference: 8.0 GB/s
  */
 #include "q8.h"
+#include "q8_format.h"
 
 #include <float.h>
 #include <math.h>
@@ -68,16 +69,11 @@ _Static_assert(sizeof(float) == sizeof(uint32_t) && FLT_RADIX == 2 && FLT_MANT_D
                "codec_q8 needs IEEE binary32 float");
 _Static_assert(CODEC_Q8_BLOCK > 0 && CODEC_Q8_BLOCK <= 64, "block size");
 
-#define Q8_SCALE_BYTES 4
-#define Q8_BLOCK_BYTES (Q8_SCALE_BYTES + CODEC_Q8_BLOCK)
 _Static_assert(Q8_BLOCK_BYTES == 68, "a full block is a 4-byte scale and 64 int8 values");
 _Static_assert(CODEC_Q8_BLOCK * sizeof(float) * 68 == Q8_BLOCK_BYTES * 256,
                "256 bytes of floats become 68 bytes");
 
-#define Q8_TINY 0x1p-96f              /* absmax below this: prescale by Q8_PRE */
-#define Q8_PRE 0x1p64f
-#define Q8_SCALE_MAX 0x1.020406p+121f /* 127 * this = 0x1.fffffcp+127 <= FLT_MAX */
-#define Q8_SCALE_MAX_BITS 0x7c010203u /* its bit pattern */
+#define Q8_SCALE_MAX_BITS 0x7c010203u /* the bit pattern of Q8_SCALE_MAX (q8_format.h) */
 #define Q8_HALF_DOWN 0x1.fffffep-2f   /* 0.49999997f, the float just below 1/2 */
 #define Q8_ABS_MASK 0x7fffffffu
 #define Q8_EXP_MASK 0x7f800000u       /* |bits| >= this: Inf or NaN */

@@ -8,6 +8,7 @@
 
 #include "../../common/model_presets.h"
 #include "../../common/rng.h"
+#include "ops.h"
 
 static const struct {
     const char *name;
@@ -181,11 +182,12 @@ int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
     int rc = gpt_config_validate(cfg, err);
     if (rc) return rc;
     m->cfg = *cfg;
+    m->ops = ops_selected();
     m->n_params = gpt_num_params(cfg);
     size_t head = (size_t)cfg->vocab * cfg->n_embd;
-    m->params = calloc(m->n_params, sizeof(float));
-    m->grads = calloc(m->n_params, sizeof(float));
-    m->grad_head = calloc(head, sizeof(float));
+    m->params = m->ops->alloc(m->n_params);
+    m->grads = m->ops->alloc(m->n_params);
+    m->grad_head = m->ops->alloc(head);
     m->w.layer = calloc((size_t)cfg->n_layer, sizeof(gpt_layer_tensors));
     m->g.layer = calloc((size_t)cfg->n_layer, sizeof(gpt_layer_tensors));
     if (!m->params || !m->grads || !m->grad_head || !m->w.layer || !m->g.layer) {
@@ -200,9 +202,11 @@ int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
 
 void gpt_model_destroy(gpt_model *m)
 {
-    free(m->params);
-    free(m->grads);
-    free(m->grad_head);
+    if (m->ops) {
+        m->ops->free(m->params);
+        m->ops->free(m->grads);
+        m->ops->free(m->grad_head);
+    }
     free(m->w.layer);
     free(m->g.layer);
     memset(m, 0, sizeof *m);

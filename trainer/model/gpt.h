@@ -108,8 +108,13 @@ int gpt_stage_state_spans(const gpt_config *cfg, int l0, int l1, gpt_span out[2]
 
 /* ---- the model: parameters and gradients of the whole network ---- */
 
+struct ops_backend;
+
 typedef struct gpt_model {
     gpt_config cfg;
+    /* The backend whose memory holds params, grads and grad_head, and whose kernels the
+     * stages of this model run (ops_selected() when the model was created). */
+    const struct ops_backend *ops;
     size_t n_params;
     float *params;         /* flat, gpt layout */
     float *grads;          /* flat, same layout */
@@ -120,6 +125,7 @@ typedef struct gpt_model {
     gpt_weights w, g;
 } gpt_model;
 
+/* Allocates with, and binds, the selected backend (ops_select()). */
 int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err);
 void gpt_model_destroy(gpt_model *m);
 /* GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/log.h"
 #include "ops.h"
 
 /* Activations of one transformer block, (N,...) with N = B*T rows. */
@@ -20,6 +21,7 @@ typedef struct layer_acts {
 
 struct gpt_stage {
     gpt_model *m;
+    const ops_backend *ops; /* m->ops: its kernels, and the memory of every buffer below */
     int l0, l1, max_B, max_T;
     int first, last;
     /* Which input the activations belong to (0 = none kept). */
@@ -50,7 +52,7 @@ static float *stage_alloc(gpt_stage *s, size_t n, int *failed)
         s->allocs = a;
         s->cap_allocs = cap;
     }
-    float *p = calloc(n, sizeof(float));
+    float *p = s->ops->alloc(n);
     if (!p) *failed = 1;
     s->allocs[s->n_allocs++] = p;
     return p;
@@ -73,6 +75,7 @@ int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, i
     gpt_stage *s = calloc(1, sizeof *s);
     if (!s) return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a stage");
     s->m = m;
+    s->ops = m->ops;
     s->l0 = l0;
     s->l1 = l1;
     s->max_B = max_B;
@@ -127,7 +130,7 @@ int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, i
 void gpt_stage_destroy(gpt_stage *s)
 {
     if (!s) return;
-    for (int i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
+    for (int i = 0; i < s->n_allocs; i++) s->ops->free(s->allocs[i]);
     free(s->allocs);
     free(s->acts);
     free(s);
@@ -168,14 +171,14 @@ static void layer_forward(const gpt_stage *s, int l, const float *x, layer_acts 
     const gpt_config *cfg = &s->m->cfg;
     const gpt_layer_tensors *w = &s->m->w.layer[l];
     const int N = B * T, C = cfg->n_embd;
-    ops_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
-    ops_matmul_forward(a->qkv, NULL, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C);
-    ops_attention_forward(a->atty, a->att, a->qkv, B, T, C, cfg->n_head);
-    ops_matmul_forward(a->res2, x, a->atty, w->attprojw, w->attprojb, N, C, C);
-    ops_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C);
-    ops_matmul_forward(a->fch, NULL, a->ln2, w->fcw, w->fcb, N, C, 4 * C);
-    ops_gelu_forward(a->fchg, a->fch, N * 4 * C);
-    ops_matmul_forward(a->res3, a->res2, a->fchg, w->fcprojw, w->fcprojb, N, 4 * C, C);
+    s->ops->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, N, C);
+    s->ops->matmul_forward(a->qkv, NULL, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C);
+    s->ops->attention_forward(a->atty, a->att, a->qkv, B, T, C, cfg->n_head);
+    s->ops->matmul_forward(a->res2, x, a->atty, w->attprojw, w->attprojb, N, C, C);
+    s->ops->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C);
+    s->ops->matmul_forward(a->fch, NULL, a->ln2, w->fcw, w->fcb, N, C, 4 * C);
+    s->ops->gelu_forward(a->fchg, a->fch, N * 4 * C);
+    s->ops->matmul_forward(a->res3, a->res2, a->fchg, w->fcprojw, w->fcprojb, N, 4 * C, C);
 }
 
 /* dres holds d(block output) on entry and d(block input) on return. */
@@ -188,19 +191,29 @@ static void layer_backward(const gpt_stage *s, int l, const float *x, const laye
     const int N = B * T, C = cfg->n_embd;
     float *dres = s->dres;
     /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    ops_matmul_backward(s->d4C, 0, g->fcprojw, g->fcprojb, dres, a->fchg, w->fcprojw, N,
+    s->ops->matmul_backward(s->d4C, 0, g->fcprojw, g->fcprojb, dres, a->fchg, w->fcprojw, N,
                         4 * C, C);
-    ops_gelu_backward(s->d4C, a->fch, s->d4C, N * 4 * C);
-    ops_matmul_backward(s->dC, 0, g->fcw, g->fcb, s->d4C, a->ln2, w->fcw, N, C, 4 * C);
-    ops_layernorm_backward(dres, g->ln2w, g->ln2b, s->dC, a->res2, w->ln2w, a->ln2_mean,
+    s->ops->gelu_backward(s->d4C, a->fch, s->d4C, N * 4 * C);
+    s->ops->matmul_backward(s->dC, 0, g->fcw, g->fcb, s->d4C, a->ln2, w->fcw, N, C, 4 * C);
+    s->ops->layernorm_backward(dres, g->ln2w, g->ln2b, s->dC, a->res2, w->ln2w, a->ln2_mean,
                            a->ln2_rstd, N, C);
     /* attention: res2 = x + attproj(attn(qkv(ln1(x)))) */
-    ops_matmul_backward(s->dC, 0, g->attprojw, g->attprojb, dres, a->atty, w->attprojw, N, C,
+    s->ops->matmul_backward(s->dC, 0, g->attprojw, g->attprojb, dres, a->atty, w->attprojw, N, C,
                         C);
-    ops_attention_backward(s->d3C, s->datt, s->dC, a->qkv, a->att, B, T, C, cfg->n_head);
-    ops_matmul_backward(s->dC, 0, g->qkvw, g->qkvb, s->d3C, a->ln1, w->qkvw, N, C, 3 * C);
-    ops_layernorm_backward(dres, g->ln1w, g->ln1b, s->dC, x, w->ln1w, a->ln1_mean,
+    s->ops->attention_backward(s->d3C, s->datt, s->dC, a->qkv, a->att, B, T, C, cfg->n_head);
+    s->ops->matmul_backward(s->dC, 0, g->qkvw, g->qkvb, s->d3C, a->ln1, w->qkvw, N, C, 3 * C);
+    s->ops->layernorm_backward(dres, g->ln1w, g->ln1b, s->dC, x, w->ln1w, a->ln1_mean,
                            a->ln1_rstd, N, C);
+}
+
+/* 0, or CIRRUS_EIO after a device error (logged: the ops are void, as on the CPU). Checked
+ * before the host reads what the kernels wrote. */
+static int stage_device_ok(const gpt_stage *s)
+{
+    cirrus_error e = {0};
+    if (!s->ops->status(&e)) return 0;
+    log_error("stage [%d, %d): %s backend: %s", s->l0, s->l1, s->ops->name, e.msg);
+    return CIRRUS_EIO;
 }
 
 static const float *stage_output(const gpt_stage *s)
@@ -218,7 +231,7 @@ int gpt_stage_forward(gpt_stage *s, const gpt_stage_input *in, float *out, float
     const int B = in->B, T = in->T, N = B * T, C = m->cfg.n_embd, V = m->cfg.vocab;
     s->kept_id = 0;
     if (s->first)
-        ops_encoder_forward(s->x0, in->tokens, m->w.wte, m->w.wpe, B, T, C);
+        s->ops->encoder_forward(s->x0, in->tokens, m->w.wte, m->w.wpe, B, T, C);
     else
         memcpy(s->x0, in->hidden, sizeof(float) * (size_t)N * C);
     const float *x = s->x0;
@@ -228,16 +241,19 @@ int gpt_stage_forward(gpt_stage *s, const gpt_stage_input *in, float *out, float
         x = a->res3;
     }
     if (!s->last) {
+        if (stage_device_ok(s)) return CIRRUS_EIO;
         memcpy(out, x, sizeof(float) * (size_t)N * C);
     } else {
-        ops_layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->w.lnfw, m->w.lnfb, N, C);
-        ops_head_forward(s->logits, s->lnf, m->w.wte, N, C, V);
+        s->ops->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, m->w.lnfw, m->w.lnfb, N, C);
+        s->ops->head_forward(s->logits, s->lnf, m->w.wte, N, C, V);
         if (in->targets) {
-            ops_crossentropy_forward(s->probs, s->losses, s->logits, in->targets, N, V);
+            s->ops->crossentropy_forward(s->probs, s->losses, s->logits, in->targets, N, V);
+            if (stage_device_ok(s)) return CIRRUS_EIO;
             double sum = 0.0; /* in a fixed order, in double: the loss is reported bit-exact */
             for (int n = 0; n < N; n++) sum += s->losses[n];
             *loss = (float)(sum / N);
         } else {
+            if (stage_device_ok(s)) return CIRRUS_EIO;
             memcpy(out, s->logits, sizeof(float) * (size_t)N * V);
         }
     }
@@ -265,10 +281,10 @@ int gpt_stage_backward(gpt_stage *s, const gpt_stage_input *in, const float *gra
         s->kept_id = in->id;
     }
     if (s->last) {
-        ops_crossentropy_backward(s->dlogits, s->probs, in->targets, 1.0f / (float)N, N, V);
-        ops_head_backward(s->dC, m->grad_head, s->dlogits, s->lnf, m->w.wte, N, C, V);
+        s->ops->crossentropy_backward(s->dlogits, s->probs, in->targets, 1.0f / (float)N, N, V);
+        s->ops->head_backward(s->dC, m->grad_head, s->dlogits, s->lnf, m->w.wte, N, C, V);
         memset(s->dres, 0, sizeof(float) * (size_t)N * C);
-        ops_layernorm_backward(s->dres, m->g.lnfw, m->g.lnfb, s->dC, stage_output(s),
+        s->ops->layernorm_backward(s->dres, m->g.lnfw, m->g.lnfb, s->dC, stage_output(s),
                                m->w.lnfw, s->lnf_mean, s->lnf_rstd, N, C);
     } else {
         memcpy(s->dres, grad_out, sizeof(float) * (size_t)N * C);
@@ -278,8 +294,8 @@ int gpt_stage_backward(gpt_stage *s, const gpt_stage_input *in, const float *gra
         layer_backward(s, l, x, &s->acts[l - s->l0], B, T);
     }
     if (s->first)
-        ops_encoder_backward(m->g.wte, m->g.wpe, s->dres, in->tokens, B, T, C);
-    else
-        memcpy(grad_in, s->dres, sizeof(float) * (size_t)N * C);
+        s->ops->encoder_backward(m->g.wte, m->g.wpe, s->dres, in->tokens, B, T, C);
+    if (stage_device_ok(s)) return CIRRUS_EIO;
+    if (!s->first) memcpy(grad_in, s->dres, sizeof(float) * (size_t)N * C);
     return 0;
 }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/ops.h"
+
 adamw_config adamw_defaults(float lr, int total_steps)
 {
     adamw_config c = {
@@ -26,6 +28,7 @@ int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n
 {
     memset(o, 0, sizeof *o);
     o->cfg = *cfg;
+    o->ops = ops_selected();
     size_t nt = gpt_num_tensors(model);
     gpt_tensor_info *table = calloc(nt, sizeof *table);
     o->seg = calloc(nt, sizeof *o->seg);
@@ -44,8 +47,8 @@ int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n
     }
     free(table);
     table = NULL;
-    o->m = calloc(o->state_count ? o->state_count : 1, sizeof(float));
-    o->v = calloc(o->state_count ? o->state_count : 1, sizeof(float));
+    o->m = o->ops->alloc(o->state_count);
+    o->v = o->ops->alloc(o->state_count);
     if (!o->m || !o->v) goto nomem;
     return 0;
 nomem:
@@ -56,8 +59,10 @@ nomem:
 
 void adamw_destroy(adamw *o)
 {
-    free(o->m);
-    free(o->v);
+    if (o->ops) {
+        o->ops->free(o->m);
+        o->ops->free(o->v);
+    }
     free(o->seg);
     memset(o, 0, sizeof *o);
 }
@@ -74,38 +79,15 @@ float adamw_lr(const adamw_config *cfg, uint64_t step)
     return (float)(cfg->lr * (floor + (1.0 - floor) * cosine));
 }
 
-/* Fixed-size chunks summed by any thread, then the chunk sums added in order: the result is
- * the same for any number of threads. */
-#define SUMSQ_CHUNK 65536
-
 double adamw_grad_sumsq(const float *grads, size_t n, float scale)
 {
-    size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double *part = calloc(nchunks ? nchunks : 1, sizeof(double));
-    double total = 0.0;
-    if (!part) { /* degrade to a serial sum rather than fail an optimizer step */
-        for (size_t i = 0; i < n; i++) total += (double)(grads[i] * scale) * (grads[i] * scale);
-        return total;
-    }
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < nchunks; c++) {
-        size_t lo = c * SUMSQ_CHUNK, hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
-        double s = 0.0;
-        for (size_t i = lo; i < hi; i++) {
-            float g = grads[i] * scale;
-            s += (double)g * g;
-        }
-        part[c] = s;
-    }
-    for (size_t c = 0; c < nchunks; c++) total += part[c];
-    free(part);
-    return total;
+    return ops_sumsq(grads, n, scale);
 }
 
 void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out)
 {
     for (int s = 0; s < o->n_seg; s++)
-        out[s] = adamw_grad_sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+        out[s] = o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
 }
 
 double adamw_sum_in_order(const double *parts, int n)
@@ -119,7 +101,7 @@ double adamw_total_sumsq(const adamw *o, const float *grads, float scale)
 {
     double total = 0.0;
     for (int s = 0; s < o->n_seg; s++)
-        total += adamw_grad_sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+        total += o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
     return total;
 }
 
@@ -130,23 +112,15 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
     float norm = (float)sqrt(total_sumsq);
     float clip = 1.0f;
     if (c->grad_clip > 0.0f && norm > c->grad_clip) clip = c->grad_clip / (norm + 1e-6f);
-    const float gs = grad_scale * clip;
     const float b1 = c->beta1, b2 = c->beta2;
-    const float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
+    ops_adamw_args a = {.grad_scale = grad_scale * clip, .lr = lr, .beta1 = b1, .beta2 = b2,
+                        .bc1 = 1.0f - powf(b1, (float)step), .bc2 = 1.0f - powf(b2, (float)step),
+                        .eps = c->eps};
     for (int s = 0; s < o->n_seg; s++) {
         const adamw_segment *seg = &o->seg[s];
-        const float wd = seg->decay ? c->weight_decay : 0.0f;
-        float *p = params + seg->offset, *m = o->m + seg->state, *v = o->v + seg->state;
-        float *g = grads + seg->offset;
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < seg->count; i++) {
-            float gi = g[i] * gs;
-            g[i] = 0.0f;
-            m[i] = b1 * m[i] + (1.0f - b1) * gi;
-            v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-            float mhat = m[i] / bc1, vhat = v[i] / bc2;
-            p[i] -= lr * (mhat / (sqrtf(vhat) + c->eps) + wd * p[i]);
-        }
+        a.weight_decay = seg->decay ? c->weight_decay : 0.0f;
+        o->ops->adamw_update(params + seg->offset, grads + seg->offset, o->m + seg->state,
+                             o->v + seg->state, seg->count, &a);
     }
     return norm;
 }

@@ -35,8 +35,13 @@ typedef struct adamw_segment {
     int decay;
 } adamw_segment;
 
+struct ops_backend;
+
 typedef struct adamw {
     adamw_config cfg;
+    /* The backend (ops_selected() at adamw_create) that holds m and v and runs the update;
+     * params and grads must be that backend's memory too (the model's). */
+    const struct ops_backend *ops;
     size_t state_count; /* floats of m (and of v): the spans' total */
     float *m, *v;
     adamw_segment *seg;
