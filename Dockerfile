@@ -17,6 +17,7 @@ WORKDIR /src
 COPY Makefile ./
 COPY tests/cluster/cluster.mk ./tests/cluster/
 COPY tests/fuzz/fuzz.mk ./tests/fuzz/
+COPY tests/nodes/nodes.mk ./tests/nodes/
 COPY common ./common
 COPY trainer ./trainer
 COPY operator ./operator

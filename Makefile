@@ -123,9 +123,11 @@ demo: deps
 test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
+	@# The last three run side by side: fuzzing runs for a fixed time, the CUDA build mostly
+	@# downloads, and the real-node suite's set-up downloads and builds an image.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator test-fuzz \
-	  test-cuda-build
+	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator \
+	  test-fuzz+test-cuda-build+test-nodes
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
@@ -213,8 +215,12 @@ include tests/cluster/cluster.mk
 # libFuzzer harnesses: fuzz, test-fuzz, fuzz-merge, fuzz-coverage, fuzz-seeds.
 include tests/fuzz/fuzz.mk
 
+# Real nodes running the Cirrus image: nodes-deps, image, test-nodes, cluster-up NODES=real.
+include tests/nodes/nodes.mk
+
 # The CUDA build (toolkit fetched into a cache when none is installed): cuda,
 # test-cuda-build, test-gpu.
 include trainer/model/cuda/cuda.mk
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+# Only object dependency files: build/nodes holds container root file systems.
+-include $(shell find $(BUILD) -path $(BUILD)/nodes -prune -o -name '*.d' -type f -print 2>/dev/null)

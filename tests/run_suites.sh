@@ -3,23 +3,45 @@
 # earlier one failed, keeping every suite's output in LOGDIR/<target>.log. Ends with a
 # summary: each suite's result and time, and for a failed one the lines that name its
 # failures, so the end of a long run says what broke. Exits non-zero if any suite failed.
-# Usage: run_suites.sh LOGDIR MAKE TARGET...
+# A group TARGET+TARGET... runs its suites at the same time.
+# Usage: run_suites.sh LOGDIR MAKE TARGET|TARGET+TARGET...
 set -uo pipefail
 logdir=$1 make=$2
 shift 2
 mkdir -p "$logdir"
 results=() failed=0
-for target in "$@"; do
-    start=$SECONDS
-    "$make" --no-print-directory "$target" 2>&1 | tee "$logdir/$target.log"
-    rc=${PIPESTATUS[0]}
-    took=$((SECONDS - start))
-    if [ "$rc" -eq 0 ]; then
-        results+=("ok   $target (${took} s)")
+record() { # TARGET RC SECONDS
+    if [ "$2" -eq 0 ]; then
+        results+=("ok   $1 ($3 s)")
     else
-        results+=("FAIL $target (${took} s, exit $rc; full output in $logdir/$target.log)")
+        results+=("FAIL $1 ($3 s, exit $2; full output in $logdir/$1.log)")
         failed=1
     fi
+}
+for group in "$@"; do
+    start=$SECONDS
+    if [[ "$group" != *+* ]]; then
+        "$make" --no-print-directory "$group" 2>&1 | tee "$logdir/$group.log"
+        record "$group" "${PIPESTATUS[0]}" $((SECONDS - start))
+        continue
+    fi
+    # A+B: suites that mostly wait (on a shaped link, on fuzzing's fixed time, on pods) run side
+    # by side; each one's output is printed whole when it ends.
+    IFS=+ read -ra targets <<<"$group"
+    pids=()
+    for target in "${targets[@]}"; do
+        echo "cirrus: $target runs beside ${group//+/, } (its output follows when it ends)"
+        ( "$make" --no-print-directory "$target" >"$logdir/$target.log" 2>&1
+          echo $? >"$logdir/$target.rc"; echo $((SECONDS - start)) >"$logdir/$target.secs" ) &
+        pids+=($!)
+    done
+    for i in "${!targets[@]}"; do
+        wait "${pids[$i]}"
+        target=${targets[$i]}
+        cat "$logdir/$target.log"
+        record "$target" "$(cat "$logdir/$target.rc")" "$(cat "$logdir/$target.secs")"
+        rm -f "$logdir/$target.rc" "$logdir/$target.secs"
+    done
 done
 echo
 echo "cirrus: test summary"

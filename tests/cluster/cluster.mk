@@ -6,6 +6,7 @@
 #                       eval "$$(tests/cluster/cluster.sh env)" for KUBECONFIG and kubectl
 #   make cluster-down   stop it and remove $(BUILD)/cluster
 #   make test-cluster   smoke test: up, checks, down (reuses a running cluster-up cluster)
+#   make cluster-up NODES=real / cluster-down NODES=real: real nodes instead (tests/nodes/)
 
 BUILD ?= build
 CLUSTER_SCRIPTS := $(dir $(lastword $(MAKEFILE_LIST)))
@@ -17,11 +18,19 @@ export CLUSTER_STATE_DIR
 cluster-deps:
 	$(CLUSTER_SCRIPTS)install.sh
 
+# NODES=real: real kubelets running the Cirrus image instead of kwok's fake nodes
+# (tests/nodes/nodes.mk; needs root).
+ifeq ($(NODES),real)
+cluster-up: image
+	tests/nodes/nodes.sh up
+cluster-down:
+	tests/nodes/nodes.sh down
+else
 cluster-up: cluster-deps
 	$(CLUSTER_SCRIPTS)cluster.sh up
-
 cluster-down:
 	$(CLUSTER_SCRIPTS)cluster.sh down
+endif
 
 test-cluster: cluster-deps
 	$(CLUSTER_SCRIPTS)smoke_test.sh

@@ -61,10 +61,11 @@ fi
 # ---- the Cirrus image ----------------------------------------------------------------------
 t0=$SECONDS
 nlog "cirrus image: buildah bud $REPO_DIR/Dockerfile -> $CIRRUS_IMAGE"
-# runc, not buildah's default crun: crun refuses a host with cgroups v1 and v2 mounted side by
-# side. --network host: the RUN steps install Debian packages.
-bah bud --quiet --runtime "$(command -v runc)" --pull=never --network host --layers \
-    --isolation chroot -t "$CIRRUS_IMAGE" -f "$REPO_DIR/Dockerfile" "$REPO_DIR" >/dev/null
+# The RUN steps in a chroot: no OCI runtime (buildah's default, crun, refuses a host with
+# cgroups v1 and v2 mounted side by side), the host's network (they install Debian packages),
+# and buildah's CNI lock file in the cache rather than /etc/cni.
+bah bud --quiet --pull=never --network host --layers \
+    --isolation chroot --cni-config-dir "$NODES_HOME/buildah-cni" -t "$CIRRUS_IMAGE" -f "$REPO_DIR/Dockerfile" "$REPO_DIR" >/dev/null
 bah push --quiet "$CIRRUS_IMAGE" "oci-archive:$WORK/cirrus.oci.tar:$CIRRUS_IMAGE"
 mv "$WORK/cirrus.oci.tar" "$IMAGES_HOME/cirrus.oci.tar"
 # Layers of earlier builds that no tag names any more.

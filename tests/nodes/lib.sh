@@ -12,6 +12,15 @@ REPO_DIR=$(cd "$NODES_DIR/../.." && pwd)
 NODES_DEB_PKGS=(containerd runc containernetworking-plugins buildah mmdebstrap iptables conntrack)
 CNI_BIN_DIR=/usr/lib/cni
 
+# Changed by the kubelet (overcommit, panic), kube-proxy (route_localnet, conntrack) and CNI
+# (forwarding); written back by `down`.
+SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+    kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
+    net.ipv4.conf.all.forwarding net.ipv4.conf.all.route_localnet
+    net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+    net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
+    net.netfilter.nf_conntrack_tcp_timeout_close_wait)
+
 NODES_HOME=$CIRRUS_CACHE/nodes
 NODES_BIN=$NODES_HOME/bin
 COREDNS_MOD_DIR=$NODES_DIR/coredns

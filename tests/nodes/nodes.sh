@@ -16,9 +16,9 @@
 # the bridges; cgroups under /<node name>; mounts under $STATE; /run/containerd, /var/lib/cni,
 # /etc/cni and /var/lib/kubelet when they did not exist before.
 #
-# The regions' bridges are joined through the host; `nodes.sh shape MBIT` limits what crosses
-# from one region's pods to the other's (tc tbf on each bridge, for the other region's subnet
-# only), which is the WAN the gateways see. `nodes.sh shape off` removes it.
+# The regions' bridges are joined through the host; `nodes.sh shape MBIT` limits what the host
+# routes into each region's bridge (tc tbf), which is the WAN the gateways see; traffic inside
+# a region is bridged and not limited. `nodes.sh shape off` removes it.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -38,15 +38,7 @@ HOST_IP=10.89.0.1 # on lo: kube-apiserver, the kubelets, CoreDNS
 POD_NET=10.89.0.0/16                # region rN's pods: 10.89.N.0/24 on bridge cirrus-rN
 REGIONS=(r1 r2)
 START_TIMEOUT=${NODES_START_TIMEOUT:-120}
-# Changed by the kubelet (overcommit, panic), kube-proxy (route_localnet, conntrack) and CNI
-# (forwarding); written back by `down`.
-SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
-    kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
-    net.ipv4.conf.all.forwarding net.ipv4.conf.all.route_localnet
-    net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
-    net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
-    net.netfilter.nf_conntrack_tcp_timeout_close_wait)
-GLOBAL_DIRS=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet)
+GLOBAL_DIRS=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/containers /var/log/pods)
 
 k() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_STATE/kubeconfig" "$@"; }
 region_index() { echo "${1#r}"; }
@@ -103,7 +95,14 @@ restore_host() {
     while IFS= read -r line; do
         sysctl -q -w "$line" >/dev/null 2>&1 || nlog "down: could not restore sysctl $line"
     done <"$SAVED/sysctl"
-    [[ -s "$SAVED/iptables" ]] && { iptables-restore <"$SAVED/iptables" || nlog "down: iptables-restore failed"; }
+    # Every rule and chain goes (iptables-restore keeps chains of tables it was not given),
+    # then the saved ones come back.
+    local t
+    for t in filter nat mangle raw; do
+        iptables -t "$t" -F 2>/dev/null && iptables -t "$t" -X 2>/dev/null
+        ip6tables -t "$t" -F 2>/dev/null && ip6tables -t "$t" -X 2>/dev/null
+    done
+    iptables-restore <"$SAVED/iptables" || nlog "down: iptables-restore failed"
     [[ -s "$SAVED/ip6tables" ]] && { ip6tables-restore <"$SAVED/ip6tables" || nlog "down: ip6tables-restore failed"; }
     while IFS= read -r line; do
         [[ -n "$line" ]] && rm -rf "$line"
@@ -214,6 +213,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: { memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%" }
 maxPods: 40
+# Each node's container logs in its own tree: a kubelet removes the logs of pods it does not
+# know from a shared /var/log/pods, i.e. the other node's.
+podLogsDir: $dir/pod-logs
 serializeImagePulls: false
 EOF
     # Pods resolve only cluster names; no upstream resolver.
@@ -263,6 +265,9 @@ start_node() { # REGION
     write_cni_config "$r"
     write_kubelet_config "$r"
     make_cgroups "$name"
+    # The bridge now, not at the first pod (CNI takes an existing one), so that `shape` has it.
+    ip link add name "$(bridge_of "$r")" type bridge
+    ip link set "$(bridge_of "$r")" up
     start "containerd-$r" containerd --config "$dir/containerd.toml"
     wait_for "containerd of $name" 30 "containerd-$r" ctr --address "$RUN/$r/containerd.sock" version
     local img
@@ -407,6 +412,8 @@ cmd_down() {
         remove_cgroups "$(node_name "$r")"
     done
     [[ -s "$SAVED/lo-address" ]] && ip addr del "$(cat "$SAVED/lo-address")/32" dev lo 2>/dev/null
+    # The kubelets link container logs into /var/log/containers whatever podLogsDir says.
+    find /var/log/containers -maxdepth 1 -type l -lname "$STATE/*" -delete 2>/dev/null || true
     restore_host
     rm -rf "$RUN" "$STATE"
     nlog "down: stopped, machine state restored, $STATE removed"
@@ -418,23 +425,18 @@ cmd_env() {
     echo "export CIRRUS_NODES_STATE='$STATE'"
 }
 
-cmd_shape() { # MBIT|off: limit traffic between the regions' pods
+cmd_shape() { # MBIT|off: limit what enters each region's bridge from outside the region
     need_root "nodes.sh shape"
-    local r other br
+    local r
     for r in "${REGIONS[@]}"; do
-        br=$(bridge_of "$r")
-        tc qdisc del dev "$br" root 2>/dev/null || true
+        tc qdisc del dev "$(bridge_of "$r")" root 2>/dev/null || true
         [[ "$1" == off ]] && continue
-        # prio band 1 (unshaped) by default; the other regions' subnets go to band 2, a tbf.
-        tc qdisc add dev "$br" root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1
-        tc qdisc add dev "$br" parent 1:3 handle 30: tbf rate "${1}mbit" burst 32kb latency 400ms
-        for other in "${REGIONS[@]}"; do
-            [[ "$other" == "$r" ]] && continue
-            tc filter add dev "$br" parent 1: protocol ip prio 1 u32 \
-                match ip src "$(subnet_of "$other")" flowid 1:3
-        done
+        # The bridge device's egress carries only what the host routes into the region: the
+        # other region's packets (and the host's own: DNS answers, probes, API replies).
+        # Pod-to-pod traffic inside the region, Services included, is bridged and not shaped.
+        tc qdisc add dev "$(bridge_of "$r")" root tbf rate "${1}mbit" burst 32kb latency 400ms
     done
-    if [[ "$1" == off ]]; then nlog "shape: off"; else nlog "shape: ${1} Mbit/s between the regions' pods"; fi
+    if [[ "$1" == off ]]; then nlog "shape: off"; else nlog "shape: ${1} Mbit/s into each region"; fi
 }
 
 case "${1:-}" in

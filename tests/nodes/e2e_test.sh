@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# Cirrus on real nodes, end to end: the image built from the Dockerfile, the operator installed
+# with `helm install` and running in a pod, a two-region SwarmJob in a namespace that enforces
+# the `restricted` Pod Security Standard, the regions' pods on their own kubelets, the gateways
+# syncing over a link shaped to WAN_MBIT between the regions. Then the same job again while
+# peer pods are deleted (spot reclaims). Checks:
+#   - the operator pod and every job pod run on real nodes (containerd container IDs), each job
+#     pod on a node of its region; the namespace's restricted policy admitted them all
+#   - the job Succeeds; each region's client validation loss is within 3% of the same layout
+#     run by `cirrus-trainer local` on this machine
+#   - the WAN bytes in the job's status equal the sum of the gateways' own counters
+#   - under preemption: the job Succeeds, the deletions are counted as preemptions (not
+#     failures), the loss stays within 3% of the calm run
+#   - `nodes.sh down` leaves the machine as it found it (sysctls, iptables, links, mounts)
+# Needs root and tests/nodes/install.sh + image.sh. Exits non-zero if any check fails.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+# shellcheck source=../operator/lib.sh
+source "$here/../operator/lib.sh"
+need_root "the real-node tests"
+
+NODES=$here/nodes.sh
+BIN=${CIRRUS_TRAINER:-$REPO_DIR/build/bin/cirrus-trainer}
+NS=cirrus-e2e
+STEPS=${E2E_STEPS:-150}
+SYNC_EVERY=${E2E_SYNC_EVERY:-50}
+WAN_MBIT=${E2E_WAN_MBIT:-20}
+TIMEOUT=${E2E_TIMEOUT:-600}
+T0=$SECONDS
+work=$(mktemp -d)
+
+# What `down` must give back: every sysctl it may change, iptables rules, links, addresses
+# and mounts (counters and generated comments left out).
+machine_snapshot() {
+    local s
+    for s in "${SYSCTLS[@]}"; do printf '%s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null)"; done
+    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
+    ip -o link show | awk -F': ' '{ print $2 }' | sort
+    ip -o addr show | awk '{ print $2, $4 }' | sort
+    awk '{ print $2 }' /proc/self/mounts | sort
+    local d
+    for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ -e "$d" ]] && echo "exists $d"; done
+}
+GLOBAL_DIRS_CHECKED=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/pods)
+
+machine_snapshot >"$work/before"
+finish() {
+    local rc=$?
+    trap - EXIT
+    if ((fail)) && [[ -n "${KUBECONFIG:-}" ]]; then
+        echo "--- state at failure"
+        kubectl get sj,pods -A -o wide 2>&1 | head -40
+        kubectl -n cirrus-system logs deploy/cirrus-operator --tail 30 2>&1
+    fi
+    if [[ "${E2E_KEEP:-0}" == 1 ]]; then
+        echo "E2E_KEEP=1: the nodes stay up (tests/nodes/nodes.sh down removes them)"
+    else
+        "$NODES" down >"$work/down.log" 2>&1 || not_ok "nodes.sh down: $(tail -3 "$work/down.log")"
+        machine_snapshot >"$work/after"
+        if diff "$work/before" "$work/after" >"$work/diff"; then
+            ok "nodes.sh down restored sysctls, iptables, links, addresses, mounts, directories"
+        else
+            not_ok "nodes.sh down left the machine changed: $(head -20 "$work/diff")"
+        fi
+    fi
+    rm -rf "$work"
+    echo "real-node end-to-end: $((SECONDS - T0)) s"
+    checks_summary "e2e (real nodes)"
+    exit $(( fail || rc ))
+}
+trap finish EXIT
+
+[[ -x "$BIN" ]] || { not_ok "$BIN is missing (make all)"; exit 1; }
+echo "[e2e] bringing up the control plane and two real nodes"
+"$NODES" up || { not_ok "nodes.sh up"; exit 1; }
+eval "$("$NODES" env)"
+"$NODES" shape "$WAN_MBIT" || not_ok "nodes.sh shape $WAN_MBIT"
+
+# ---- the operator, from the Helm chart ------------------------------------------------------
+HELM=$("$here/../operator/helm_install.sh") || { not_ok "installing helm"; exit 1; }
+echo "[e2e] helm install: the operator in a pod on a real node"
+if "$HELM" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
+    --set operator.image.pullPolicy=Never --wait --timeout 180s >"$work/helm.log" 2>&1; then
+    ok "helm install: the operator Deployment is available"
+else
+    not_ok "helm install: $(tail -5 "$work/helm.log")"
+    exit 1
+fi
+op_pod=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
+check "the operator runs in a containerd container on a real node" \
+    bash -c "kubectl -n cirrus-system get pod $op_pod -o jsonpath='{.status.containerStatuses[0].containerID}' | grep -q '^containerd://'"
+poll_until 60 bash -c "kubectl -n cirrus-system logs $op_pod | grep -q 'acquired the lease'" &&
+    ok "the operator in its pod leads (its Lease, through the kubernetes Service)" ||
+    not_ok "the operator never acquired its Lease: $(kubectl -n cirrus-system logs "$op_pod" --tail 5 2>&1)"
+
+kubectl create namespace "$NS" >/dev/null
+kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/warn=restricted >/dev/null
+
+# ---- a two-region job -----------------------------------------------------------------------
+job_yaml() { # NAME PEERS-PER-STAGE
+    cat <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: $1}
+spec:
+  image: cirrus:latest
+  imagePullPolicy: Never
+  model: {preset: tiny}
+  pipeline: {stages: 2}
+  steps: $STEPS
+  gateway: {syncEvery: $SYNC_EVERY, codec: q8}
+  runPolicy: {backoffLimit: 2}
+  regions:
+$(for r in r1 r2; do cat <<REGION
+    - name: $r
+      peers: {replicas: $2, min: 1}
+      clients: 1
+      resources:
+        # CPU shares in proportion to the work (a pod without requests crawls under load).
+        peer: {requests: {cpu: 300m, memory: 128Mi}}
+        client: {requests: {cpu: 300m, memory: 128Mi}}
+        gateway: {requests: {cpu: 100m, memory: 64Mi}}
+REGION
+done)
+EOF
+}
+sj() { kubectl -n "$NS" get sj "$1" -o jsonpath="$2" 2>/dev/null; }
+phase_is() { [[ "$(sj "$1" '{.status.phase}')" == "$2" ]]; }
+val_loss() { # POD: the client's "done: ..., val loss X, ..." line
+    kubectl -n "$NS" logs "$1" 2>/dev/null | sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' | tail -1
+}
+within() { # A B PERCENT: |A - B| <= PERCENT% of B
+    awk -v a="$1" -v b="$2" -v p="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b > 0 && d <= b * p / 100) }'
+}
+# The sum of the gateways' bytes sent + received, from their own /status (pod IPs are
+# routable from this machine), and the job's status; equal once no sync is in flight.
+gateways_bytes() {
+    local total=0 ip b
+    for ip in $(kubectl -n "$NS" get pods -l cirrus.dev/role=gateway -o jsonpath='{.items[*].status.podIP}'); do
+        b=$(curl -sf "http://$ip:7480/status" | jq -e ".outer.wan_bytes_sent + .outer.wan_bytes_received") || return 1
+        total=$((total + b))
+    done
+    echo "$total"
+}
+
+echo "[e2e] the reference: cirrus-trainer local with the same layout on this machine"
+CIRRUS_CORPUS=${CIRRUS_CORPUS:-$REPO_DIR/build/data/kjv.txt} "$BIN" local --model tiny --stages 2 --peers 1 \
+    --regions 2 --sync-every "$SYNC_EVERY" --codec q8 --steps "$STEPS" >"$work/local.log" 2>&1 ||
+    not_ok "cirrus-trainer local: $(tail -3 "$work/local.log")"
+ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail -1)
+[[ -n "$ref" ]] && ok "local reference: validation loss $ref" || not_ok "no validation loss in the local run's output"
+
+# run_job NAME PEERS CHAOS: applies the job (PEERS per stage), waits for Succeeded (CHAOS=1:
+# meanwhile deletes a random peer pod, as a spot reclaim does, whenever every peer is ready and
+# the last deletion is 20 s old: a stage keeps a peer that holds its state); sets deleted (how
+# many) and checks placement.
+deleted=0
+run_job() {
+    local name=$1 peers=$2 chaos=$3 outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
+    local all=$((peers * 4))/$((peers * 4))
+    deleted=0
+    job_yaml "$name" "$peers" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
+        { not_ok "apply $name: $(cat "$work/apply.log")"; return 1; }
+    grep -qi warning "$work/apply.log" && not_ok "apply $name warned: $(cat "$work/apply.log")"
+    until phase_is "$name" Succeeded; do
+        if phase_is "$name" Failed || ((SECONDS > deadline)); then
+            not_ok "$name did not succeed within ${TIMEOUT}s: phase '$(sj "$name" '{.status.phase}')', step $(sj "$name" '{.status.step}')"
+            return 1
+        fi
+        # Placement while the pods exist (peers and gateways go when the job succeeds).
+        if ((!placed)) && [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
+            check_placement "$name"
+            placed=1
+        fi
+        if ((chaos && SECONDS >= next)) && [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
+            p=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$name,cirrus.dev/role=peer" \
+                --field-selector status.phase=Running -o name | shuf -n 1)
+            if [[ -n "$p" ]] && kubectl -n "$NS" delete "$p" --wait=false >/dev/null 2>&1; then
+                deleted=$((deleted + 1))
+                echo "[e2e] preempted $p (step $(sj "$name" '{.status.step}'))"
+            fi
+            next=$((SECONDS + 20))
+        fi
+        outer=$(sj "$name" '{.status.outerStep}')
+        if ((!chaos)) && [[ -z "${bytes_checked:-}" ]] && ((${outer:-0} >= 1)); then
+            check_wan_bytes "$name" && bytes_checked=1
+        fi
+        sleep 2
+    done
+    ok "$name Succeeded in $((SECONDS - deadline + TIMEOUT)) s (step $(sj "$name" '{.status.step}'), outer step $(sj "$name" '{.status.outerStep}'))"
+}
+
+# Once an outer step has been taken: the status's wanBytes must catch up with the gateways'
+# counters (the operator reads them every 10 s) while no sync is moving bytes.
+check_wan_bytes() {
+    local name=$1 i gw st
+    for ((i = 0; i < 30; i++)); do
+        gw=$(gateways_bytes) && st=$(sj "$name" '{.status.wanBytes}') && [[ -n "$st" && "$gw" == "$st" && "$gw" -gt 0 ]] && {
+            ok "the job's status wanBytes ($st) = the gateways' bytes sent + received"
+            check_link_rates
+            return 0
+        }
+        sleep 1
+    done
+    not_ok "the job's status wanBytes '$st' never matched the gateways' counters '$gw'"
+    return 0
+}
+
+# The gateways' measured link rates: below the shaped rate (so the WAN is real), above zero.
+check_link_rates() {
+    local ip rates r
+    for ip in $(kubectl -n "$NS" get pods -l cirrus.dev/role=gateway -o jsonpath='{.items[*].status.podIP}'); do
+        rates+=" $(curl -sf "http://$ip:7480/status" | jq -r '.outer.links[].rate_mbit_s')"
+    done
+    for r in $rates; do
+        awk -v r="$r" -v m="$WAN_MBIT" 'BEGIN { exit !(r > 0 && r <= m * 1.15) }' || {
+            not_ok "a gateway link measured ${r} Mbit/s: not within (0, ${WAN_MBIT} Mbit/s + 15%]"
+            return
+        }
+    done
+    [[ -n "${rates// /}" ]] && ok "the gateways' links measured${rates} Mbit/s (shaped to ${WAN_MBIT})" ||
+        not_ok "no link rates in the gateways' /status"
+}
+
+check_placement() { # NAME: every pod of the job on a real node of its own region
+    local bad
+    bad=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1" -o json | jq -r '.items[] |
+        select((.spec.nodeName // "") != "cirrus-" + .metadata.labels["cirrus.dev/region"]
+            or ((.status.containerStatuses // [])[0].containerID // "containerd://" | startswith("containerd://") | not))
+        | .metadata.name')
+    expect_eq "$1: pods not on a real node of their region" "(none)" "${bad:-(none)}"
+}
+
+check_losses() { # NAME REFERENCE WHAT
+    local r c v
+    for r in r1 r2; do
+        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client" -o jsonpath='{.items[0].metadata.name}')
+        v=$(val_loss "$c")
+        if within "$v" "$2" 3; then
+            ok "$1 region $r: validation loss $v within 3% of $3 $2"
+        else
+            not_ok "$1 region $r: validation loss '$v' not within 3% of $3 $2"
+        fi
+    done
+}
+
+echo "[e2e] job calm: two regions, ${STEPS} steps, outer step every ${SYNC_EVERY} over ${WAN_MBIT} Mbit/s"
+run_job calm 1 0
+[[ -n "${bytes_checked:-}" ]] || not_ok "no outer step was seen while the calm job ran: wanBytes never checked"
+check_losses calm "$ref" "local's"
+calm_loss=$(val_loss "$(kubectl -n "$NS" get pods -l cirrus.dev/job=calm,cirrus.dev/region=r1,cirrus.dev/role=client -o jsonpath='{.items[0].metadata.name}')")
+events=$(kubectl -n "$NS" get events -o json | jq -r '[.items[] | select(.message | test("violate|forbidden"; "i"))] | length')
+expect_eq "admission refusals or PodSecurity violations in $NS" 0 "$events"
+
+echo "[e2e] job chaos: the same with 2 peers per stage, a random peer pod deleted every ~20 s"
+run_job chaos 2 1
+check_losses chaos "${calm_loss:-0}" "the calm run's"
+pre=$(sj chaos '{.status.regions[*].preemptions}' | tr ' ' '+')
+failures=$(sj chaos '{.status.regions[*].failures}' | tr ' ' '+')
+if ((deleted > 0)) && (( ${pre:-0} >= deleted )); then
+    ok "chaos: $deleted deletions counted as $((pre)) preemptions"
+else
+    not_ok "chaos: $deleted peer pods deleted, status preemptions '$pre'"
+fi
+expect_eq "chaos: failures counted" 0 "$((${failures:-0}))"
