@@ -1,11 +1,12 @@
 # Cirrus image: the operator Deployment runs /usr/local/bin/cirrus-operator from it, and the
 # pods the operator creates run `cirrus-trainer ROLE ...` (stage, client, gateway).
 #
-# --build-arg VARIANT=cuda gives the CUDA image: cirrus-trainer built by `make cuda`
-# (--backend cpu|cuda) with the CUDA runtime and cuBLAS libraries it needs; the GPU driver
-# comes from the host (NVIDIA container toolkit). The default, VARIANT=cpu, builds exactly
-# the CPU image (the CUDA stages are not built then).
-ARG VARIANT=cpu
+# The default target is the CPU image. `--target cuda` gives the CUDA image: cirrus-trainer
+# built by `make cuda` (--backend cpu|cuda) with the CUDA runtime and cuBLAS libraries it
+# needs; the GPU driver comes from the host (NVIDIA container toolkit). Builders that skip
+# unused stages (BuildKit, buildah) do not build the CUDA stages for the CPU image. (A target
+# rather than a build argument naming the stage: buildah 1.28, Debian 12's, cannot resolve a
+# stage name that comes from an argument.)
 
 FROM debian:12-slim AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -37,23 +38,26 @@ RUN CIRRUS_CACHE=/opt/cirrus-cache make MARCH=-march=x86-64-v3 cuda \
              /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcublas.so.13 \
              /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcublasLt.so.13 /opt/cirrus-cuda/
 
-FROM debian:12-slim AS runtime-cpu
+FROM debian:12-slim AS cpu
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libopenblas0-openmp libgomp1 zlib1g libxxhash0 libmicrohttpd12 libjansson4 libcurl4 \
         libssl3 libzstd1 libyaml-0-2 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 65532 --home /var/lib/cirrus cirrus
 COPY --from=build /src/build/bin/ /usr/local/bin/
-
-FROM runtime-cpu AS runtime-cuda
-COPY --from=build-cuda /opt/cirrus-cuda/ /usr/local/lib/cirrus-cuda/
-COPY --from=build-cuda /src/build/cuda/bin/cirrus-trainer /usr/local/bin/cirrus-trainer
-RUN echo /usr/local/lib/cirrus-cuda > /etc/ld.so.conf.d/cirrus-cuda.conf && ldconfig
-
-FROM runtime-${VARIANT}
 # The default corpus (the King James Bible) for clients given no --data.
 COPY --from=build /src/build/data/kjv.txt /usr/share/cirrus/kjv.txt
 ENV CIRRUS_CORPUS=/usr/share/cirrus/kjv.txt
 USER 65532
 ENTRYPOINT ["/usr/local/bin/cirrus-trainer"]
 CMD ["help"]
+
+FROM cpu AS cuda
+USER root
+COPY --from=build-cuda /opt/cirrus-cuda/ /usr/local/lib/cirrus-cuda/
+COPY --from=build-cuda /src/build/cuda/bin/cirrus-trainer /usr/local/bin/cirrus-trainer
+RUN echo /usr/local/lib/cirrus-cuda > /etc/ld.so.conf.d/cirrus-cuda.conf && ldconfig
+USER 65532
+
+# The default: the CPU image.
+FROM cpu
