@@ -215,6 +215,11 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
         cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt: client 0 writes the checkpoints");
         return cli_fail_input(cmd, &err);
     }
+    /* A client resumes from its checkpoints on its own (a pod restarted, a job unsuspended):
+     * from the newest complete one in --ckpt, if there is one, unless the stage peers are
+     * already past it. Checkpoints carry the job id: another job's is refused. */
+    o->resume = o->ckpt_dir != NULL;
+    o->job = job;
     coord_client *cc = coord_open(coordinator, job, &err);
     if (coordinator && !cc) return cli_fail_input(cmd, &err);
     if (connect_pipeline(&p, src, cc, coordinator, job, &o->model, micro, T, codec, &err)) {
