@@ -113,6 +113,38 @@ static int save_checkpoint(const train_options *o, const train_executor *ex,
     return rc;
 }
 
+/* The newest complete checkpoint of o->ckpt_dir, refused unless it fits this run: the
+ * model shape and job (ckpt_load_newest), the seed, and a step within --steps. */
+static int load_checked(const train_options *o, ckpt_meta *meta, float *p, float *m, float *v,
+                        char *used, size_t used_cap, cirrus_error *skipped, cirrus_error *err)
+{
+    int rc = ckpt_load_newest(o->ckpt_dir, &o->model, o->job, meta, p, m, v, used, used_cap,
+                              skipped, err);
+    if (!rc && meta->seed != o->seed)
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "checkpoint %s was trained with --seed %llu, "
+                         "not %llu (the data order and the peers' initialisation follow it)",
+                         used, (unsigned long long)meta->seed, (unsigned long long)o->seed);
+    if (!rc && meta->step > (uint64_t)o->steps)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "checkpoint %s is at step %llu, past --steps %d",
+                         used, (unsigned long long)meta->step, o->steps);
+    return rc;
+}
+
+int train_resume_check(const train_options *o, cirrus_error *err)
+{
+    if (!o->resume || !o->ckpt_dir) return 0;
+    const size_t n = gpt_num_params(&o->model);
+    float *buf = malloc(sizeof(float) * n * 3);
+    if (!buf) return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a checkpoint's buffers");
+    ckpt_meta meta;
+    char used[4096];
+    cirrus_error skipped;
+    int rc = load_checked(o, &meta, buf, buf + n, buf + 2 * n, used, sizeof used, &skipped,
+                          err);
+    free(buf);
+    return rc == CIRRUS_ENOENT ? 0 : rc;
+}
+
 /* Continue from the newest complete checkpoint of o->ckpt_dir (CIRRUS_ENOENT: there is
  * none): the parameters and AdamW moments (into this process's model, or installed on the
  * stage peers unless they are already at or past the checkpoint's step: a replaced client
@@ -130,15 +162,10 @@ static int resume(const train_options *o, const train_executor *ex, gpt_model *m
           *v = buf ? buf + 2 * n : opt->v;
     ckpt_meta meta;
     char used[4096];
-    int rc = ckpt_load_newest(o->ckpt_dir, &o->model, o->job, &meta, p, m, v, used,
-                              sizeof used, err);
-    if (!rc && meta.seed != o->seed)
-        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "checkpoint %s was trained with --seed %llu, "
-                         "not %llu (the data order and the peers' initialisation follow it)",
-                         used, (unsigned long long)meta.seed, (unsigned long long)o->seed);
-    if (!rc && meta.step > (uint64_t)o->steps)
-        rc = cirrus_fail(err, CIRRUS_EINVAL, "checkpoint %s is at step %llu, past --steps %d",
-                         used, (unsigned long long)meta.step, o->steps);
+    cirrus_error skipped;
+    int rc = load_checked(o, &meta, p, m, v, used, sizeof used, &skipped, err);
+    if (skipped.msg[0] && !o->quiet)
+        log_warn("%s: refused; resuming from the previous checkpoint", skipped.msg);
     uint64_t at = 0;
     if (!rc && o->executor && ex->first_step) at = ex->first_step(ex->ctx);
     if (!rc && o->executor && at >= meta.step && at > 0) {

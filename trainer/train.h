@@ -88,4 +88,10 @@ typedef struct train_result {
 
 int train_run(const train_options *o, train_result *res, cirrus_error *err);
 
+/* Whether train_run could resume o (o->resume, o->ckpt_dir): 0 when there is nothing to
+ * resume from or the newest complete checkpoint fits the run (shape, job, seed, step),
+ * else train_run's error. For a role that would start processes first (`local`, `client`):
+ * a checkpoint it cannot use is refused before anything runs. Reads the whole file. */
+int train_resume_check(const train_options *o, cirrus_error *err);
+
 #endif

@@ -1,7 +1,6 @@
 #include "checkpoint.h"
 
 #include "../../common/le.h"
-#include "../../common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -456,8 +455,9 @@ static int ckpt_damaged(int rc)
 
 int ckpt_load_newest(const char *dir, const gpt_config *expect, const char *job,
                      ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
-                     char *used, size_t used_cap, cirrus_error *err)
+                     char *used, size_t used_cap, cirrus_error *skipped, cirrus_error *err)
 {
+    if (skipped) *skipped = (cirrus_error){0};
     if (!expect) return cirrus_fail(err, CIRRUS_EINVAL, "checkpoint load: no model given");
     const char *names[2] = {CKPT_FILE, CKPT_PREV_FILE};
     cirrus_error newest = {0};
@@ -473,7 +473,7 @@ int ckpt_load_newest(const char *dir, const gpt_config *expect, const char *job,
         if (i == 0) newest = e;
         if (i == 0 && rc == CIRRUS_ENOENT) continue; /* a crash between the renames */
         if (i == 0 && ckpt_damaged(rc)) {
-            log_warn("%s: refused; trying the previous checkpoint", e.msg);
+            if (skipped) *skipped = e;
             continue;
         }
         /* The previous one missing: the newest's failure is the one to tell. */

@@ -54,13 +54,13 @@ int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_
 
 /* A resume's load: the newest complete checkpoint of dir into buffers of the whole model
  * (gpt_num_params(expect) floats each). That is DIR/cirrus.ckpt, or, when it is damaged
- * (truncated, checksum, bad header) or missing, DIR/cirrus.ckpt.prev; a damaged newest one
- * is named in a one-line warning. A checkpoint of another model shape, or of another job
- * when job is not NULL, is refused (CIRRUS_EMISMATCH) without trying the previous one: it
- * is the same job's. CIRRUS_ENOENT when dir holds neither; *used (if not NULL) receives
- * the path of the file loaded. */
+ * (truncated, checksum, bad header) or missing, DIR/cirrus.ckpt.prev; why a damaged newest
+ * one was passed over goes to *skipped (its message names the file; "" when it was not).
+ * A checkpoint of another model shape, or of another job when job is not NULL, is refused
+ * (CIRRUS_EMISMATCH) without trying the previous one: it is the same job's. CIRRUS_ENOENT
+ * when dir holds neither; *used (if not NULL) receives the path of the file loaded. */
 int ckpt_load_newest(const char *dir, const gpt_config *expect, const char *job,
                      ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
-                     char *used, size_t used_cap, cirrus_error *err);
+                     char *used, size_t used_cap, cirrus_error *skipped, cirrus_error *err);
 
 #endif

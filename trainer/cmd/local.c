@@ -385,6 +385,7 @@ int roles_cmd_local(int argc, char **argv)
                     "does not resume (give a new directory)", o.ckpt_dir, n_regions);
         return cli_fail_input("local", &err);
     }
+    if (n_regions == 1 && roles_resume_setup("local", &o, job)) return EXIT_BAD_INPUT;
     if (wan.sync_every) {
         if (wan_local_regions(&wan, n_regions, job, &region, &wan_fd, &tls, region_names,
                               wan_addrs, regions, &err)) {
