@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "../common/clock.h"
@@ -94,14 +93,6 @@ static void format_eta(char *buf, size_t len, double s)
         snprintf(buf, len, "%dm%02ds", m, sec);
 }
 
-static int ckpt_exists(const char *dir)
-{
-    char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_FILE);
-    return stat(path, &sb) == 0;
-}
-
 /* Write the checkpoint of meta->step: from this process's model, or gathered from where
  * the executor keeps it (the stage peers), checked to be at the same step. */
 static int save_checkpoint(const train_options *o, const train_executor *ex,
@@ -118,6 +109,82 @@ static int save_checkpoint(const train_options *o, const train_executor *ex,
         rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the peers have taken %llu steps, not %llu",
                          (unsigned long long)steps, (unsigned long long)meta->step);
     if (!rc) rc = ckpt_save(o->ckpt_dir, meta, buf, buf + n, buf + 2 * n, err);
+    free(buf);
+    return rc;
+}
+
+/* The newest complete checkpoint of o->ckpt_dir, refused unless it fits this run: the
+ * model shape and job (ckpt_load_newest), the seed, and a step within --steps. */
+static int load_checked(const train_options *o, ckpt_meta *meta, float *p, float *m, float *v,
+                        char *used, size_t used_cap, cirrus_error *skipped, cirrus_error *err)
+{
+    int rc = ckpt_load_newest(o->ckpt_dir, &o->model, o->job, meta, p, m, v, used, used_cap,
+                              skipped, err);
+    if (!rc && meta->seed != o->seed)
+        rc = cirrus_fail(err, CIRRUS_EMISMATCH, "checkpoint %s was trained with --seed %llu, "
+                         "not %llu (the data order and the peers' initialisation follow it)",
+                         used, (unsigned long long)meta->seed, (unsigned long long)o->seed);
+    if (!rc && meta->step > (uint64_t)o->steps)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "checkpoint %s is at step %llu, past --steps %d",
+                         used, (unsigned long long)meta->step, o->steps);
+    return rc;
+}
+
+int train_resume_check(const train_options *o, cirrus_error *err)
+{
+    if (!o->resume || !o->ckpt_dir) return 0;
+    const size_t n = gpt_num_params(&o->model);
+    float *buf = malloc(sizeof(float) * n * 3);
+    if (!buf) return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a checkpoint's buffers");
+    ckpt_meta meta;
+    char used[4096];
+    cirrus_error skipped;
+    int rc = load_checked(o, &meta, buf, buf + n, buf + 2 * n, used, sizeof used, &skipped,
+                          err);
+    free(buf);
+    return rc == CIRRUS_ENOENT ? 0 : rc;
+}
+
+/* Continue from the newest complete checkpoint of o->ckpt_dir (CIRRUS_ENOENT: there is
+ * none): the parameters and AdamW moments (into this process's model, or installed on the
+ * stage peers unless they are already at or past the checkpoint's step: a replaced client
+ * whose peers trained on), the step counter, and so the learning rate's place in the
+ * schedule, and the data loader's position. Flags that shape the schedule (--steps, --lr,
+ * --warmup) are this run's: the operator starts every pod of a job with the same ones. */
+static int resume(const train_options *o, const train_executor *ex, gpt_model *model,
+                  adamw *opt, data_loader *train, uint64_t *step, cirrus_error *err)
+{
+    const size_t n = gpt_num_params(&o->model);
+    float *buf = NULL;
+    if (o->executor && !(buf = malloc(sizeof(float) * n * 3)))
+        return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a checkpoint's buffers");
+    float *p = buf ? buf : model->params, *m = buf ? buf + n : opt->m,
+          *v = buf ? buf + 2 * n : opt->v;
+    ckpt_meta meta;
+    char used[4096];
+    cirrus_error skipped;
+    int rc = load_checked(o, &meta, p, m, v, used, sizeof used, &skipped, err);
+    if (skipped.msg[0] && !o->quiet)
+        log_warn("%s: refused; resuming from the previous checkpoint", skipped.msg);
+    uint64_t at = 0;
+    if (!rc && o->executor && ex->first_step) at = ex->first_step(ex->ctx);
+    if (!rc && o->executor && at >= meta.step && at > 0) {
+        /* The peers trained past it (this client replaced one that wrote it): their state
+         * is newer; train_run carries on from them. */
+        if (!o->quiet)
+            log_info("checkpoint %s is at step %llu, the stage peers at %llu: training goes "
+                     "on from the peers", used, (unsigned long long)meta.step,
+                     (unsigned long long)at);
+        free(buf);
+        return CIRRUS_ENOENT;
+    }
+    if (!rc && o->executor) rc = ex->install(ex->ctx, p, m, v, meta.step, err);
+    if (!rc) rc = data_loader_seek(train, meta.data_pos, err);
+    if (!rc) {
+        *step = meta.step;
+        if (!o->quiet)
+            log_info("resuming from step %llu (%s)", (unsigned long long)meta.step, used);
+    }
     free(buf);
     return rc;
 }
@@ -145,9 +212,13 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
                          B, T, o->model.seq_len);
         goto out;
     }
-    if (o->executor && o->resume) {
-        rc = cirrus_fail(err, CIRRUS_EINVAL, "--resume needs the model in this process "
-                         "(stage peers cannot be loaded from a checkpoint yet)");
+    if (o->executor && o->resume && !o->executor->install) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "this executor cannot resume from a checkpoint");
+        goto out;
+    }
+    if (o->job && strlen(o->job) > CKPT_JOB_MAX) {
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "job id '%s' is over %d bytes", o->job,
+                         CKPT_JOB_MAX);
         goto out;
     }
     if (o->executor && o->ckpt_dir && !o->executor->gather) {
@@ -159,7 +230,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, gpt_num_params(&o->model)};
     local_exec local = {&model, NULL, &opt};
-    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL, NULL};
+    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL, NULL, NULL};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
         if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
@@ -178,30 +249,30 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         goto out;
     }
 
-    if (o->metrics && !(metrics = fopen(o->metrics, o->resume ? "a" : "w"))) {
-        rc = cirrus_fail(err, CIRRUS_EIO, "cannot write metrics file %s", o->metrics);
-        goto out;
-    }
-
     uint64_t step = 0;
-    if (o->resume && o->ckpt_dir && ckpt_exists(o->ckpt_dir)) {
-        ckpt_meta meta;
-        if ((rc = ckpt_load(o->ckpt_dir, &o->model, &all, &meta, model.params, opt.m, opt.v,
-                            err)))
-            goto out;
-        if ((rc = data_loader_seek(train, meta.data_pos, err))) goto out;
-        step = meta.step;
-        if (!o->quiet) log_info("resumed from %s at step %llu", o->ckpt_dir,
-                                (unsigned long long)step);
+    int resumed = 0;
+    if (o->resume && o->ckpt_dir && (rc = resume(o, ex, &model, &opt, train, &step, err)) != 0) {
+        if (rc != CIRRUS_ENOENT) goto out;
+        rc = 0; /* nothing to resume from: a new run */
+    } else if (o->resume && o->ckpt_dir) {
+        resumed = 1;
     }
     /* A model that lives elsewhere (stage peers) may have trained already: a client that
      * replaces a lost one carries on at the peers' step, with the data and learning rate of
-     * that step, instead of starting the schedule again. */
-    if (o->executor && ex->first_step && (step = ex->first_step(ex->ctx)) > 0) {
-        if (step > (uint64_t)o->steps) step = (uint64_t)o->steps;
+     * that step, instead of starting the schedule again. The data position is found again
+     * by reading that many batches from the start (the loader is deterministic). */
+    uint64_t at = o->executor && ex->first_step ? ex->first_step(ex->ctx) : 0;
+    if (at > step) {
+        step = at < (uint64_t)o->steps ? at : (uint64_t)o->steps;
+        if ((rc = data_loader_seek(train, (data_position){0, 0}, err))) goto out;
         for (uint64_t i = 0; i < step; i++) data_loader_next(train, x, y);
         if (!o->quiet) log_info("the model has taken %llu steps: training goes on from there",
                                 (unsigned long long)step);
+    }
+
+    if (o->metrics && !(metrics = fopen(o->metrics, resumed ? "a" : "w"))) {
+        rc = cirrus_fail(err, CIRRUS_EIO, "cannot write metrics file %s", o->metrics);
+        goto out;
     }
 
     double t0 = clock_now_s(), t_last = t0;
@@ -258,6 +329,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             ckpt_meta meta = {.cfg = o->model, .step = step + 1,
                               .data_pos = data_loader_tell(train), .rng_state = o->seed,
                               .seed = o->seed, .span = all};
+            snprintf(meta.job, sizeof meta.job, "%s", o->job ? o->job : "");
             if ((rc = save_checkpoint(o, ex, &model, &opt, &meta, err))) goto out;
         }
         if (stopping) {

@@ -35,6 +35,11 @@ typedef struct train_executor {
     /* Optimizer steps the model has taken where it lives (0 for a new one); training
      * starts there. NULL: 0. */
     uint64_t (*first_step)(void *ctx);
+    /* A checkpoint's whole state (as gather returns it) installed where the model lives,
+     * which has then taken `steps` optimizer steps: a resume. NULL: this executor cannot
+     * resume from a checkpoint. */
+    int (*install)(void *ctx, const float *params, const float *adam_m, const float *adam_v,
+                   uint64_t steps, cirrus_error *err);
 } train_executor;
 
 typedef struct train_options {
@@ -47,7 +52,9 @@ typedef struct train_options {
     double val_fraction;
     const char *ckpt_dir; /* NULL: no checkpoints */
     int ckpt_every;     /* steps between checkpoints (0: only at the end) */
-    int resume;         /* continue from ckpt_dir if it holds a checkpoint */
+    int resume;         /* continue from the newest complete checkpoint in ckpt_dir, if any */
+    const char *job;    /* the job id checkpoints carry; a resume refuses another job's
+                         * (NULL: "", and a resume accepts any job's) */
     uint64_t seed;
     int json;           /* one JSON object per line on stdout instead of human lines */
     int quiet;          /* no progress output (tests) */
@@ -80,5 +87,11 @@ typedef struct train_result {
 } train_result;
 
 int train_run(const train_options *o, train_result *res, cirrus_error *err);
+
+/* Whether train_run could resume o (o->resume, o->ckpt_dir): 0 when there is nothing to
+ * resume from or the newest complete checkpoint fits the run (shape, job, seed, step),
+ * else train_run's error. For a role that would start processes first (`local`, `client`):
+ * a checkpoint it cannot use is refused before anything runs. Reads the whole file. */
+int train_resume_check(const train_options *o, cirrus_error *err);
 
 #endif

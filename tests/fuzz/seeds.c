@@ -107,7 +107,8 @@ static void q8_seeds(void)
 
 static void ckpt_seed(const char *name, const gpt_span *span, const char *tmp)
 {
-    ckpt_meta m = {{1, 4, 1, 4, GPT_VOCAB}, 12, {1, 345}, 0x9e3779b97f4a7c15ull, 1337, *span};
+    ckpt_meta m = {{1, 4, 1, 4, GPT_VOCAB}, 12, {1, 345}, 0x9e3779b97f4a7c15ull, 1337, *span,
+                   "cirrus-seed-job"};
     float *p = malloc(span->count * sizeof(float) * 3);
     if (!p) abort();
     for (size_t i = 0; i < 3 * span->count; i++) p[i] = (float)cos((double)i) * 0.02f;

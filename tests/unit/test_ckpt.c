@@ -10,6 +10,11 @@
 #include "test.h"
 
 #define SENTINEL 0xA5u
+#define ASSERT_STR_EQ(a, b)                                                      \
+    do {                                                                         \
+        if (strcmp((a), (b)) != 0) TEST_FAIL("%s == %s: '%s' != '%s'", #a, #b, (a), (b)); \
+    } while (0)
+#define HDR 152 /* the header's bytes (checkpoint.c) */
 
 /* A small model's state, filled from a seed; every bit pattern is significant, including
  * -0.0, subnormals, infinities and a NaN with a payload, so "bit-exact" means bit-exact. */
@@ -242,7 +247,7 @@ static size_t save_state(state *s, uint64_t seed, unsigned char **bytes)
     ASSERT_OK(ckpt_save(ck_dir(), &s->meta, s->p, s->m, s->v, &err));
     ckpt_file(path, sizeof path, "cirrus.ckpt");
     *bytes = read_all(path, &len);
-    ASSERT_EQ(len, 88 + 12 * s->meta.span.count + 4); /* header, 3 arrays, CRC */
+    ASSERT_EQ(len, HDR + 12 * s->meta.span.count + 4); /* header, 3 arrays, CRC */
     return len;
 }
 
@@ -264,7 +269,7 @@ TEST(ckpt_flipped_payload_byte_is_corrupt)
     state s;
     unsigned char *orig;
     char path[512];
-    size_t len = save_state(&s, 1, &orig), n = s.meta.span.count * 4, payload = 88;
+    size_t len = save_state(&s, 1, &orig), n = s.meta.span.count * 4, payload = HDR;
     ckpt_file(path, sizeof path, "cirrus.ckpt");
     /* The first, a middle and the last byte of each array, and the trailer itself. */
     size_t where[] = {payload, payload + n / 2, payload + n - 1, payload + n,
@@ -292,14 +297,15 @@ TEST(ckpt_flipped_header_byte_is_refused)
     char path[512];
     size_t len = save_state(&s, 3, &orig);
     ckpt_file(path, sizeof path, "cirrus.ckpt");
-    for (size_t i = 0; i < 88; i++) {
+    for (size_t i = 0; i < HDR; i++) {
         orig[i] ^= 0x10;
         write_all(path, orig, len);
         expect_refused(ANY_ERROR, "checkpoint");
         orig[i] ^= 0x10;
     }
-    /* Fields only the checksum protects are reported as exactly that: step, RNG, seed. */
-    size_t checksum_only[] = {32, 39, 56, 64, 71};
+    /* Fields only the checksum protects are reported as exactly that: step, RNG, seed, the
+     * job id's bytes. */
+    size_t checksum_only[] = {32, 39, 56, 64, 71, 88, 120, 150};
     for (size_t i = 0; i < sizeof checksum_only / sizeof checksum_only[0]; i++) {
         orig[checksum_only[i]] ^= 0x10;
         write_all(path, orig, len);
@@ -320,7 +326,8 @@ TEST(ckpt_truncated_is_refused)
     /* Empty, inside the magic, inside the header, inside each array, without the trailer,
      * one byte short. */
     size_t n = s.meta.span.count * 4;
-    size_t cuts[] = {0, 5, 10, 40, 87, 88, 88 + n / 2, 88 + 2 * n + 3, len - 4, len - 1};
+    size_t cuts[] = {0, 5, 10, 40, 87, 88, HDR - 1, HDR, HDR + n / 2, HDR + 2 * n + 3, len - 4,
+                     len - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         write_all(path, orig, cuts[i]);
         expect_refused(CIRRUS_ETRUNC, "truncated");
@@ -402,7 +409,7 @@ TEST(ckpt_crash_during_save_keeps_old)
     state_fill(&new_s, 2, whole());
     new_s.meta.step = 999999;
     ckpt_file(tmp, sizeof tmp, "cirrus.ckpt.tmp");
-    unsigned long long afters[] = {0, 1, 50, 88, 88 + 4 * 100, len / 2, len - 4, len - 1, len,
+    unsigned long long afters[] = {0, 1, 50, HDR, HDR + 4 * 100, len / 2, len - 4, len - 1, len,
                                    (unsigned long long)len * 10};
     for (size_t i = 0; i < sizeof afters / sizeof afters[0]; i++) {
         crashing_save(&new_s, afters[i]);
@@ -441,4 +448,123 @@ TEST(ckpt_read_meta_before_allocating)
     ASSERT_EQ(b.meta.span.count, m.span.count - 1);
     free(bytes);
     state_free(&s), state_free(&b);
+}
+
+/* A load for a resume: the newest complete checkpoint, of this job. */
+static int load_newest(const char *job, state *b, char *used, cirrus_error *skipped,
+                       cirrus_error *err)
+{
+    gpt_config cfg = small_cfg();
+    buffers_sentinel(b, whole().count);
+    return ckpt_load_newest(ck_dir(), &cfg, job, &b->meta, b->p, b->m, b->v, used, 600,
+                            skipped, err);
+}
+
+TEST(ckpt_job_is_kept_and_checked)
+{
+    state s, b;
+    cirrus_error err = {0}, skipped;
+    char used[600], want[700];
+    state_fill(&s, 4, whole());
+    snprintf(s.meta.job, sizeof s.meta.job, "%s", "job-a");
+    ASSERT_OK(ckpt_save(ck_dir(), &s.meta, s.p, s.m, s.v, &err));
+    /* Another job's checkpoint: refused, nothing written, the file named. */
+    ASSERT_EQ(load_newest("job-b", &b, used, &skipped, &err), CIRRUS_EMISMATCH);
+    snprintf(want, sizeof want, "checkpoint %s/cirrus.ckpt belongs to job 'job-a', not to "
+             "this job 'job-b'", ck_dir());
+    ASSERT_STR_EQ(err.msg, want);
+    assert_untouched(&b, whole().count);
+    state_free(&b);
+    /* This job's, or with no job asked (train --resume): loaded, with its job. */
+    ASSERT_OK(load_newest("job-a", &b, used, &skipped, &err));
+    assert_same_state(&s, &b);
+    ASSERT_STR_EQ(b.meta.job, "job-a");
+    ASSERT_STR_EQ(skipped.msg, "");
+    state_free(&b);
+    ASSERT_OK(load_newest(NULL, &b, used, &skipped, &err));
+    state_free(&b);
+    /* A job id longer than the header holds is refused when saving. */
+    memset(s.meta.job, 'x', sizeof s.meta.job);
+    ASSERT_EQ(ckpt_save(ck_dir(), &s.meta, s.p, s.m, s.v, &err), CIRRUS_EINVAL);
+    ASSERT(strstr(err.msg, "job id over 63 bytes") != NULL);
+    state_free(&s);
+}
+
+TEST(ckpt_damaged_newest_falls_back_to_previous)
+{
+    state s1, s2, b;
+    unsigned char *bytes;
+    size_t len;
+    char path[512], prev[512], used[600], want[700];
+    cirrus_error err = {0}, skipped;
+    ckpt_file(path, sizeof path, "cirrus.ckpt");
+    ckpt_file(prev, sizeof prev, "cirrus.ckpt.prev");
+    state_fill(&s1, 5, whole());
+    state_fill(&s2, 6, whole());
+    s1.meta.seed = s2.meta.seed; /* the same run at two steps */
+    ASSERT_OK(ckpt_save(ck_dir(), &s1.meta, s1.p, s1.m, s1.v, &err));
+    ASSERT_OK(ckpt_save(ck_dir(), &s2.meta, s2.p, s2.m, s2.v, &err));
+    /* The newest is loaded while it is whole. */
+    ASSERT_OK(load_newest(NULL, &b, used, &skipped, &err));
+    assert_same_state(&s2, &b);
+    ASSERT_STR_EQ(used, path);
+    state_free(&b);
+    /* Damaged (a flipped payload bit): refused, named, and the previous one loaded. */
+    bytes = read_all(path, &len);
+    bytes[len / 2] ^= 0x04;
+    write_all(path, bytes, len);
+    ASSERT_OK(load_newest(NULL, &b, used, &skipped, &err));
+    assert_same_state(&s1, &b);
+    ASSERT_STR_EQ(used, prev);
+    snprintf(want, sizeof want, "checkpoint %s: checksum mismatch", path);
+    ASSERT_STR_EQ(skipped.msg, want);
+    state_free(&b);
+    /* Cut short: the same. */
+    write_all(path, bytes, len / 3);
+    ASSERT_OK(load_newest(NULL, &b, used, &skipped, &err));
+    assert_same_state(&s1, &b);
+    ASSERT(strstr(skipped.msg, "truncated") != NULL);
+    state_free(&b);
+    /* Missing (a crash between save's two renames): the previous one, nothing to tell. */
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_OK(load_newest(NULL, &b, used, &skipped, &err));
+    assert_same_state(&s1, &b);
+    ASSERT_STR_EQ(skipped.msg, "");
+    state_free(&b);
+    /* Both damaged: the previous one's failure, nothing written. */
+    write_all(path, bytes, len / 3);
+    write_all(prev, bytes, 10);
+    ASSERT_EQ(load_newest(NULL, &b, used, &skipped, &err), CIRRUS_ETRUNC);
+    ASSERT(strstr(err.msg, prev) != NULL);
+    assert_untouched(&b, whole().count);
+    state_free(&b);
+    /* Neither there: ENOENT, a new run. */
+    unlink(path);
+    unlink(prev);
+    ASSERT_EQ(load_newest(NULL, &b, used, &skipped, &err), CIRRUS_ENOENT);
+    state_free(&b);
+    free(bytes);
+    state_free(&s1), state_free(&s2);
+}
+
+TEST(ckpt_newest_of_another_shape_is_not_passed_over)
+{
+    state s1, b;
+    cirrus_error err = {0}, skipped;
+    char used[600];
+    state_fill(&s1, 7, whole());
+    ASSERT_OK(ckpt_save(ck_dir(), &s1.meta, s1.p, s1.m, s1.v, &err));
+    ASSERT_OK(ckpt_save(ck_dir(), &s1.meta, s1.p, s1.m, s1.v, &err));
+    gpt_config other = small_cfg();
+    other.n_embd = 32;
+    buffers_sentinel(&b, gpt_num_params(&other));
+    /* A whole file of another model is that, not damage: no fallback to the previous. */
+    ASSERT_EQ(ckpt_load_newest(ck_dir(), &other, NULL, &b.meta, b.p, b.m, b.v, used,
+                               sizeof used, &skipped, &err),
+              CIRRUS_EMISMATCH);
+    ASSERT(strstr(err.msg, "has n_embd 16, model has 32") != NULL);
+    ASSERT_STR_EQ(skipped.msg, "");
+    assert_untouched(&b, gpt_num_params(&other));
+    state_free(&b);
+    state_free(&s1);
 }

@@ -471,6 +471,40 @@ TEST(stage_msg_state_round_trip_and_caps)
 
 /* ---- rpc ---- */
 
+/* PARAMS_SET addresses the n parameters, STATE_SET the whole 3n state; both refuse a
+ * slice outside that, an n other than the receiver's, and a short payload. */
+TEST(stage_msg_params_and_state_set_bounds)
+{
+    const float f[4] = {1, 2, 3, 4};
+    const struct {
+        uint64_t n, offset, count;
+        int params_ok, state_ok;
+    } cases[] = {
+        {100, 0, 4, 1, 1},     {100, 96, 4, 1, 1},  {100, 97, 4, 0, 1},
+        {100, 296, 4, 0, 1},   {100, 297, 4, 0, 0}, {99, 0, 4, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const stage_params_set q = {.steps = 7, .n = cases[i].n, .offset = cases[i].offset,
+                                    .count = cases[i].count};
+        wire_writer w;
+        wire_reader r;
+        stage_params_set got;
+        wire_writer_init(&w, 64);
+        stage_msg_put_params_set(&w, &q, f);
+        wire_reader_init(&r, w.data, w.len);
+        ASSERT_EQ(stage_msg_get_params_set(&r, 100, &got) == 0, cases[i].params_ok);
+        wire_reader_init(&r, w.data, w.len);
+        ASSERT_EQ(stage_msg_get_state_set(&r, 100, &got) == 0, cases[i].state_ok);
+        if (cases[i].state_ok) {
+            ASSERT(got.steps == 7 && got.offset == cases[i].offset && got.count == 4);
+            ASSERT(memcmp(got.floats, f, sizeof f) == 0);
+        }
+        wire_reader_init(&r, w.data, w.len - 1); /* a float short */
+        ASSERT_EQ(stage_msg_get_state_set(&r, 100, &got), CIRRUS_ECORRUPT);
+        wire_writer_free(&w);
+    }
+}
+
 TEST(rpc_error_mapping)
 {
     /* Refusals keep the codes that describe the request or the peer's state... */

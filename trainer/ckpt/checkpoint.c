@@ -21,11 +21,13 @@
  *   56  rng_state                  u64
  *   64  seed                       u64
  *   72  span offset, span count    u64 each
- *   88  payload: params, adam_m, adam_v as IEEE-754 binary32 bit patterns
+ *   88  job id                     64 bytes, NUL-padded (at most CKPT_JOB_MAX bytes)
+ *  152  payload: params, adam_m, adam_v as IEEE-754 binary32 bit patterns
  * Fields are encoded one by one so the file does not depend on the host's struct padding or
  * byte order. */
 #define CKPT_MAGIC "CIRRUSCK"
-#define CKPT_HDR_SIZE 88
+#define CKPT_HDR_SIZE 152
+#define CKPT_JOB_OFF 88
 #define CKPT_TRAILER_SIZE 4
 #define CKPT_CHUNK_FLOATS 16384 /* 64 KiB staging buffer for encoding and decoding */
 #define CKPT_CRASH_ENV "CIRRUS_CKPT_CRASH_AFTER_BYTES"
@@ -42,6 +44,8 @@ static void ckpt_encode_header(uint8_t *h, const ckpt_meta *m)
     le_put(h + 8, CKPT_VERSION, 4);
     for (int i = 0; i < 5; i++) le_put(h + 12 + 4 * i, (uint32_t)cfg[i], 4);
     for (int i = 0; i < 7; i++) le_put(h + 32 + 8 * i, u64[i], 8);
+    memset(h + CKPT_JOB_OFF, 0, CKPT_JOB_MAX + 1);
+    memcpy(h + CKPT_JOB_OFF, m->job, strnlen(m->job, CKPT_JOB_MAX));
 }
 
 /* Config fields are stored unsigned; anything above INT_MAX cannot come from a valid
@@ -87,6 +91,10 @@ static int ckpt_decode_header(const uint8_t *h, const char *path, ckpt_meta *m,
     m->seed = u[4];
     int rc = ckpt_check_layout(&m->cfg, u[5], u[6], path, CIRRUS_ECORRUPT, err);
     m->span = (gpt_span){(size_t)u[5], (size_t)u[6]};
+    /* The job field is NUL-padded: its last byte is always 0, so it is a string. */
+    memcpy(m->job, h + CKPT_JOB_OFF, CKPT_JOB_MAX + 1);
+    if (!rc && m->job[CKPT_JOB_MAX] != '\0')
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "checkpoint %s: job id not terminated", path);
     return rc;
 }
 
@@ -179,7 +187,7 @@ int ckpt_save(const char *dir, const ckpt_meta *meta, const float *params,
               const float *adam_m, const float *adam_v, cirrus_error *err)
 {
     int rc = 0, fd = -1, renamed = 0;
-    char path[PATH_MAX], tmp[PATH_MAX];
+    char path[PATH_MAX], tmp[PATH_MAX], prev[PATH_MAX];
     uint8_t *stage = NULL;
     ckpt_writer w = {0};
     if (!dir || !meta || !params || !adam_m || !adam_v)
@@ -190,6 +198,10 @@ int ckpt_save(const char *dir, const ckpt_meta *meta, const float *params,
     if ((rc = ckpt_check_layout(&meta->cfg, meta->span.offset, meta->span.count, path,
                                 CIRRUS_EINVAL, err)) != 0)
         return rc;
+    if (strnlen(meta->job, sizeof meta->job) > CKPT_JOB_MAX)
+        return cirrus_fail(err, CIRRUS_EINVAL, "checkpoint %s: job id over %d bytes", path,
+                           CKPT_JOB_MAX);
+    if ((rc = ckpt_path(prev, sizeof prev, dir, CKPT_PREV_FILE, err)) != 0) return rc;
     if ((rc = ckpt_mkdirs(dir, err)) != 0) return rc;
 
     const char *crash = getenv(CKPT_CRASH_ENV);
@@ -231,7 +243,12 @@ int ckpt_save(const char *dir, const ckpt_meta *meta, const float *params,
     }
     FILE *f = w.f;
     w.f = NULL;
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    /* The old checkpoint becomes the previous one (replacing the one before): if the new
+     * one is damaged later (a disk, a partial copy), a resume falls back to it. A crash
+     * between the two renames leaves only the previous and the temp file, and the
+     * previous is loaded (ckpt_load_newest). */
+    if (fclose(f) != 0 || (rename(path, prev) != 0 && errno != ENOENT) ||
+        rename(tmp, path) != 0) {
         rc = cirrus_fail(err, CIRRUS_EIO, "checkpoint %s: cannot replace with %s: %s", path,
                          tmp, strerror(errno));
         goto out;
@@ -254,18 +271,18 @@ out:
 
 /* ---- loading ---- */
 
-/* Open DIR/cirrus.ckpt, read, check and decode its header into m (raw bytes in hdr, for
- * the checksum) and check the file size against the span the header declares. On success
+/* Open DIR/name, read, check and decode its header into m (raw bytes in hdr, for the
+ * checksum) and check the file size against the span the header declares. On success
  * *out is positioned at the payload. */
-static int ckpt_open(const char *dir, char *path, size_t cap, FILE **out, ckpt_meta *m,
-                     uint8_t *hdr, cirrus_error *err)
+static int ckpt_open(const char *dir, const char *name, char *path, size_t cap, FILE **out,
+                     ckpt_meta *m, uint8_t *hdr, cirrus_error *err)
 {
     int rc = 0;
     FILE *f = NULL;
     struct stat st;
     *out = NULL;
     if (!dir) return cirrus_fail(err, CIRRUS_EINVAL, "checkpoint: no directory given");
-    if ((rc = ckpt_path(path, cap, dir, CKPT_FILE, err)) != 0) return rc;
+    if ((rc = ckpt_path(path, cap, dir, name, err)) != 0) return rc;
     f = fopen(path, "rb");
     if (!f) {
         if (errno == ENOENT)
@@ -322,7 +339,7 @@ int ckpt_read_meta(const char *dir, ckpt_meta *meta, cirrus_error *err)
     FILE *f = NULL;
     if (!meta) return cirrus_fail(err, CIRRUS_EINVAL, "checkpoint: no meta to fill");
     /* Header only: the checksum is verified by ckpt_load, which reads the whole file. */
-    int rc = ckpt_open(dir, path, sizeof path, &f, &m, hdr, err);
+    int rc = ckpt_open(dir, CKPT_FILE, path, sizeof path, &f, &m, hdr, err);
     if (f) fclose(f);
     if (rc == 0) *meta = m;
     return rc;
@@ -341,9 +358,10 @@ static int ckpt_config_diff(const char *path, const gpt_config *have, const gpt_
     return 0;
 }
 
-int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_span,
-              ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
-              cirrus_error *err)
+/* ckpt_load of DIR/name; a job that is not NULL must be the one the file names. */
+static int ckpt_load_file(const char *dir, const char *name, const gpt_config *expect,
+                          const gpt_span *expect_span, const char *job, ckpt_meta *meta,
+                          float *params, float *adam_m, float *adam_v, cirrus_error *err)
 {
     int rc = 0, mismatch = 0;
     char path[PATH_MAX];
@@ -360,8 +378,11 @@ int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_
     gpt_span want = expect_span ? *expect_span
                     : expect    ? (gpt_span){0, gpt_num_params(expect)}
                                 : meta->span;
-    if ((rc = ckpt_open(dir, path, sizeof path, &f, &m, hdr, err)) != 0) goto out;
+    if ((rc = ckpt_open(dir, name, path, sizeof path, &f, &m, hdr, err)) != 0) goto out;
     if (expect) mismatch = ckpt_config_diff(path, &m.cfg, expect, &why) != 0;
+    if (!mismatch && job && strcmp(m.job, job) != 0)
+        mismatch = cirrus_fail(&why, CIRRUS_EMISMATCH, "checkpoint %s belongs to job '%s', "
+                               "not to this job '%s'", path, m.job, job) != 0;
     if (!mismatch && (m.span.offset != want.offset || m.span.count != want.count))
         mismatch = cirrus_fail(&why, CIRRUS_EMISMATCH,
                                "checkpoint %s stores parameters [%zu, +%zu), expected "
@@ -414,5 +435,50 @@ out:
     for (int a = 0; a < 3; a++) free(tmp[a]);
     free(stage);
     if (f) fclose(f);
+    return rc;
+}
+
+int ckpt_load(const char *dir, const gpt_config *expect, const gpt_span *expect_span,
+              ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
+              cirrus_error *err)
+{
+    return ckpt_load_file(dir, CKPT_FILE, expect, expect_span, NULL, meta, params, adam_m,
+                          adam_v, err);
+}
+
+/* A file that cannot be what it claims (cut short, bits changed, unreadable): its
+ * predecessor may still be whole. A mismatch is a whole file of something else. */
+static int ckpt_damaged(int rc)
+{
+    return rc == CIRRUS_ECORRUPT || rc == CIRRUS_ETRUNC || rc == CIRRUS_EIO;
+}
+
+int ckpt_load_newest(const char *dir, const gpt_config *expect, const char *job,
+                     ckpt_meta *meta, float *params, float *adam_m, float *adam_v,
+                     char *used, size_t used_cap, cirrus_error *skipped, cirrus_error *err)
+{
+    if (skipped) *skipped = (cirrus_error){0};
+    if (!expect) return cirrus_fail(err, CIRRUS_EINVAL, "checkpoint load: no model given");
+    const char *names[2] = {CKPT_FILE, CKPT_PREV_FILE};
+    cirrus_error newest = {0};
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        cirrus_error e = {0};
+        rc = ckpt_load_file(dir, names[i], expect, NULL, job, meta, params, adam_m, adam_v,
+                            &e);
+        if (rc == 0) {
+            if (used) snprintf(used, used_cap, "%s/%s", dir, names[i]);
+            return 0;
+        }
+        if (i == 0) newest = e;
+        if (i == 0 && rc == CIRRUS_ENOENT) continue; /* a crash between the renames */
+        if (i == 0 && ckpt_damaged(rc)) {
+            if (skipped) *skipped = e;
+            continue;
+        }
+        /* The previous one missing: the newest's failure is the one to tell. */
+        if (i == 1 && rc == CIRRUS_ENOENT) return cirrus_fail(err, newest.code, "%s", newest.msg);
+        return cirrus_fail(err, e.code, "%s", e.msg);
+    }
     return rc;
 }

@@ -49,11 +49,17 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
         {"metrics", FLAG_STR, &(o).metrics, 0, 0, "append per-step JSON lines to this file", \
          0},                                                                                  \
         {"eval-batches", FLAG_INT, &(o).eval_batches, 1, 1e6, "validation batches", 0},       \
-        {"json", FLAG_BOOL, &(o).json, 0, 0, "one JSON object per line on stdout", 0}
+        {"json", FLAG_BOOL, &(o).json, 0, 0, "one JSON object per line on stdout", 0},        \
+        {"stop-after", FLAG_INT, &(o).stop_after, 1, 1e9,                                     \
+         "tests only: end after this many steps of this run, as if killed there (no "         \
+         "checkpoint but --ckpt-every's)", 0}
 
-/* Checkpoint flags shared by train, client and local (--resume is train's alone). */
+/* Checkpoint flags shared by train, client and local. client and local resume from the
+ * newest complete checkpoint in --ckpt whenever there is one; train only with --resume. */
 #define CKPT_FLAGS(o)                                                                         \
-    {ROLE_FLAG_CKPT, FLAG_STR, &(o).ckpt_dir, 0, 0, "checkpoint directory", 0},              \
+    {ROLE_FLAG_CKPT, FLAG_STR, &(o).ckpt_dir, 0, 0,                                          \
+     "checkpoint directory (client and local resume from the newest complete checkpoint in " \
+     "it; train with --resume)", 0},                                                          \
         {ROLE_FLAG_CKPT_EVERY, FLAG_INT, &(o).ckpt_every, 1, 1e9,                                    \
          "steps between checkpoints (default: only at the end)", 0}
 

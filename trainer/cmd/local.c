@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../../common/log.h"
+#include "../ckpt/checkpoint.h"
 #include "../net/conn.h"
 #include "../swarm/coord/coordinator.h"
 #include "../swarm/peer/stage_peer.h"
@@ -375,12 +376,16 @@ int roles_cmd_local(int argc, char **argv)
     wan_codec_params codec_check;
     if (wan.sync_every && (strcmp(wan.codec, "auto") && wan_codec_parse(wan.codec, &codec_check, &err)))
         return cli_fail_input("local", &err);
-    if (n_regions > 1 && o.resume) {
-        /* The other regions would start from the seed, not from region 0's checkpoint. */
-        cirrus_fail(&err, CIRRUS_EINVAL, "--resume with --regions %d: not supported yet",
-                    n_regions);
+    ckpt_meta held;
+    if (n_regions > 1 && o.ckpt_dir && ckpt_read_meta(o.ckpt_dir, &held, &err) != CIRRUS_ENOENT) {
+        /* Region 0 alone writes the checkpoint (the regions end with one model); resuming
+         * would give the others nothing of theirs (their AdamW moments, their data). A
+         * job's regions each resume from their own (`client --ckpt`, one per region). */
+        cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt %s holds a checkpoint: local --regions %d "
+                    "does not resume (give a new directory)", o.ckpt_dir, n_regions);
         return cli_fail_input("local", &err);
     }
+    if (n_regions == 1 && roles_resume_setup("local", &o, job)) return EXIT_BAD_INPUT;
     if (wan.sync_every) {
         if (wan_local_regions(&wan, n_regions, job, &region, &wan_fd, &tls, region_names,
                               wan_addrs, regions, &err)) {

@@ -189,6 +189,18 @@ static int connect_pipeline(pipeline **p, const peer_source *src, coord_client *
     }
 }
 
+int roles_resume_setup(const char *cmd, train_options *o, const char *job)
+{
+    cirrus_error err = {0};
+    o->resume = o->ckpt_dir != NULL;
+    o->job = job;
+    if (train_resume_check(o, &err)) {
+        fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int roles_run_client(const char *cmd, train_options *o, const char *job, const peer_source *src,
                      int codec, int micro, const char *coordinator, const routing_flags *routing,
                      const client_share *share)
@@ -215,6 +227,7 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
         cirrus_fail(&err, CIRRUS_EINVAL, "--ckpt: client 0 writes the checkpoints");
         return cli_fail_input(cmd, &err);
     }
+    if (roles_resume_setup(cmd, o, job)) return EXIT_BAD_INPUT;
     coord_client *cc = coord_open(coordinator, job, &err);
     if (coordinator && !cc) return cli_fail_input(cmd, &err);
     if (connect_pipeline(&p, src, cc, coordinator, job, &o->model, micro, T, codec, &err)) {

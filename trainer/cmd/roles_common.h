@@ -61,6 +61,14 @@ typedef struct client_share {
     const char *region;
 } client_share;
 
+/* A client resumes from its checkpoints on its own (a pod restarted, a job unsuspended):
+ * from the newest complete one in --ckpt, if there is one, unless the stage peers are
+ * already past it; checkpoints carry the job id, and another job's, another model's or
+ * another seed's is refused. Sets o->resume and o->job, and checks the checkpoint now, so
+ * that one that cannot be used is refused before processes start: nonzero (the message
+ * printed) then. roles_run_client does it too. */
+int roles_resume_setup(const char *cmd, train_options *o, const char *job);
+
 /* Train through the stage peers of src as `cirrus-trainer cmd`, reporting to the
  * coordinator at `coordinator` (NULL: none); returns the exit code. */
 int roles_run_client(const char *cmd, train_options *o, const char *job, const peer_source *src,

@@ -33,6 +33,8 @@
 #define ROUND_DEADLINE_MIN_MS 3000   /* never less, whatever the rounds before took */
 #define ROUND_ABSENT_GRACE_MS 1000   /* how long a round waits for an absent region */
 #define ROUND_PROBE_MS 3000          /* the first look for other regions' state */
+#define ROUND_RESEED_MS 10000        /* how long a gateway behind its client looks for a
+                                      * later global state before it takes the region's */
 
 /* Sleep on the condition for up to 100 ms. Under mu. */
 static void wait_a_while(outer_sync *os)
@@ -388,6 +390,31 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     pthread_cond_broadcast(&os->changed);
 }
 
+/* The region's client pushed outer step client_ahead, past round + 1, and no other region
+ * is known to hold a global state later than this gateway's: the whole job restarted (a
+ * suspended job resumed from its checkpoints; every gateway starts empty), or the others
+ * stayed unreachable for ROUND_RESEED_MS. The job's global state is then nowhere: this
+ * gateway's (the region's parameters adopted at its client's start, round 0, or the one it
+ * held) becomes that of outer step client_ahead - 1, so the region's push is the next
+ * round's, and training goes on. Regions that reseed differently are made one model by
+ * the next round's digests (outer_sync.h). Under mu; 1 if it reseeded. */
+static int reseed_if_alone(outer_sync *os, int64_t behind_since_ms)
+{
+    if (os->round < 0) return 0; /* the client pushes round 0 first */
+    for (int r = 0; r < os->o.n_regions; r++)
+        if (r != os->o.region_index && os->peer[r].round_seen > os->round) return 0;
+    if (os->o.n_regions > 1 && net_now_ms() - behind_since_ms < ROUND_RESEED_MS) return 0;
+    const int64_t was = os->round;
+    os->round = (int64_t)os->client_ahead - 1;
+    os->digest = outer_state_digest(os->theta, os->mom, os->n);
+    log_warn("outer: the region's client is at outer step %llu and no region holds a global "
+             "state past outer step %lld: this gateway's becomes outer step %lld's (digest "
+             "%016llx)", (unsigned long long)os->client_ahead, (long long)was,
+             (long long)os->round, (unsigned long long)os->digest);
+    pthread_cond_broadcast(&os->changed);
+    return 1;
+}
+
 void *outer_round_main(void *arg)
 {
     outer_sync *os = arg;
@@ -403,7 +430,7 @@ void *outer_round_main(void *arg)
         wan_link_probe(os, net_now_ms() + ROUND_PROBE_MS);
         catch_up(os, 1);
     }
-    int64_t next_probe = net_now_ms() + ROUND_PROBE_MS;
+    int64_t next_probe = net_now_ms() + ROUND_PROBE_MS, behind_since = -1;
     pthread_mutex_lock(&os->mu);
     while (!atomic_load(&os->stopping)) {
         if (os->push_ready) {
@@ -411,6 +438,9 @@ void *outer_round_main(void *arg)
             continue;
         }
         const int behind = os->client_ahead > (uint64_t)(os->round + 1);
+        if (!behind) behind_since = -1;
+        else if (behind_since < 0) behind_since = net_now_ms();
+        if (behind && reseed_if_alone(os, behind_since)) continue;
         if (os->o.n_regions > 1 && (net_now_ms() > next_probe || behind)) {
             pthread_mutex_unlock(&os->mu);
             if (behind) wan_link_probe(os, net_now_ms() + ROUND_PROBE_MS); /* fresh JOINs */

@@ -147,6 +147,17 @@ static int pipe_gather(void *ctx, float *params, float *adam_m, float *adam_v, u
     return pipeline_gather_state(e->p, params, adam_m, adam_v, steps, err);
 }
 
+/* A resume: the checkpoint's state on every peer. Only the leader resumes (it alone has
+ * --ckpt); a follower would have to install it between the leader's steps. */
+static int pipe_install(void *ctx, const float *params, const float *adam_m,
+                        const float *adam_v, uint64_t steps, cirrus_error *err)
+{
+    pipeline_executor *e = ctx;
+    if (e->index != 0)
+        return cirrus_fail(err, CIRRUS_EINVAL, "only client 0 resumes from a checkpoint");
+    return pipeline_set_state(e->p, params, adam_m, adam_v, steps, err);
+}
+
 static uint64_t pipe_first_step(void *ctx)
 {
     return pipeline_steps_done(((pipeline_executor *)ctx)->p);
@@ -211,7 +222,7 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     /* Only the leader evaluates: the clients share one model, and a follower's validation
      * passes would only load the peers. */
     *ex = (train_executor){e, pipe_step, o->index == 0 ? pipe_eval : NULL, pipe_gather,
-                           pipe_describe, pipe_first_step};
+                           pipe_describe, pipe_first_step, pipe_install};
     *out = e;
     return 0;
 }

@@ -141,6 +141,12 @@ int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err);
  * (PARAMS_SET); their AdamW moments stay. A peer that fails at the transport is dropped:
  * no peer serves on with other parameters than its stage's. */
 int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err);
+/* Between steps: the whole model's state (gpt_num_params() floats each of parameters and
+ * AdamW moments, as pipeline_gather_state returns it) installed on every live peer of
+ * every stage (STATE_SET), which then have taken `steps` optimizer steps: a client
+ * resuming from a checkpoint. A peer that fails at the transport is dropped. */
+int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
+                       const float *adam_v, uint64_t steps, cirrus_error *err);
 
 /* Forward only: the mean loss of a batch, nothing kept. */
 int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y, float *loss,

@@ -1,6 +1,7 @@
 /* pipeline_state: the model's state between steps, gathered from one live peer of every
  * stage (checkpoints; the region's parameters for an outer step) and installed on every
- * peer of every stage (the global parameters an outer step produced). See pipeline.h. */
+ * peer of every stage (the global parameters an outer step produced; a checkpoint's whole
+ * state when a client resumes). See pipeline.h. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,35 +139,40 @@ int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err)
     return 0;
 }
 
-int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err)
+/* Install on every live peer of every stage, slice by slice: the parameters alone
+ * (PARAMS_SET, m and v NULL: the peers must be at the client's step) or the whole state
+ * (STATE_SET: the peers take `steps` with it). A peer that fails at the transport is
+ * dropped: no peer serves on with other parameters than its stage's. */
+static int install(pipeline *p, uint16_t type, const float *params, const float *m,
+                   const float *v, uint64_t steps, cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "parameters are installed between steps");
     for (int s = 0; s < p->n; s++) {
         stage_run runs[STAGE_MAX_RUNS];
         uint64_t n;
-        const int n_runs = stage_runs(p, s, (float *)params, NULL, NULL, runs, &n);
+        const int n_runs = stage_runs(p, s, (float *)params, (float *)m, (float *)v, runs, &n);
+        const uint64_t total = m ? 3 * n : n;
         int done = 0;
         for (int k = 0; k < p->link[s].n; k++) {
             int rc = 0;
-            for (uint64_t off = 0; off < n && !rc && p->link[s].peer[k].c;) {
+            for (uint64_t off = 0; off < total && !rc && p->link[s].peer[k].c;) {
                 const stage_params_set q = {
-                    .steps = p->steps_done, .n = n, .offset = off,
-                    .count = n - off < STAGE_STATE_SLICE ? n - off : STAGE_STATE_SLICE};
+                    .steps = steps, .n = n, .offset = off,
+                    .count = total - off < STAGE_STATE_SLICE ? total - off : STAGE_STATE_SLICE};
                 wire_writer w;
                 wire_reader r;
                 wire_writer_init(&w, 64 + q.count * sizeof(float));
                 stage_msg_put_params_set(&w, &q, NULL);
                 stage_msg_put_runs(&w, runs, n_runs, off, q.count);
-                rc = pipe_call_peer(p, s, k, STAGE_PARAMS_SET, &w, &r, err);
+                rc = pipe_call_peer(p, s, k, type, &w, &r, err);
                 wire_writer_free(&w);
                 if (!rc && stage_msg_get_empty(&r))
-                    rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed PARAMS_SET "
-                                     "reply", s);
+                    rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed reply to "
+                                     "%s", s, m ? "STATE_SET" : "PARAMS_SET");
                 off += q.count;
             }
             if (!rc && p->link[s].peer[k].c) done++;
             if (pipe_is_peer_fault(rc)) {
-                /* A peer that did not take the parameters must not serve on with its own. */
                 cirrus_error why = *err;
                 if ((rc = pipe_peer_failed(p, s, k, &why, err))) return rc;
             } else if (rc) {
@@ -176,4 +182,22 @@ int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err)
         if (!done) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
     }
     return 0;
+}
+
+int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err)
+{
+    return install(p, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
+}
+
+int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
+                       const float *adam_v, uint64_t steps, cirrus_error *err)
+{
+    if (!params || !adam_m || !adam_v || steps == STAGE_STEPS_UNKNOWN)
+        return cirrus_fail(err, CIRRUS_EINVAL, "a state to install needs parameters, both "
+                           "moments and a step");
+    int rc = install(p, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
+    /* Every live peer took the whole state: they are all at `steps` (a peer that failed
+     * was dropped). */
+    if (!rc) p->steps_done = steps;
+    return rc;
 }

@@ -120,9 +120,10 @@ void peer_drop_gradients(peer *p);
 
 /* ---- state.c ---- */
 
-/* STATE_GET, PARAMS_SET, SYNC (under the lock). */
+/* STATE_GET, PARAMS_SET, STATE_SET, SYNC (under the lock). */
 int peer_put_state(peer *p, wire_reader *r, wire_writer *w);
 int peer_set_params(peer *p, wire_reader *r, const char **why);
+int peer_set_state(peer *p, wire_reader *r, const char **why);
 int peer_sync_from(peer *p, const char *donor, const char **why);
 /* A connection to the donor at host:port, checked (INFO) to serve layers [l0, l1). */
 int peer_donor_open(peer *p, const char *host, int port, int l0, int l1, net_conn **out,

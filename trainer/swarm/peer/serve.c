@@ -196,6 +196,14 @@ static int on_params_set(peer *p, const wire_header *h, wire_reader *r, wire_wri
     return peer_set_params(p, r, why);
 }
 
+static int on_state_set(peer *p, const wire_header *h, wire_reader *r, wire_writer *reply,
+                        const char **why)
+{
+    (void)h, (void)reply;
+    *why = "malformed STATE_SET: a slice outside the state, or over its size limit";
+    return peer_set_state(p, r, why);
+}
+
 static int on_sync(peer *p, const wire_header *h, wire_reader *r, wire_writer *reply,
                    const char **why)
 {
@@ -311,7 +319,7 @@ static const struct {
     {STAGE_SYNC, on_sync},           {STAGE_HEAD_GRAD, on_head_grad},
     {STAGE_FOLD_TIED, on_fold_tied}, {STAGE_SET_TIED, on_set_tied},
     {STAGE_SUMSQ, on_sumsq},         {STAGE_STEP, on_step},
-    {STAGE_INFO, on_info},
+    {STAGE_INFO, on_info},           {STAGE_STATE_SET, on_state_set},
 };
 
 int peer_serve(peer *p, uint32_t gen, const wire_header *h, const uint8_t *payload,

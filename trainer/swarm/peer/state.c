@@ -1,6 +1,7 @@
 /* state: a stage's parameters and optimizer state, served to a peer joining the stage
- * (STATE_GET), replaced by the global parameters of an outer step (PARAMS_SET), and copied
- * from a donor peer (SYNC; a move to another stage, move.c). The floats travel in the
+ * (STATE_GET), replaced by the global parameters of an outer step (PARAMS_SET) or by a
+ * checkpoint's state (STATE_SET), and copied from a donor peer (SYNC; a move to another
+ * stage, move.c). The floats travel in the
  * order stage_msg.h gives: the stage's spans' parameters, then AdamW m, then v. */
 #include <stdio.h>
 #include <string.h>
@@ -54,6 +55,38 @@ int peer_set_params(peer *p, wire_reader *r, const char **why)
     }
     state_runs(p, p->l0, p->l1, &p->adam, runs, &n_params);
     stage_msg_take_runs(runs, n_params, q.offset, q.floats, q.count);
+    return 0;
+}
+
+/* STATE_SET: a checkpoint's state (or a slice of it) replaces this peer's: parameters and
+ * AdamW moments, and, once the last slice is in, the step count. From the first slice on
+ * the peer holds no one's state until the last arrives: it is at no step
+ * (STAGE_STEPS_UNKNOWN, which no client admits without a copy) and holds no gradients
+ * (they were computed with the parameters being replaced). */
+int peer_set_state(peer *p, wire_reader *r, const char **why)
+{
+    stage_params_set q;
+    stage_run runs[STAGE_MAX_RUNS];
+    int n_params;
+    const uint64_t n = p->adam.state_count;
+    if (stage_msg_get_state_set(r, n, &q)) return CIRRUS_ECORRUPT;
+    if (q.steps == STAGE_STEPS_UNKNOWN) {
+        *why = "STATE_SET refused: no step count";
+        return CIRRUS_EINVAL;
+    }
+    if (q.offset == 0) {
+        p->steps = STAGE_STEPS_UNKNOWN;
+        peer_drop_gradients(p);
+    } else if (p->steps != STAGE_STEPS_UNKNOWN) {
+        *why = "STATE_SET refused: a slice after offset 0 without the first";
+        return CIRRUS_EINVAL;
+    }
+    const int n_runs = state_runs(p, p->l0, p->l1, &p->adam, runs, &n_params);
+    stage_msg_take_runs(runs, n_runs, q.offset, q.floats, q.count);
+    if (q.offset + q.count == 3 * n) {
+        p->steps = q.steps;
+        log_info("took a checkpoint's state at step %llu", (unsigned long long)q.steps);
+    }
     return 0;
 }
 

@@ -335,20 +335,32 @@ void stage_msg_put_params_set(wire_writer *w, const stage_params_set *q, const f
     if (x) wire_put_bytes(w, x, (size_t)q->count * sizeof(float));
 }
 
-int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q)
+/* PARAMS_SET and STATE_SET: n the receiver's parameter count, total the floats a slice
+ * may address (n, or 3n for the whole state). */
+static int get_set(wire_reader *r, uint64_t n, uint64_t total, stage_params_set *q)
 {
     q->steps = wire_get_u64(r);
     q->n = wire_get_u64(r);
     q->offset = wire_get_u64(r);
     q->count = wire_get_u64(r);
     q->floats = NULL;
-    if (r->failed || q->n != n || q->offset > n || q->count > n - q->offset ||
+    if (r->failed || q->n != n || q->offset > total || q->count > total - q->offset ||
         q->count > STAGE_STATE_SLICE)
         return CIRRUS_ECORRUPT;
     const uint8_t *f = wire_get_bytes(r, (size_t)q->count * sizeof(float));
     if (!f || done(r)) return CIRRUS_ECORRUPT;
     q->floats = f;
     return 0;
+}
+
+int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q)
+{
+    return get_set(r, n, n, q);
+}
+
+int stage_msg_get_state_set(wire_reader *r, uint64_t n, stage_params_set *q)
+{
+    return n > UINT64_MAX / 3 ? CIRRUS_ECORRUPT : get_set(r, n, 3 * n, q);
 }
 
 void stage_msg_put_sync(wire_writer *w, const char *donor)

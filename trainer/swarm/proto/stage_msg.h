@@ -41,6 +41,12 @@
  *             AdamW moments stay. The region's leader client installs the global
  *             parameters of an outer step this way (gateway/). Refused unless the peer has
  *             taken exactly `steps` steps and holds no gradients of an unfinished step
+ *   STATE_SET u64 steps, u64 n, u64 offset, u64 count, count f32 -> OK: empty. Floats
+ *             [offset, offset + count) of the peer's whole state (3n, laid out as STATE_GET
+ *             serves it: parameters, AdamW m, v) are replaced; a slice at offset 0 drops the
+ *             peer's gradients and leaves it at no step (STAGE_STEPS_UNKNOWN) until the
+ *             slice that ends the state makes it a peer that has taken `steps` steps. How
+ *             a resuming client installs a checkpoint on the peers
  *
  * A peer that moved to another stage (rebalancing) answers ERROR(STAGE_MOVED) to every
  * request on a connection opened before the move, and to every request while it moves.
@@ -83,6 +89,8 @@ enum stage_msg {
     STAGE_RESET_OK = 87,
     STAGE_PARAMS_SET = 88,
     STAGE_PARAMS_SET_OK = 89,
+    STAGE_STATE_SET = 90,
+    STAGE_STATE_SET_OK = 91,
 };
 
 enum stage_codec { STAGE_CODEC_NONE = 0, STAGE_CODEC_Q8 = 1 };
@@ -264,6 +272,9 @@ typedef struct stage_params_set {
  * count floats (stage_msg_put_state_floats), e.g. piece by piece. */
 void stage_msg_put_params_set(wire_writer *w, const stage_params_set *q, const float *x);
 int stage_msg_get_params_set(wire_reader *r, uint64_t n, stage_params_set *q);
+/* STATE_SET: the same body as PARAMS_SET (put with stage_msg_put_params_set), its slice
+ * inside the 3n floats of the whole state. */
+int stage_msg_get_state_set(wire_reader *r, uint64_t n, stage_params_set *q);
 
 /* The floats of STATE_GET (a stage's parameters, then its AdamW m, then v) and of
  * PARAMS_SET (the parameters) lie in memory as runs laid end to end: the parameters of
