@@ -31,19 +31,23 @@ TIMEOUT=${E2E_TIMEOUT:-600}
 T0=$SECONDS
 work=$(mktemp -d)
 
-# What `down` must give back: every sysctl it may change, iptables rules, links, addresses
-# and mounts (counters and generated comments left out).
-machine_snapshot() {
-    local s
-    for s in "${SYSCTLS[@]}"; do printf '%s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null)"; done
-    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
-    ip -o link show | awk -F': ' '{ print $2 }' | sort
-    ip -o addr show | awk '{ print $2, $4 }' | sort
-    awk '{ print $2 }' /proc/self/mounts | sort
-    local d
-    for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ -e "$d" ]] && echo "exists $d"; done
-}
+# What `down` must give back: every sysctl it may change, the iptables rules and the global
+# directories exactly; and no link, address or mount left that was not there before (ones
+# that vanish meanwhile, e.g. an older run's stale veth, are not this run's doing).
 GLOBAL_DIRS_CHECKED=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/pods)
+machine_snapshot() {
+    local s d
+    for s in "${SYSCTLS[@]}"; do printf 'sysctl %s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null)"; done
+    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//; s/^/iptables /'
+    ip -o link show | awk -F': ' '{ print "link", $2 }' | sort
+    ip -o addr show | awk '{ print "addr", $2, $4 }' | sort
+    awk '{ print "mount", $2 }' /proc/self/mounts | sort
+    for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ ! -e "$d" ]] || echo "dir $d"; done
+}
+# Lines of diff BEFORE AFTER that are a leftover or a loss.
+machine_changes() {
+    diff "$1" "$2" | grep -E '^> |^< (sysctl|iptables|dir) '
+}
 
 machine_snapshot >"$work/before"
 finish() {
@@ -59,10 +63,10 @@ finish() {
     else
         "$NODES" down >"$work/down.log" 2>&1 || not_ok "nodes.sh down: $(tail -3 "$work/down.log")"
         machine_snapshot >"$work/after"
-        if diff "$work/before" "$work/after" >"$work/diff"; then
-            ok "nodes.sh down restored sysctls, iptables, links, addresses, mounts, directories"
-        else
+        if machine_changes "$work/before" "$work/after" >"$work/diff"; then
             not_ok "nodes.sh down left the machine changed: $(head -20 "$work/diff")"
+        else
+            ok "nodes.sh down restored sysctls, iptables, links, addresses, mounts, directories"
         fi
     fi
     rm -rf "$work"
