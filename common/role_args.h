@@ -61,7 +61,8 @@
 #define ROLE_FLAG_MAX_STAGE_PEERS "max-stage-peers" /* gateway: most peers rebalancing
                                                      * leaves in a stage (0: no bound) */
 /* How a client ended, for the operator: `--summary-file PATH` makes the client write, once
- * its run finished (exit 0), one line of JSON to PATH:
+ * its run ended with exit 0 (all its steps, or stopped by SIGTERM after a step: S says which),
+ * one line of JSON to PATH:
  *   {"step":S,"loss":L,"val_loss":V,"tokens":N}
  * S the steps taken in all (an integer >= 0), L the last training loss and V the final
  * validation loss (finite numbers >= 0, or null: none), N the tokens trained on in this run

@@ -129,7 +129,8 @@ TEST(desired_outer_one_region)
     assert_str(args_of(cl),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 "
                "--coordinator tiny-bible-r1-gw.train.svc:7400 --steps 3000 "
-               "--summary-file /dev/termination-log --ckpt /checkpoints/r1 --ckpt-every 200 --model tiny --batch 8 --seed 1337",
+               "--summary-file /dev/termination-log --ckpt /checkpoints/r1 --ckpt-every 200 "
+               "--model tiny --batch 8 --seed 1337",
                "one-region client args");
     /* Several clients are fine with one region. */
     desired_job_free(&d);

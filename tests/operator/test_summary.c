@@ -118,7 +118,8 @@ TEST(summary_from_pod)
 {
     client_summary s;
     cirrus_error err = {0};
-    json_t *pod = client_pod("trainer", 0, "{\"step\":300,\"loss\":1.5,\"val_loss\":1.75,\"tokens\":9}\n");
+    json_t *pod =
+        client_pod("trainer", 0, "{\"step\":300,\"loss\":1.5,\"val_loss\":1.75,\"tokens\":9}\n");
     ASSERT_EQ(pod_client_summary(pod, 300, &s, &err), 1);
     ASSERT_EQ(s.step, 300);
     ASSERT_NEAR(s.val_loss, 1.75, 0);
