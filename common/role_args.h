@@ -60,6 +60,19 @@
 #define ROLE_FLAG_CKPT_EVERY "ckpt-every"     /* client: steps between checkpoints */
 #define ROLE_FLAG_MAX_STAGE_PEERS "max-stage-peers" /* gateway: most peers rebalancing
                                                      * leaves in a stage (0: no bound) */
+/* How a client ended, for the operator: `--summary-file PATH` makes the client write, once
+ * its run ended with exit 0 (all its steps, or stopped by SIGTERM after a step: S says which),
+ * one line of JSON to PATH:
+ *   {"step":S,"loss":L,"val_loss":V,"tokens":N}
+ * S the steps taken in all (an integer >= 0), L the last training loss and V the final
+ * validation loss (finite numbers >= 0, or null: none), N the tokens trained on in this run
+ * (an integer >= 0). The operator passes ROLE_TERMINATION_LOG, the Pod's default
+ * terminationMessagePath, and reads the line back from the finished Pod's
+ * containerStatuses[].state.terminated.message (operator/podstate.h: pod_client_summary):
+ * the final figures, which its last read of the gateway's /status may predate. */
+#define ROLE_FLAG_SUMMARY_FILE "summary-file"       /* client: where the line goes */
+#define ROLE_TERMINATION_LOG "/dev/termination-log" /* the kubelet reads it when it ends */
+#define ROLE_SUMMARY_MAX 4096 /* bytes: Kubernetes keeps no more of a termination message */
 
 /* Ports the roles listen on in a Pod. */
 #define ROLE_PORT_COORDINATOR 7400 /* gateway: peers and clients register here */

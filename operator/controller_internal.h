@@ -7,7 +7,8 @@
  *                          which pods go, creating and deleting them
  *   controller_children.c  the job's other children: the Secret (job CA and gateway
  *                          certificates) and the gateway Services
- *   controller_status.c    the status write, the gateways' training figures in it, and the
+ *   controller_status.c    the status write, the training figures in it (the gateways',
+ *                          the finished clients' summaries), and the
  *                          clocks that bring a job back (activeDeadlineSeconds, TTL, a
  *                          progress answer growing stale)
  * Everything runs on the kube_client's event loop thread (controller.h).
@@ -137,6 +138,7 @@ int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *servic
 void ctl_watch_progress(controller *ctl, const json_t *job, const char *key,
                         const job_observed *obs, int stop);
 void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs);
+void ctl_apply_summary(const json_t *job, job_mem *m, const json_t *pod, region_observed *ro);
 void ctl_progress_arrived(void *ctx, const char *key);
 int ctl_write_status(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
                      int64_t *progress_ms, cirrus_error *err);

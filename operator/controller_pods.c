@@ -189,6 +189,9 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     int is_client = role && !strcmp(role, CIRRUS_ROLE_CLIENT);
     if (ro && st == POD_UNSCHEDULABLE) ro->unschedulable++;
     if (ro && is_client && st == POD_SUCCEEDED) ro->clients_succeeded++;
+    const char *index = label(pod, CIRRUS_LABEL_INDEX);
+    if (ro && is_client && st == POD_SUCCEEDED && index && !strcmp(index, "0"))
+        ctl_apply_summary(job, m, pod, ro); /* client 0 takes the steps: its figures */
     if (ro && st == POD_READY && role) {
         if (!strcmp(role, CIRRUS_ROLE_GATEWAY)) ro->gateway_ready = 1;
         const char *stage = label(pod, CIRRUS_LABEL_STAGE);

@@ -9,6 +9,7 @@
 #include "../common/log.h"
 #include "../common/role_args.h"
 #include "controller_internal.h"
+#include "podstate.h"
 
 /* ---- training progress ---------------------------------------------------------------------- */
 
@@ -61,6 +62,31 @@ void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs)
         r->watched_since = pr.watched ? pr.watched_s : 0;
         r->failing = pr.failing;
     }
+}
+
+/* A region's client 0 finished (pod): how it says training ended, from its termination
+ * message, into ro; its figures are final, the gateway's last answer may not be. A message
+ * that does not pass podstate.c's checks is not trusted: the status keeps the gateway's
+ * figures, and the log says why, once per pod (the pod is kept, and seen at every
+ * reconcile, until the job is deleted). */
+void ctl_apply_summary(const json_t *job, job_mem *m, const json_t *pod, region_observed *ro)
+{
+    client_summary s;
+    cirrus_error err = {0};
+    int64_t steps = int_at(json_object_get(job, "spec"), "steps", NULL, DESIRED_DEFAULT_STEPS);
+    int rc = pod_client_summary(pod, steps, &s, &err);
+    if (rc == 1) {
+        ro->has_summary = 1;
+        ro->summary_step = s.step;
+        ro->summary_loss = s.loss;
+        ro->summary_val_loss = s.val_loss;
+        return;
+    }
+    json_t *seen = json_object_get(m->seen, meta_str(pod, "name"));
+    if (rc == 0 || !seen || json_is_true(json_object_get(seen, "summary_warned"))) return;
+    json_object_set_new(seen, "summary_warned", json_true());
+    log_warn("%s: pod %s finished, its summary ignored (the status keeps the gateway's "
+             "figures): %s", m->key, meta_str(pod, "name"), err.msg);
 }
 
 /* Milliseconds from now until Unix second t has begun (and a little more, so that the clock

@@ -266,7 +266,8 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
     if (!rc) rc = req_str(spec, "image", "spec", &v->image, err);
     if (!rc) rc = get_str(spec, "imagePullPolicy", "spec", "IfNotPresent", 1, &v->pull_policy, err);
     if (!rc) rc = get_arr(spec, "imagePullSecrets", "spec", &v->pull_secrets, err);
-    if (!rc) rc = get_int(spec, "steps", "spec", 1, 1000000000, 1000, &v->steps, err);
+    if (!rc) rc = get_int(spec, "steps", "spec", 1, 1000000000, DESIRED_DEFAULT_STEPS, &v->steps,
+                             err);
     if (rc) return rc;
     const json_t *susp = json_object_get(spec, "suspend");
     if (susp && !json_is_null(susp) && !json_is_boolean(susp))
@@ -471,7 +472,7 @@ static json_t *container_new(const job_view *v, const char *role, json_t *args,
 {
     json_t *c = json_pack(
         "{s:s, s:s, s:s, s:[s, s], s:o, s:[{s:s, s:{s:{s:s}}}, {s:s, s:{s:{s:s}}}]}", "name",
-        "trainer", "image", v->image, "imagePullPolicy", v->pull_policy, "command",
+        CIRRUS_CONTAINER, "image", v->image, "imagePullPolicy", v->pull_policy, "command",
         ROLE_TRAINER_BIN, role, "args", args, "env", "name", "POD_IP", "valueFrom", "fieldRef",
         "fieldPath", "status.podIP", "name", "POD_NAME", "valueFrom", "fieldRef", "fieldPath",
         "metadata.name");
@@ -624,6 +625,9 @@ static int build_client(const job_view *v, const region_view *r, const char *coo
     if (m && v->ckpt_subpath) json_object_set_new(m, "subPath", json_string(v->ckpt_subpath));
     json_array_append_new(mounts, m);
     json_object_set_new(c, "volumeMounts", mounts);
+    /* The client's --summary-file: read back as the finished Pod's termination message. */
+    json_object_set_new(c, "terminationMessagePath", json_string(ROLE_TERMINATION_LOG));
+    json_object_set_new(c, "terminationMessagePolicy", json_string("File"));
     return add_pod(d, name,
                    pod_new(v, r, name, labels_new(v, r->name, CIRRUS_ROLE_CLIENT, -1, i), c,
                            vols, err));

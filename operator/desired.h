@@ -43,6 +43,9 @@
  * keys): the controller replaces a Pod whose hash differs from the desired Pod's. */
 #define CIRRUS_ANNOT_SPEC_HASH "cirrus.dev/spec-hash"
 
+/* Every Pod's one container (the trainer). */
+#define CIRRUS_CONTAINER "trainer"
+
 #define CIRRUS_ROLE_GATEWAY "gateway"
 #define CIRRUS_ROLE_PEER "peer"
 #define CIRRUS_ROLE_CLIENT "client"
@@ -68,6 +71,8 @@
 /* spec.gateway.wanPort's default: where a region's gateway listens for the other regions'
  * gateways (its container port and Service port "wan"), with more than one region. */
 #define DESIRED_DEFAULT_WAN_PORT 7443
+/* spec.steps's default (the CRD's): the optimizer steps each region's client 0 takes. */
+#define DESIRED_DEFAULT_STEPS 1000
 /* The largest spec.gateway.outerMomentum (the CRD's maximum; the trainer's --outer-momentum
  * takes at most 0.999). */
 #define DESIRED_MAX_OUTER_MOMENTUM 0.999

@@ -136,6 +136,8 @@ json_t *desired_args_client(const job_view *v, const region_view *r, const char 
     arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
     arg(args, &bad, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_STEPS), "%lld", v->steps);
+    /* How it ended, for the status: the gateway's figures stop short of the last steps. */
+    arg(args, &bad, ROLE_ARG(ROLE_FLAG_SUMMARY_FILE), ROLE_TERMINATION_LOG);
     if (r->clients > 1) { /* they share each step's batch; client 0 steps */
         argf(args, &bad, ROLE_ARG(ROLE_FLAG_CLIENTS), "%d", r->clients);
         argf(args, &bad, ROLE_ARG(ROLE_FLAG_CLIENT_INDEX), "%d", i);

@@ -329,9 +329,16 @@ static json_t *rounded(double v)
     return json_real(strtod(buf, NULL));
 }
 
-/* A region's step, loss, tokensPerSecond and progressTime: from its gateway, else as the old
- * status had them (a write without them would drop them: a merge patch replaces the regions
- * array). */
+/* A finite number >= 0 as a status figure (rounded), or nothing. */
+static void set_figure(json_t *ro, const char *key, double v)
+{
+    if (isfinite(v) && v >= 0) json_object_set_new(ro, key, rounded(v));
+}
+
+/* A region's step, loss, validationLoss, tokensPerSecond and progressTime: from its client
+ * 0's summary once it finished (the final figures; the rate is the gateway's last), else
+ * from its gateway, else as the old status had them (a write without them would drop them:
+ * a merge patch replaces the regions array). */
 static void region_progress(json_t *ro, const region_observed *r, const json_t *old_r)
 {
     int64_t last = last_answer(r, old_r);
@@ -340,18 +347,29 @@ static void region_progress(json_t *ro, const region_observed *r, const json_t *
         jobstatus_format_time(last, t, sizeof t);
         json_object_set_new(ro, "progressTime", json_string(t));
     }
-    if (r->has_progress) {
-        json_object_set_new(ro, "step", json_integer((json_int_t)(r->step > 0 ? r->step : 0)));
-        if (isfinite(r->loss) && r->loss >= 0) json_object_set_new(ro, "loss", rounded(r->loss));
-        if (isfinite(r->tokens_per_s) && r->tokens_per_s >= 0)
-            json_object_set_new(ro, "tokensPerSecond", rounded(r->tokens_per_s));
-        return;
-    }
     const json_t *step = json_object_get(old_r, "step"), *loss = json_object_get(old_r, "loss");
     const json_t *tps = json_object_get(old_r, "tokensPerSecond");
+    const json_t *val = json_object_get(old_r, "validationLoss");
+    if (r->has_summary) {
+        json_object_set_new(ro, "step", json_integer(r->summary_step > 0 ? r->summary_step : 0));
+        set_figure(ro, "loss", r->summary_loss);
+        set_figure(ro, "validationLoss", r->summary_val_loss);
+        if (r->has_progress)
+            set_figure(ro, "tokensPerSecond", r->tokens_per_s);
+        else if (json_is_number(tps))
+            json_object_set_new(ro, "tokensPerSecond", json_deep_copy(tps));
+        return;
+    }
+    if (r->has_progress) {
+        json_object_set_new(ro, "step", json_integer((json_int_t)(r->step > 0 ? r->step : 0)));
+        set_figure(ro, "loss", r->loss);
+        set_figure(ro, "tokensPerSecond", r->tokens_per_s);
+        return;
+    }
     if (!json_is_integer(step) || json_integer_value(step) < 0) return;
     json_object_set_new(ro, "step", json_integer(json_integer_value(step)));
     if (json_is_number(loss)) json_object_set_new(ro, "loss", json_deep_copy(loss));
+    if (json_is_number(val)) json_object_set_new(ro, "validationLoss", json_deep_copy(val));
     if (json_is_number(tps)) json_object_set_new(ro, "tokensPerSecond", json_deep_copy(tps));
 }
 

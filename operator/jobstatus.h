@@ -7,8 +7,10 @@
  * and the printer-column strings. Pure: the clock is passed in, so it is unit-tested.
  *
  * Training progress (progress.h, read from the gateways' /status): per region step, loss
- * and tokensPerSecond as its gateway last reported them; a region with no answer known to
- * this process keeps the figures the old status shows for it. The job's .status.step is the
+ * and tokensPerSecond as its gateway last reported them; once the region's client 0 has
+ * finished, step and loss are the ones its own summary gives (has_summary), with
+ * validationLoss; a region with neither known to this process keeps the figures the old
+ * status shows for it. The job's .status.step is the
  * least step of the regions that have one (the job is as far as its slowest region), .loss
  * the mean of their losses and .tokensPerSecond the sum of their rates. With no region
  * figures at all the three are left out (a merge patch keeps what the status had).
@@ -69,6 +71,13 @@ typedef struct region_observed {
     int has_progress;
     int64_t step;
     double loss, tokens_per_s;
+    /* How the region's client 0 said it ended, from its finished pod (podstate.h:
+     * pod_client_summary); has_summary 0: none. Its figures are final: they replace the
+     * gateway's (whose last answer may predate the last steps, and which is gone once the
+     * job succeeded) as the region's step, loss and validationLoss. NAN: none. */
+    int has_summary;
+    int64_t summary_step;
+    double summary_loss, summary_val_loss;
     /* For ProgressCurrent: when that answer was read (Unix seconds; 0: none known to this
      * process, and the old status's progressTime counts), since when this process reads the
      * gateway (Unix seconds; 0: it does not, e.g. the gateway is not ready) and how its reads

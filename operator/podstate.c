@@ -1,7 +1,11 @@
 #include "podstate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "../common/role_args.h"
+#include "desired.h"
 
 static const char *str_at(const json_t *o, const char *a, const char *b)
 {
@@ -113,4 +117,79 @@ const char *pod_state_name(enum pod_state s)
     static const char *const names[] = {"Pending", "Unschedulable", "Running", "Ready",
                                         "Succeeded", "Failed",      "Terminating"};
     return (unsigned)s < sizeof names / sizeof *names ? names[s] : "Unknown";
+}
+
+/* ---- client summaries ------------------------------------------------------------------------ */
+
+/* Member `key` of o: a finite number >= 0 into *v, or null / absent: NAN. */
+static int loss_or_null(const json_t *o, const char *key, double *v, cirrus_error *err)
+{
+    const json_t *x = json_object_get(o, key);
+    *v = NAN;
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_number(x))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "summary %s is not a number or null", key);
+    double d = json_number_value(x);
+    if (!isfinite(d) || d < 0)
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "summary %s %g is not a finite number >= 0",
+                           key, d);
+    *v = d;
+    return 0;
+}
+
+int client_summary_parse(const char *msg, size_t len, int64_t max_step, client_summary *out,
+                         cirrus_error *err)
+{
+    if (!msg || !len) return cirrus_fail(err, CIRRUS_ECORRUPT, "the summary is empty");
+    if (len >= ROLE_SUMMARY_MAX)
+        return cirrus_fail(err, CIRRUS_ECORRUPT,
+                           "the summary is %zu bytes, at Kubernetes's limit of %d (cut short?)",
+                           len, ROLE_SUMMARY_MAX);
+    json_error_t je;
+    json_t *o = json_loadb(msg, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) return cirrus_fail(err, CIRRUS_ECORRUPT, "the summary is not JSON: %s", je.text);
+    client_summary s = {0};
+    const json_t *step = json_object_get(o, "step"), *tokens = json_object_get(o, "tokens");
+    int rc = 0;
+    if (!json_is_object(o))
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "the summary is not a JSON object");
+    else if (!json_is_integer(step))
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "summary step is not an integer");
+    else if (json_integer_value(step) < 0 || json_integer_value(step) > max_step)
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "summary step %lld is not in [0, %lld] (spec.steps)",
+                         (long long)json_integer_value(step), (long long)max_step);
+    else if (!json_is_integer(tokens) || json_integer_value(tokens) < 0)
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "summary tokens is not an integer >= 0");
+    if (!rc) rc = loss_or_null(o, "loss", &s.loss, err);
+    if (!rc) rc = loss_or_null(o, "val_loss", &s.val_loss, err);
+    if (!rc) {
+        s.step = (int64_t)json_integer_value(step);
+        s.tokens = (int64_t)json_integer_value(tokens);
+        *out = s;
+    }
+    json_decref(o);
+    return rc;
+}
+
+int pod_client_summary(const json_t *pod, int64_t max_step, client_summary *out,
+                       cirrus_error *err)
+{
+    size_t i;
+    const json_t *cs;
+    json_array_foreach(json_object_get(json_object_get(pod, "status"), "containerStatuses"), i, cs)
+    {
+        const char *name = str_at(cs, "name", NULL);
+        if (!name || strcmp(name, CIRRUS_CONTAINER)) continue;
+        const json_t *term = json_object_get(json_object_get(cs, "state"), "terminated");
+        const json_t *code = json_object_get(term, "exitCode");
+        if (!json_is_integer(code) || json_integer_value(code) != 0) return 0;
+        const json_t *msg = json_object_get(term, "message");
+        if (!json_is_string(msg) || !json_string_length(msg))
+            return cirrus_fail(err, CIRRUS_ECORRUPT, "it exited 0 without a termination message");
+        return client_summary_parse(json_string_value(msg), json_string_length(msg), max_step,
+                                    out, err)
+                   ? CIRRUS_ECORRUPT
+                   : 1;
+    }
+    return 0;
 }

@@ -13,7 +13,12 @@
 #ifndef CIRRUS_PODSTATE_H
 #define CIRRUS_PODSTATE_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include <jansson.h>
+
+#include "../common/cerr.h"
 
 enum pod_state {
     POD_PENDING = 0,      /* not running yet (scheduling, pulling, starting) */
@@ -29,6 +34,32 @@ enum pod_state {
  * 139", "OOMKilled, exit 137", "Evicted, no exit code", "DisruptionTarget:
  * PreemptionByScheduler, exit 143", ...) copied into why (may be NULL). */
 enum pod_state pod_state_of(const json_t *pod, char *why, size_t why_size);
+
+/* How a client said it ended: the one line of JSON `cirrus-trainer client --summary-file`
+ * writes (common/role_args.h), which the kubelet keeps as the container's termination
+ * message. */
+typedef struct client_summary {
+    int64_t step;    /* 0 to the job's spec.steps */
+    double loss;     /* the last training loss: finite and >= 0, or NAN: none */
+    double val_loss; /* the final validation loss: finite and >= 0, or NAN: none */
+    int64_t tokens;  /* >= 0: tokens trained on by the client's last run */
+} client_summary;
+
+/* Parse a termination message (len bytes) as a client summary. 0; CIRRUS_ECORRUPT (err, may be
+ * NULL, names the field) when it is ROLE_SUMMARY_MAX bytes or more (what the kubelet keeps
+ * at most, so it may be cut short), not a JSON object, has a member twice, or step is not an
+ * integer in [0, max_step], loss or val_loss not a finite number >= 0 or null, tokens not an
+ * integer >= 0. Other members are not read (a newer trainer may add some). Nothing in the
+ * message is trusted until all of it passed: *out is written only on success. */
+int client_summary_parse(const char *msg, size_t len, int64_t max_step, client_summary *out,
+                         cirrus_error *err);
+
+/* The summary of client pod `pod` whose trainer container terminated with exit code 0: 1 and
+ * *out; 0 when that container has not terminated with exit 0 (nothing to read yet, or a
+ * failed run, whose figures are not final); CIRRUS_ECORRUPT with err when it did but its
+ * message is missing or does not parse (client_summary_parse). */
+int pod_client_summary(const json_t *pod, int64_t max_step, client_summary *out,
+                       cirrus_error *err);
 
 /* Ended: a replacement may be created once the old pod is deleted. */
 int pod_state_ended(enum pod_state s);

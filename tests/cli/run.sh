@@ -144,6 +144,35 @@ check train_sigterm_final_line_before_the_last_step test "${term_step:-0}" -gt 0
     >"$tmp/term2.out" 2>"$tmp/term2.err"
 check train_sigterm_checkpoint_resumes grep -q "resuming from step ${term_step:-x} (" "$tmp/term2.err"
 
+# --summary-file: a client that finished writes how it ended as one line of JSON (the
+# operator reads it as the Pod's termination message); a file it cannot write is a warning
+# on stderr, never a failed run.
+"$bin" stage --serve 0:2 --layers 2 --width 32 --heads 2 --context 16 --batch 2 \
+    --listen 127.0.0.1:0 2>"$tmp/sum_stage.log" &
+sum_peer=$!
+for _ in $(seq 100); do grep -q 'listening on' "$tmp/sum_stage.log" && break; sleep 0.1; done
+sum_port=$(sed -nE 's/.*listening on 127.0.0.1:([0-9]+).*/\1/p' "$tmp/sum_stage.log" | head -1)
+sum_client=("$bin" client --stages "127.0.0.1:${sum_port:-1}" "${tiny[@]}" --steps 3)
+"${sum_client[@]}" --summary-file "$tmp/summary" >"$tmp/sum.out" 2>"$tmp/sum.err"
+check client_summary_exit0 test $? -eq 0
+check client_summary_one_json_line python3 - "$tmp/summary" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+assert text.endswith("\n") and text.count("\n") == 1 and len(text) < 4096, repr(text)
+d = json.loads(text)
+assert sorted(d) == ["loss", "step", "tokens", "val_loss"], d
+assert d["step"] == 3 and d["tokens"] == 3 * 2 * 16, d
+assert isinstance(d["step"], int) and isinstance(d["tokens"], int), d
+assert 0 < d["loss"] < 10 and 0 < d["val_loss"] < 10, d
+PY
+check client_summary_matches_done_line grep -qE "^done: 3 steps, train loss $(python3 -c "import json,sys; print('%.4f' % json.load(open(sys.argv[1]))['loss'])" "$tmp/summary")," "$tmp/sum.out"
+expect client_summary_unwritable_dir_warns 0 "warn: --summary-file $tmp/none/summary: No such file or directory" -- \
+    "${sum_client[@]}" --summary-file "$tmp/none/summary"
+expect client_summary_full_disk_warns 0 'warn: --summary-file /dev/full: No space left on device' -- \
+    "${sum_client[@]}" --summary-file /dev/full
+kill "$sum_peer" 2>/dev/null
+wait "$sum_peer" 2>/dev/null
+
 # A stage peer's name at the coordinator must be a valid member name.
 expect stage_bad_name 2 '--name must be' -- "$bin" stage --serve 0:1 --name 'bad name!'
 

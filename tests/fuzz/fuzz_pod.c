@@ -8,10 +8,15 @@
  * not depend on whether or how large a reason buffer is given; a pod with a
  * deletionTimestamp is Terminating; the default rules judge any pod to one of their actions,
  * naming the rule that decided (0 or 1) unless none did (-1: Count), and Ignore only pods
- * that carry a proof (a True DisruptionTarget condition or a status.reason); the pod JSON is
- * not modified (compared with a copy).
+ * that carry a proof (a True DisruptionTarget condition or a status.reason); a client
+ * summary (podstate.c: pod_client_summary, the termination message of a finished client)
+ * is read (1) only from a trainer container that exited 0, with every field in range, and
+ * otherwise leaves its output untouched (0, or CIRRUS_ECORRUPT with a reason); the pod JSON
+ * is not modified (compared with a copy).
  */
 #include "fuzz.h"
+
+#include <math.h>
 
 #include <jansson.h>
 
@@ -54,7 +59,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(a != FAILPOLICY_IGNORE || json_object_get(status, "conditions") ||
                    json_string_value(json_object_get(status, "reason")),
                "ignored without a proof");
-    FUZZ_CHECK(json_equal(pod, copy), "pod_state_of or failpolicy_judge modified the pod");
+    client_summary sum = {.step = -7};
+    cirrus_error serr = {0};
+    int got = pod_client_summary(pod, 300, &sum, &serr);
+    FUZZ_CHECK(got == 1 || got == 0 || got == CIRRUS_ECORRUPT, "summary rc %d", got);
+    if (got == 1) {
+        FUZZ_CHECK(sum.step >= 0 && sum.step <= 300 && sum.tokens >= 0, "summary step %lld",
+                   (long long)sum.step);
+        FUZZ_CHECK((isnan(sum.loss) || (isfinite(sum.loss) && sum.loss >= 0)) &&
+                       (isnan(sum.val_loss) || (isfinite(sum.val_loss) && sum.val_loss >= 0)),
+                   "summary losses %g %g", sum.loss, sum.val_loss);
+    } else {
+        FUZZ_CHECK(sum.step == -7, "summary written though refused (rc %d)", got);
+        FUZZ_CHECK(got == 0 || serr.msg[0], "summary refused without a reason");
+    }
+    FUZZ_CHECK(json_equal(pod, copy), "pod_state_of, failpolicy_judge or pod_client_summary "
+                                      "modified the pod");
     json_decref(copy);
     json_decref(pod);
     return 0;

@@ -201,6 +201,10 @@ static void text_seeds(void)
     put_str("pod", "unschedulable",
             "{\"metadata\":{\"name\":\"p\"},\"status\":{\"phase\":\"Pending\",\"conditions\":[{\"type\":"
             "\"PodScheduled\",\"status\":\"False\",\"reason\":\"Unschedulable\"}]}}");
+    put_str("pod", "summary",
+            "{\"metadata\":{\"name\":\"j-r1-c0\"},\"status\":{\"phase\":\"Succeeded\",\"containerStatuses\":[{\"name\":"
+            "\"trainer\",\"state\":{\"terminated\":{\"exitCode\":0,\"reason\":\"Completed\",\"message\":"
+            "\"{\\\"step\\\":300,\\\"loss\\\":1.875,\\\"val_loss\\\":2.25,\\\"tokens\\\":76800}\\n\"}}}]}}");
     put_str("pod", "deleting",
             "{\"metadata\":{\"name\":\"p\",\"deletionTimestamp\":\"2026-11-22T01:02:03Z\"},\"status\":{\"phase\":\"Running\"}}");
     /* Leases as the API server returns them: ours, another's, released. */

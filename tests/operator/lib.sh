@@ -75,12 +75,14 @@ check_valgrind_clean() {
 
 # ---- one operator for a focused test ---------------------------------------------------------
 # poll_until TIMEOUT_S COMMAND...       every 100 ms until COMMAND succeeds; 1 after TIMEOUT_S
-# test_operator_start WORK NAMESPACE    runs the operator ($CIRRUS_OPERATOR, else
+# test_operator_start WORK NAMESPACE [FLAG...]
+#                                       runs the operator ($CIRRUS_OPERATOR, else
 #                                       build/bin/cirrus-operator) as its ServiceAccount
 #                                       (WORK/kubeconfig from operator_install_and_kubeconfig),
-#                                       leader-elected, watching NAMESPACE only, its log in
-#                                       WORK/operator.log; sets op_pid (so call it
-#                                       outside $(...)); returns 1 unless it leads within 60 s
+#                                       leader-elected, watching NAMESPACE only, with any
+#                                       further FLAGs, its log in WORK/operator.log; sets
+#                                       op_pid (so call it outside $(...)); returns 1 unless
+#                                       it leads within 60 s
 # test_operator_stop                    SIGTERM; returns the operator's exit status
 poll_until() {
     local deadline=$(($(date +%s) + $1)); shift
@@ -94,7 +96,7 @@ test_operator_start() {
     local bin=${CIRRUS_OPERATOR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/bin/cirrus-operator}
     [[ -x "$bin" ]] || { echo "$bin is missing (make all)" >"$1/operator.log"; return 1; }
     "$bin" --kubeconfig "$1/kubeconfig" --namespace "$2" --leader-elect \
-        --lease-namespace cirrus-system --metrics-port 0 >>"$1/operator.log" 2>&1 &
+        --lease-namespace cirrus-system --metrics-port 0 "${@:3}" >>"$1/operator.log" 2>&1 &
     op_pid=$!
     poll_until 60 grep -q "acquired the lease" "$1/operator.log"
 }

@@ -133,6 +133,13 @@ TEST(desired_sample_pods)
     ASSERT(!arg_of(p, "--data"));
     ASSERT(!arg_of(p, "--serve"));
     ASSERT(!arg_of(p, "--clients")); /* a lone client needs no share */
+    /* Its summary goes where the kubelet reads the termination message from, as a file. */
+    assert_str(arg_of(p, "--summary-file"), "/dev/termination-log", "client --summary-file");
+    assert_str(str_at(container(p), "terminationMessagePath"), "/dev/termination-log",
+               "client terminationMessagePath");
+    assert_str(str_at(container(p), "terminationMessagePolicy"), "File",
+               "client terminationMessagePolicy");
+    ASSERT(!arg_of(pod(&d, "tiny-bible-r1-s0-0"), "--summary-file"));
     l = json_object_get(json_object_get(p, "metadata"), "labels");
     ASSERT(!json_object_get(l, CIRRUS_LABEL_STAGE));
     assert_str(str_at(l, CIRRUS_LABEL_INDEX), "0", "client index label");

@@ -42,7 +42,8 @@ TEST(desired_outer_two_regions)
     /* The region's one client takes the outer steps; peers know nothing of them. */
     assert_str(args_of(pod(&d, "tiny-bible-r2-c0")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 "
-               "--coordinator tiny-bible-r2-gw.train.svc:7400 --steps 3000 --sync-every 100 "
+               "--coordinator tiny-bible-r2-gw.train.svc:7400 --steps 3000 "
+               "--summary-file /dev/termination-log --sync-every 100 "
                "--ckpt /checkpoints/r2 --ckpt-every 200 --model tiny --batch 8 --seed 1337",
                "r2 client args");
     ASSERT(!arg_of(pod(&d, "tiny-bible-r1-s0-0"), "--sync-every"));
@@ -128,7 +129,8 @@ TEST(desired_outer_one_region)
     assert_str(args_of(cl),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 "
                "--coordinator tiny-bible-r1-gw.train.svc:7400 --steps 3000 "
-               "--ckpt /checkpoints/r1 --ckpt-every 200 --model tiny --batch 8 --seed 1337",
+               "--summary-file /dev/termination-log --ckpt /checkpoints/r1 --ckpt-every 200 "
+               "--model tiny --batch 8 --seed 1337",
                "one-region client args");
     /* Several clients are fine with one region. */
     desired_job_free(&d);

@@ -48,7 +48,7 @@ const volatile sig_atomic_t *cli_stop_flag(void)
     return &stop_signal;
 }
 
-int cli_run_training(const char *cmd, const train_options *opts)
+int cli_run_training(const char *cmd, const train_options *opts, train_result *out)
 {
     /* SIGTERM (a preempted pod's notice, `kill`) or SIGINT ends the run after the step in
      * progress, with a checkpoint if there is a checkpoint directory. */
@@ -75,5 +75,6 @@ int cli_run_training(const char *cmd, const train_options *opts)
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         return 1;
     }
+    if (out) *out = res;
     return 0;
 }

@@ -74,8 +74,9 @@ int cli_model_from_flags(const model_flags *mf, gpt_config *cfg, cirrus_error *e
 int cli_select_backend(const char *name, cirrus_error *err);
 
 /* Print the banner, run train_run() and map its result to an exit code. SIGTERM or SIGINT
- * ends the run after the step in progress (with a checkpoint if o->ckpt_dir), exit 0. */
-int cli_run_training(const char *cmd, const train_options *o);
+ * ends the run after the step in progress (with a checkpoint if o->ckpt_dir), exit 0.
+ * out (may be NULL): the run's result, filled when it returns 0. */
+int cli_run_training(const char *cmd, const train_options *o, train_result *out);
 /* Set once SIGTERM or SIGINT asked cli_run_training's run to end (for what waits within a
  * step, e.g. an outer step across regions). */
 const volatile sig_atomic_t *cli_stop_flag(void);

@@ -35,7 +35,7 @@ int roles_cmd_client(int argc, char **argv)
     const char *job = "cirrus", *stages = NULL, *act = "none", *coordinator = NULL;
     routing_flags routing = {"wiring", WIRING_LEAST_LOADED, 0};
     int help = 0, micro = 0, wait_s = 600;
-    client_share share = {1, 0, 0, 0, 600, 0, "all", NULL};
+    client_share share = {1, 0, 0, 0, 600, 0, "all", NULL, NULL};
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         TRAIN_FLAGS(o),
@@ -73,6 +73,10 @@ int roles_cmd_client(int argc, char **argv)
         {ROLE_FLAG_REGION, FLAG_STR, &share.region, 0, 0, "the region's name on progress lines", 0},
         {"exit-mid-step", FLAG_INT, &share.exit_mid_step, 1, 1e9,
          "tests only: exit (137) after one microbatch of this step, as a preempted pod", 0},
+        {ROLE_FLAG_SUMMARY_FILE, FLAG_STR, &share.summary_file, 0, 0,
+         "when training finished, write how it ended to this file: one line of JSON, step, "
+         "loss, val_loss, tokens (a Pod's termination message)",
+         0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
          "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},

@@ -489,7 +489,8 @@ int roles_cmd_local(int argc, char **argv)
         else followers++;
     }
     client_share share = {n_clients, 0, exit_step, wan.sync_every, wan.sync_timeout_s, wan.sync_delay,
-                          wan.sync_params, wan.sync_every ? region_names[region] : NULL};
+                          wan.sync_params, wan.sync_every ? region_names[region] : NULL,
+                          NULL};
     if (!rc)
         rc = roles_run_client("local", &o, job, &src, codec, micro, coord_addr, &routing, &share);
     for (int i = 0; i < followers; i++) {

@@ -54,7 +54,7 @@ static int cmd_train(int argc, char **argv)
         return cli_fail_input("train", &err);
     }
     if (cli_select_backend(backend, &err)) return cli_fail_input("train", &err);
-    return cli_run_training("train", &o);
+    return cli_run_training("train", &o, NULL);
 }
 
 static int cmd_sample(int argc, char **argv)

@@ -1,6 +1,7 @@
 /* roles_common: see roles_common.h. */
 #include "roles_common.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,26 @@ int roles_resume_setup(const char *cmd, train_options *o, const char *job)
     return 0;
 }
 
+/* --summary-file: how the run ended, in one line of JSON (common/role_args.h). A file that
+ * cannot be written is a warning, not a failed run: the training itself is done. */
+static void write_summary(const char *path, const train_result *res)
+{
+    char loss[32] = "null", val[32] = "null";
+    if (isfinite(res->loss) && res->loss >= 0) snprintf(loss, sizeof loss, "%.9g", res->loss);
+    if (isfinite(res->val_loss) && res->val_loss >= 0)
+        snprintf(val, sizeof val, "%.9g", res->val_loss);
+    FILE *f = fopen(path, "w");
+    int ok = f && fprintf(f, "{\"step\":%llu,\"loss\":%s,\"val_loss\":%s,\"tokens\":%.0f}\n",
+                          (unsigned long long)res->step, loss, val, res->tokens) > 0;
+    int e = errno;
+    if (f && fclose(f) && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) log_warn("--summary-file %s: %s (training finished; no summary written)", path,
+                      strerror(e));
+}
+
 int roles_run_client(const char *cmd, train_options *o, const char *job, const peer_source *src,
                      int codec, int micro, const char *coordinator, const routing_flags *routing,
                      const client_share *share)
@@ -260,7 +281,9 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
         goto out;
     }
     o->executor = &ex;
-    rc = cli_run_training(cmd, o);
+    train_result res = {0};
+    rc = cli_run_training(cmd, o, &res);
+    if (!rc && share->summary_file) write_summary(share->summary_file, &res);
     pipeline_log_routing(p);
     const pipeline_counters *pc = pipeline_get_counters(p);
     /* One line for people and scripts: every microbatch completed, and what it took. */

@@ -59,6 +59,7 @@ typedef struct client_share {
     int sync_every, sync_timeout_s, sync_delay;
     const char *sync_params;
     const char *region;
+    const char *summary_file; /* --summary-file (common/role_args.h); NULL: none */
 } client_share;
 
 /* A client resumes from its checkpoints on its own (a pod restarted, a job unsuspended):
