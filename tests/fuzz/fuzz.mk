@@ -25,7 +25,7 @@ FUZZ_NAMES := wire q8 ckpt flags watch kubeconfig swarmjob pod lease progress wa
 FUZZ_OPERATOR_SRC := $(OPERATOR_SRC) $(COMMON_SRC)
 FUZZ_SRC_wire       := trainer/net/wire.c common/cerr.c
 FUZZ_SRC_q8         := trainer/codec/q8.c common/cerr.c
-FUZZ_SRC_ckpt       := trainer/ckpt/checkpoint.c trainer/model/gpt.c common/cerr.c common/rng.c
+FUZZ_SRC_ckpt       := trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c common/cerr.c common/rng.c
 FUZZ_SRC_flags      := common/flags.c common/cerr.c
 FUZZ_WAN_CODEC_SRC  := trainer/gateway/wan_codec.c trainer/gateway/wan_codec_dense.c trainer/gateway/wan_codec_topk.c
 FUZZ_SRC_wan_codec  := $(FUZZ_WAN_CODEC_SRC) common/cerr.c
@@ -119,7 +119,7 @@ fuzz-coverage: fuzz-deps
 fuzz-seeds: $(FUZZ_BUILD)/bin/fuzz_seeds
 	$(FUZZ_BUILD)/bin/fuzz_seeds $(FUZZ_SEEDS)
 
-$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c)
+$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $^ -o $@ $(KUBE_LIBS) -lz -lzstd -lm
 
