@@ -116,6 +116,12 @@ unmount_under() { # unmount everything mounted under DIR, deepest first
     done
 }
 
+kill_cgroup_procs() { # ROOT: SIGKILL every process left in the node's cgroups (its containers)
+    local root=$1
+    find /sys/fs/cgroup/*/"$root" /sys/fs/cgroup/"$root" -name cgroup.procs -exec cat {} + 2>/dev/null |
+        sort -u | xargs -r kill -KILL 2>/dev/null || true
+}
+
 remove_cgroups() { # remove the node's cgroup trees (children first), in every hierarchy
     local root=$1 h
     for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
@@ -397,8 +403,10 @@ cmd_down() {
     fi
     stop coredns kube-proxy
     for r in "${REGIONS[@]}"; do stop "kubelet-$r"; done
-    # The shims outlive containerd; stop them (and their containers) first.
+    # Containers the API could not delete (a failed run), then the shims, which outlive
+    # containerd.
     for r in "${REGIONS[@]}"; do
+        kill_cgroup_procs "$(node_name "$r")"
         pkill -KILL -f "containerd-shim-runc-v2 .*-address $RUN/$r/containerd.sock" 2>/dev/null || true
         stop "containerd-$r"
     done
