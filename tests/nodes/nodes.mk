@@ -7,10 +7,12 @@
 #   make cluster-up NODES=real    control plane + two real nodes (regions r1, r2); then
 #                       eval "$$(tests/nodes/nodes.sh env)"; make cluster-down NODES=real
 #   make test-nodes     the end-to-end test on real nodes (tests/nodes/e2e_test.sh)
+#   make demo-k8s       helm install, the sample SwarmJob trained and watched, text sampled
+#                       from its checkpoint, teardown (tests/nodes/demo_k8s.sh)
 
 NODES_SCRIPTS := $(dir $(lastword $(MAKEFILE_LIST)))
 
-.PHONY: nodes-deps image test-nodes
+.PHONY: nodes-deps image nodes-prep test-nodes demo-k8s
 
 nodes-deps:
 	$(NODES_SCRIPTS)install.sh
@@ -18,12 +20,21 @@ nodes-deps:
 image: nodes-deps
 	$(NODES_SCRIPTS)image.sh
 
-# Without root (containers, cgroups, iptables) the suite says so and is skipped, as the shaped
-# WAN tests are.
-test-nodes: $(BIN)/cirrus-trainer $(CORPUS)
-	@if [ "$$(id -u)" != 0 ]; then \
-	  echo "cirrus: SKIP test-nodes: real nodes need root (containers, cgroups, iptables)"; exit 0; fi; \
-	$(MAKE) --no-print-directory image && \
-	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions" && \
+# Without root (containers, cgroups, iptables) these say so and are skipped, as the shaped
+# WAN tests are. nodes-prep (the packages, kubelet, CoreDNS, the images) is a target of its
+# own so that `make test` can run it beside a suite that mostly waits.
+NODES_NEED_ROOT = [ "$$(id -u)" = 0 ] || { echo "cirrus: SKIP $@: real nodes need root (containers, cgroups, iptables)"; exit 0; }
+
+nodes-prep:
+	@$(NODES_NEED_ROOT); $(MAKE) --no-print-directory image
+
+test-nodes: nodes-prep $(BIN)/cirrus-trainer $(CORPUS)
+	@$(NODES_NEED_ROOT); \
+	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions"; \
 	CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) \
 	  $(NODES_SCRIPTS)e2e_test.sh
+
+demo-k8s: deps
+	@[ "$$(id -u)" = 0 ] || { echo "cirrus: demo-k8s runs real nodes and needs root" >&2; exit 1; }
+	$(MAKE) --no-print-directory all image
+	CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) $(NODES_SCRIPTS)demo_k8s.sh
