@@ -92,7 +92,7 @@ static void node_added(void *ctx, const json_t *node)
 void ctl_event(controller *ctl, const json_t *job, int warning, const char *reason,
                const char *fmt, ...)
 {
-    char msg[512], now[32], path[PATH_MAX_LEN], gen[128];
+    char msg[1024], now[32], path[PATH_MAX_LEN], gen[128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);

@@ -45,7 +45,7 @@ typedef struct job_mem {
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
     /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
      * the status says Failed (after that the status keeps it). */
-    char fail_job[384];
+    char fail_job[640];
     struct job_mem *next;
 } job_mem;
 

@@ -174,7 +174,7 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     int counted = seen_uid && !strcmp(seen_uid, uid) &&
                   json_is_true(json_object_get(seen, "counted"));
     ctl_mark_seen(m, name, uid, 1, 0);
-    char why[160];
+    char why[384];
     enum pod_state st = pod_state_of(pod, why, sizeof why);
     const char *node =
         json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));

@@ -477,6 +477,11 @@ static json_t *container_new(const job_view *v, const char *role, json_t *args,
         "fieldPath", "status.podIP", "name", "POD_NAME", "valueFrom", "fieldRef", "fieldPath",
         "metadata.name");
     if (c && resources) json_object_set_new(c, "resources", json_deep_copy(resources));
+    /* A container that fails without writing its termination message (a crash: its
+     * backtrace, common/crash.c) leaves its log's tail there, for the PodFailed Event. */
+    if (c)
+        json_object_set_new(c, "terminationMessagePolicy",
+                            json_string("FallbackToLogsOnError"));
     if (c)
         json_object_set_new(c, "securityContext",
                             json_pack("{s:b, s:{s:[s]}}", "allowPrivilegeEscalation", 0,
@@ -627,7 +632,6 @@ static int build_client(const job_view *v, const region_view *r, const char *coo
     json_object_set_new(c, "volumeMounts", mounts);
     /* The client's --summary-file: read back as the finished Pod's termination message. */
     json_object_set_new(c, "terminationMessagePath", json_string(ROLE_TERMINATION_LOG));
-    json_object_set_new(c, "terminationMessagePolicy", json_string("File"));
     return add_pod(d, name,
                    pod_new(v, r, name, labels_new(v, r->name, CIRRUS_ROLE_CLIENT, -1, i), c,
                            vols, err));

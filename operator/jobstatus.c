@@ -352,7 +352,16 @@ static void region_progress(json_t *ro, const region_observed *r, const json_t *
     const json_t *val = json_object_get(old_r, "validationLoss");
     if (r->has_summary) {
         json_object_set_new(ro, "step", json_integer(r->summary_step > 0 ? r->summary_step : 0));
-        set_figure(ro, "loss", r->summary_loss);
+        /* A client that replaced one which had finished the training ran no step itself:
+         * its summary has no loss. A loss reported for that same step (by the gateway, or
+         * kept in the status) stands; one of an earlier step is left out. */
+        if (isfinite(r->summary_loss))
+            set_figure(ro, "loss", r->summary_loss);
+        else if (r->has_progress && (int64_t)r->step == r->summary_step)
+            set_figure(ro, "loss", r->loss);
+        else if (json_is_number(loss) && json_is_integer(step) &&
+                 json_integer_value(step) == r->summary_step)
+            json_object_set_new(ro, "loss", json_deep_copy(loss));
         set_figure(ro, "validationLoss", r->summary_val_loss);
         if (r->has_progress)
             set_figure(ro, "tokensPerSecond", r->tokens_per_s);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../common/flags.h"
+#include "../common/crash.h"
 #include "../common/log.h"
 #include "controller.h"
 #include "kube/config.h"
@@ -112,6 +113,7 @@ int main(int argc, char **argv)
     };
     cirrus_error err = {0};
     log_set_role("operator");
+    crash_handler_install("cirrus-operator");
     int bad = flags_parse(flags, NFLAGS(flags), argc - 1, argv + 1, &err);
     for (int i = 0; i < resolves.n && !bad; i++) bad = progress_check_resolve(resolves.items[i], &err);
     if (bad) {

@@ -40,11 +40,13 @@ static const json_t *false_condition(const json_t *status, const char *type)
 }
 
 /* The first non-zero exit code among terminated containers; 0 if all exited 0; -1 if none
- * is known to have terminated. *oom: that container was killed by the OOM killer. */
-static long exit_code(const json_t *status, int *oom)
+ * is known to have terminated. *oom: that container was killed by the OOM killer; *term:
+ * the failed container's terminated state (NULL if none). */
+static long exit_code(const json_t *status, int *oom, const json_t **term_out)
 {
     long code = -1;
     *oom = 0;
+    *term_out = NULL;
     size_t i;
     const json_t *cs;
     json_array_foreach(json_object_get(status, "containerStatuses"), i, cs)
@@ -57,11 +59,42 @@ static long exit_code(const json_t *status, int *oom)
         if (v != 0) {
             const char *r = json_string_value(json_object_get(term, "reason"));
             *oom = r && !strcmp(r, "OOMKilled");
+            *term_out = term;
             return v;
         }
         code = 0;
     }
     return code;
+}
+
+/* A crash report in a termination message (the log's tail, terminationMessagePolicy
+ * FallbackToLogsOnError; common/crash.c writes it): " crashed with SIGSEGV at +0x41019
+ * +0x5d4bb ...", the offsets of the frames in Cirrus's own binary, which addr2line turns
+ * into lines of the image's build. Empty when the message holds no crash report. */
+static void describe_crash(const json_t *term, char *out, size_t n)
+{
+    out[0] = 0;
+    const char *msg = json_string_value(json_object_get(term, "message"));
+    const char *at = msg ? strstr(msg, "crashed with SIG") : NULL;
+    if (!at) return;
+    at += strlen("crashed with ");
+    size_t sig = strspn(at, "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+    int used = snprintf(out, n, " crashed with %.*s at", (int)(sig < 12 ? sig : 12), at);
+    int frames = 0;
+    /* Each frame line: BINARY(+0xOFFSET)[0xADDRESS]; only the frames of cirrus binaries. */
+    for (const char *line = strchr(at, '\n'); line && used > 0 && (size_t)used < n;
+         line = strchr(line + 1, '\n')) {
+        const char *end = strchr(line + 1, '\n');
+        const char *off = strstr(line + 1, "(+0x");
+        if (!off || (end && off > end)) continue;
+        const char *bin = strstr(line + 1, "cirrus-");
+        if (!bin || bin > off) continue;
+        size_t hex = strspn(off + 4, "0123456789abcdef");
+        if (hex == 0 || hex > 16) continue;
+        used += snprintf(out + used, n - (size_t)used, " +0x%.*s", (int)hex, off + 4);
+        if (++frames == 12) break;
+    }
+    if (!frames) snprintf(out, n, " crashed with %.*s", (int)(sig < 12 ? sig : 12), at);
 }
 
 /* What a pod that ended in phase Failed shows of why, for Events and logs: the disruption
@@ -73,9 +106,13 @@ static void describe_failed(const json_t *status, char *why, size_t n)
     const json_t *dt = true_condition(status, "DisruptionTarget");
     const char *reason = str_at(status, "reason", NULL);
     int oom;
-    long code = exit_code(status, &oom);
-    char exit_part[48] = "";
-    if (code >= 0) snprintf(exit_part, sizeof exit_part, "%sexit %ld", oom ? "OOMKilled, " : "", code);
+    const json_t *term;
+    long code = exit_code(status, &oom, &term);
+    char exit_part[256] = "", crash[200];
+    describe_crash(term, crash, sizeof crash);
+    if (code >= 0)
+        snprintf(exit_part, sizeof exit_part, "%sexit %ld%s", oom ? "OOMKilled, " : "", code,
+                 crash);
     else snprintf(exit_part, sizeof exit_part, "no exit code");
     if (dt) {
         const char *r = str_at(dt, "reason", NULL);

@@ -2,6 +2,7 @@
 #include "train.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,7 +42,10 @@ static float evaluate(const train_executor *ex, const data_corpus *corpus, int B
     for (int i = 0; i < n; i++) {
         data_loader_next(val, x, y);
         float loss = 0.0f;
-        if (ex->eval(ex->ctx, B, T, x, y, &loss, NULL)) {
+        /* A pipeline's evaluation fails over lost peers, and says why it could not. */
+        cirrus_error err = {0};
+        if (ex->eval(ex->ctx, B, T, x, y, &loss, &err)) {
+            log_warn("validation: %s (no validation loss)", err.msg);
             sum = -1.0 * n;
             break;
         }
@@ -201,6 +205,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     int32_t *x = NULL, *y = NULL;
     FILE *metrics = NULL;
     res->tokens = res->seconds = 0;
+    res->loss = NAN; /* none until this run takes a step (a replaced client may take none) */
 
     if ((rc = gpt_config_validate(&o->model, err))) goto out;
     if (o->steps < 1) {
@@ -348,7 +353,11 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     res->step = step;
     res->val_loss = evaluate(ex, &corpus, B, T, o->eval_batches, o->seed, x, y);
     /* A validation loss below 0 is none (not evaluated here, or the evaluation failed). */
-    char v6[32] = "null", v9[32] = "null", vt[32] = "none";
+    char v6[32] = "null", v9[32] = "null", vt[32] = "none", l9[32] = "null", lt[32] = "none";
+    if (isfinite(res->loss)) {
+        snprintf(l9, sizeof l9, "%.9g", res->loss);
+        snprintf(lt, sizeof lt, "%.4f", res->loss);
+    }
     if (res->val_loss >= 0) {
         snprintf(v6, sizeof v6, "%.6g", res->val_loss);
         snprintf(v9, sizeof v9, "%.9g", res->val_loss);
@@ -361,12 +370,12 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
         char where[512] = "";
         if (o->json && ex->describe) ex->describe(ex->ctx, 1, where, sizeof where);
         if (o->json)
-            printf("{\"step\":%llu,\"final\":true,\"loss\":%.9g,\"val_loss\":%s,"
+            printf("{\"step\":%llu,\"final\":true,\"loss\":%s,\"val_loss\":%s,"
                    "\"tokens\":%.0f,\"seconds\":%.3f%s}\n",
-                   (unsigned long long)step, res->loss, v9, res->tokens, res->seconds, where);
+                   (unsigned long long)step, l9, v9, res->tokens, res->seconds, where);
         else
-            printf("done: %llu steps, train loss %.4f, val loss %s, %.0f tokens in %.1fs\n",
-                   (unsigned long long)step, res->loss, vt, res->tokens, res->seconds);
+            printf("done: %llu steps, train loss %s, val loss %s, %.0f tokens in %.1fs\n",
+                   (unsigned long long)step, lt, vt, res->tokens, res->seconds);
         fflush(stdout);
     }
     rc = 0;

@@ -254,6 +254,18 @@ expect local_resume_other_seed 2 "was trained with --seed 1337, not 7" -- \
 expect local_regions_do_not_resume 2 'holds a checkpoint: local --regions 2 does not resume' -- \
     "$bin" local "${res[@]}" --regions 2 --ckpt "$tmp/rk"
 
+# A crash leaves the signal and a backtrace on stderr (common/crash.c), and the exit status
+# a crash has (128 + 11): a stage peer, serving, is sent SIGSEGV.
+"$bin" stage --serve 0:1 --layers 2 --width 32 --heads 2 --context 16 --batch 2 --listen 127.0.0.1:0 >/dev/null 2>"$tmp/crash.err" &
+crash_pid=$!
+for _ in $(seq 100); do grep -q 'serving layers' "$tmp/crash.err" && break; sleep 0.1; done
+kill -SEGV "$crash_pid"
+wait "$crash_pid" 2>/dev/null
+crash_rc=$?
+check crash_exit_status_139 test "$crash_rc" -eq 139
+check crash_names_the_signal grep -q '^cirrus-trainer stage: crashed with SIGSEGV; backtrace' "$tmp/crash.err"
+check crash_backtrace_frames grep -q 'cirrus-trainer(.*+0x[0-9a-f]*)' "$tmp/crash.err"
+
 # The demo script end to end, briefly: a local region trains, the loss plot is drawn and
 # text is sampled from the checkpoint the region wrote.
 if CIRRUS_DEMO_STEPS=30 CIRRUS_DEMO_SYNC_EVERY=10 bash "$(dirname "$0")/../../trainer/scripts/demo.sh" "$bin" "$CIRRUS_CORPUS" \

@@ -8,7 +8,7 @@
 # gateway (python3, on 127.0.0.1:7480, which --resolve maps the gateways' Service names to)
 # answers /status with step 295, and a client's end is what its status says, set here
 # through the API as a kubelet would:
-#   * the client pods run `--summary-file /dev/termination-log`, terminationMessagePolicy File;
+#   * the client pods run `--summary-file /dev/termination-log`, terminationMessagePolicy FallbackToLogsOnError;
 #   * while running, both jobs show the gateway's step 295;
 #   * `good`'s client exits 0 with {"step":300,"loss":1.875,"val_loss":2.25,...}: the job is
 #     Succeeded with step 300, loss 1.875 and regions[0].validationLoss 2.25;
@@ -82,7 +82,7 @@ client_made() { kn get pod good-r1-c0 >/dev/null 2>&1; }
 poll_until 30 client_made || fail_fast "good-r1-c0 not made"
 args=$(kn get pod good-r1-c0 -o jsonpath='{.spec.containers[0].args}')
 check "the client runs --summary-file /dev/termination-log" grep -q '"--summary-file","/dev/termination-log"' <<<"$args"
-expect_eq "its termination message path and policy" "/dev/termination-log File" \
+expect_eq "its termination message path and policy" "/dev/termination-log FallbackToLogsOnError" \
     "$(kn get pod good-r1-c0 -o jsonpath='{.spec.containers[0].terminationMessagePath} {.spec.containers[0].terminationMessagePolicy}')"
 
 # ---- while running: the gateway's figures ------------------------------------------------------

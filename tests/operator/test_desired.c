@@ -137,7 +137,7 @@ TEST(desired_sample_pods)
     assert_str(arg_of(p, "--summary-file"), "/dev/termination-log", "client --summary-file");
     assert_str(str_at(container(p), "terminationMessagePath"), "/dev/termination-log",
                "client terminationMessagePath");
-    assert_str(str_at(container(p), "terminationMessagePolicy"), "File",
+    assert_str(str_at(container(p), "terminationMessagePolicy"), "FallbackToLogsOnError",
                "client terminationMessagePolicy");
     ASSERT(!arg_of(pod(&d, "tiny-bible-r1-s0-0"), "--summary-file"));
     l = json_object_get(json_object_get(p, "metadata"), "labels");

@@ -47,6 +47,30 @@ static const char *failed_with(int code)
     return buf;
 }
 
+/* A crashed container's termination message is its log's tail (FallbackToLogsOnError)
+ * with common/crash.c's report: the signal and the offsets of Cirrus's own frames reach the
+ * reason, libc's frames and the rest of the log do not. */
+TEST(podstate_crash_report_in_reason)
+{
+    char why[384];
+    const char *pod =
+        "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"trainer\","
+        "\"state\":{\"terminated\":{\"exitCode\":139,\"message\":\"[client] info: step 100\\n"
+        "\\ncirrus-trainer client: crashed with SIGSEGV; backtrace (addr2line -e the binary "
+        "resolves the offsets):\\n/usr/local/bin/cirrus-trainer(+0x41019)[0x55d3cdf6e019]\\n"
+        "/lib/x86_64-linux-gnu/libc.so.6(poll+0x10)[0x7f1623421230]\\n"
+        "/usr/local/bin/cirrus-trainer(+0x5d4bb)[0x55d3cdf8a4bb]\\n\"}}}]}}";
+    ASSERT_EQ(state_of(pod, why, sizeof why), POD_FAILED);
+    ASSERT(!strcmp(why, "exit 139 crashed with SIGSEGV at +0x41019 +0x5d4bb"));
+    /* A failed container whose log holds no crash report: the exit code alone. */
+    const char *plain =
+        "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"trainer\","
+        "\"state\":{\"terminated\":{\"exitCode\":1,\"message\":\"stage 1 has no live peer "
+        "(+0x12)\"}}}]}}";
+    ASSERT_EQ(state_of(plain, why, sizeof why), POD_FAILED);
+    ASSERT(!strcmp(why, "exit 1"));
+}
+
 /* A pod that ended in phase Failed is POD_FAILED whatever ended it: whether that was a
  * preemption is the podFailurePolicy's to say (test_failpolicy.c), never guessed here from a
  * signal number or a missing exit code. */

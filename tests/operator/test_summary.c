@@ -190,15 +190,26 @@ TEST(summary_replaces_stale_gateway_figures)
     ASSERT(!jobstatus_changed(st, kept));
     ASSERT_EQ(json_integer_value(json_object_get(region0(kept), "step")), 300);
     ASSERT_NEAR(json_number_value(json_object_get(region0(kept), "validationLoss")), 2.25, 0);
-    /* A summary with no losses (null) leaves them out rather than pair a stale loss with the
-     * final step. */
+    /* A summary with no losses (null: a client that replaced a finished one ran no step)
+     * leaves out a loss of an earlier step rather than pair it with the final step... */
     r->has_summary = 1;
     r->summary_loss = r->summary_val_loss = NAN;
-    json_t *none = jobstatus_build(&o, kept, "2026-11-22T02:00:01Z");
+    json_t *none = jobstatus_build(&o, stale, "2026-11-22T02:00:01Z");
     ASSERT_EQ(json_integer_value(json_object_get(region0(none), "step")), 300);
     ASSERT(!json_object_get(region0(none), "loss") &&
            !json_object_get(region0(none), "validationLoss"));
     ASSERT(json_is_null(json_object_get(none, "loss")));
+    /* ...and keeps one reported for the final step itself: the status's, or the gateway's. */
+    json_t *same = jobstatus_build(&o, kept, "2026-11-22T02:00:02Z");
+    ASSERT_NEAR(json_number_value(json_object_get(region0(same), "loss")), 1.875, 0);
+    ASSERT_NEAR(json_number_value(json_object_get(same, "loss")), 1.875, 0);
+    r->has_progress = 1;
+    r->step = 300;
+    r->loss = 1.5;
+    json_t *gw = jobstatus_build(&o, stale, "2026-11-22T02:00:03Z");
+    ASSERT_NEAR(json_number_value(json_object_get(region0(gw), "loss")), 1.5, 0);
+    json_decref(same);
+    json_decref(gw);
     json_decref(stale);
     json_decref(st);
     json_decref(kept);

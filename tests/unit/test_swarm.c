@@ -10,7 +10,9 @@
 #include "../../trainer/model/stage.h"
 #include "../../trainer/net/conn.h"
 #include "../../trainer/optim/adamw.h"
+#include "../../trainer/train.h"
 #include "../../trainer/swarm/coord/coordinator.h"
+#include "../../trainer/swarm/client/executor.h"
 #include "../../trainer/swarm/client/pipeline.h"
 #include "../../trainer/swarm/peer/stage_peer.h"
 #include "../../trainer/swarm/proto/stage_msg.h"
@@ -311,4 +313,112 @@ TEST(swarm_peer_moves_to_another_stage)
         ASSERT_OK(peers[i].rc);
     }
     coordinator_stop(co);
+}
+
+/* The evaluation after the last step, through the pipeline executor, is where a stage peer
+ * lost then once crashed a client (the loss of a peer was handled with no error record to
+ * write into). Here one of stage 1's two peers stops as the final evaluation begins: the
+ * evaluation fails over to the survivor, the run succeeds, and the validation loss is the
+ * one the same run reaches in one process (a 2-peer stage sums its gradients in another
+ * order: to float rounding). */
+typedef struct evaluation_fault {
+    train_executor inner;
+    peer_thread *victim;
+    pthread_t victim_th;
+    int stopped;
+} evaluation_fault;
+
+static int eval_after_stopping_a_peer(void *ctx, int b, int t, const int32_t *x,
+                                      const int32_t *y, float *loss, cirrus_error *err)
+{
+    evaluation_fault *f = ctx;
+    if (!f->stopped) {
+        f->victim->stop = 1; /* its connections close within a second */
+        pthread_join(f->victim_th, NULL);
+        f->stopped = 1;
+    }
+    return f->inner.eval(f->inner.ctx, b, t, x, y, loss, err);
+}
+
+static int step_through(void *ctx, uint64_t id, int b, int t, const int32_t *x,
+                        const int32_t *y, float lr, uint64_t step, float *loss,
+                        cirrus_error *err)
+{
+    evaluation_fault *f = ctx;
+    return f->inner.step(f->inner.ctx, id, b, t, x, y, lr, step, loss, err);
+}
+
+TEST(swarm_peer_lost_in_final_evaluation)
+{
+    const char *corpus = getenv("CIRRUS_CORPUS");
+    if (!corpus || !*corpus) TEST_FAIL("CIRRUS_CORPUS is not set (make test sets it)");
+    train_options o;
+    train_options_defaults(&o);
+    o.model = cfg;
+    o.batch = B;
+    o.steps = 3;
+    o.seed = 5;
+    o.data = corpus;
+    o.quiet = 1;
+    o.eval_batches = 8; /* 16 forwards: the wiring sends the stopped peer some */
+    train_result ref = {0};
+    ASSERT_OK(train_run(&o, &ref, NULL));
+    ASSERT(ref.val_loss > 0);
+
+    /* Stage 0: layers [0, 2), one peer; stage 1: layers [2, 3), peers 1 and 2. */
+    enum { NP = 3 };
+    const adamw_config ac = adamw_defaults(o.lr, o.steps);
+    peer_thread peers[NP];
+    pthread_t th[NP];
+    char addr[NP][32], ring[NP][32];
+    const char *addrs[NP] = {addr[0], addr[1], addr[2]};
+    const int l0[NP] = {0, 2, 2}, l1[NP] = {2, 3, 3};
+    for (int i = 0; i < NP; i++) {
+        int port, rport;
+        memset(&peers[i], 0, sizeof peers[i]);
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &port, NULL));
+        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.ring_listen_fd, &rport, NULL));
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port);
+        snprintf(ring[i], sizeof ring[i], "127.0.0.1:%d", rport);
+        peers[i].o = (stage_peer_options){
+            .job_id = "swarm-test", .model = cfg, .l0 = l0[i], .l1 = l1[i], .max_B = 1,
+            .max_T = T, .seed = 5, .adam = ac, .listen_fd = peers[i].o.listen_fd,
+            .ring_listen_fd = peers[i].o.ring_listen_fd, .ring_addr = ring[i]};
+        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
+    }
+    pipeline *p;
+    cirrus_error err = {0};
+    const int per_stage[2] = {1, 2};
+    if (pipeline_connect(&p, "swarm-test", 2, per_stage, addrs, &cfg, 1, T, STAGE_CODEC_NONE,
+                         5000, &err))
+        TEST_FAIL("connect: %s", err.msg);
+    pipeline_executor *pe;
+    evaluation_fault f = {.victim = &peers[1], .victim_th = th[1]};
+    const pipeline_executor_options eo = {.micro = 1, .n_clients = 1,
+                                          .final_step = (uint64_t)o.steps};
+    if (pipeline_executor_open(p, &eo, &pe, &f.inner, &err)) TEST_FAIL("executor: %s", err.msg);
+    train_executor ex = f.inner;
+    ex.ctx = &f;
+    ex.step = step_through;
+    ex.eval = eval_after_stopping_a_peer;
+    ex.describe = NULL;
+    ex.first_step = NULL;
+    o.executor = &ex;
+    train_result res = {0};
+    ASSERT_OK(train_run(&o, &res, &err));
+    ASSERT(f.stopped);
+    ASSERT_EQ(pipeline_get_counters(p)->peers_lost, 1);
+    ASSERT_EQ(res.step, 3);
+    ASSERT_NEAR(res.val_loss, ref.val_loss, 1e-4 * ref.val_loss);
+    pipeline_executor_close(pe);
+    pipeline_close(p);
+    for (int i = 0; i < NP; i++) {
+        if (i != 1) {
+            peers[i].stop = 1;
+            pthread_join(th[i], NULL);
+        }
+        close(peers[i].o.listen_fd);
+        close(peers[i].o.ring_listen_fd);
+        ASSERT_OK(peers[i].rc);
+    }
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../common/crash.h"
 #include "../../common/log.h"
 #include "../bench.h"
 #include "../bench_collective.h"
@@ -218,6 +219,11 @@ int main(int argc, char **argv)
         return EXIT_BAD_INPUT;
     }
     const char *cmd = argv[1];
+#ifndef __SANITIZE_ADDRESS__ /* the sanitizers report crashes their own way */
+    static char what[64];
+    snprintf(what, sizeof what, "cirrus-trainer %s", cmd);
+    crash_handler_install(what);
+#endif
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 2, argv + 2);
