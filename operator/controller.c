@@ -240,17 +240,22 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     }
     ctl_apply_counts(&obs, m);
     json_t *doomed = json_object(); /* pod name -> {"uid", "force", "ended"} */
+    json_t *rolling = json_object(); /* peers built from an older spec: pod name -> pod */
     const char *pname;
     json_object_foreach(have, pname, pod)
     {
         enum pod_action a =
             ctl_observe_pod(ctl, job, m, &policy, pod, json_object_get(d.pods, pname), &obs);
-        if (a != KEEP_POD)
+        if (a == ROLL_POD)
+            json_object_set(rolling, pname, (json_t *)pod);
+        else if (a != KEEP_POD)
             json_object_set_new(doomed, pname,
                                 json_pack("{s:s, s:b, s:b}", "uid", meta_str(pod, "uid"),
                                           "force", a == FORCE_DELETE_POD, "ended",
                                           pod_state_ended(pod_state_of(pod, NULL, 0))));
     }
+    ctl_roll_stages(ctl, job, m, rolling, have, d.pods, doomed);
+    json_decref(rolling);
     ctl_apply_counts(&obs, m);
     phase = jobstatus_phase(&obs, old_phase, 0);
     int final = jobstatus_phase_final(phase), stop = obs.suspended || final;

@@ -116,7 +116,9 @@ void ctl_mem_forget(controller *ctl, const char *key);
 void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted);
 void ctl_observe_spec(const json_t *job, job_observed *obs);
 
-enum pod_action { KEEP_POD, DELETE_POD, FORCE_DELETE_POD };
+/* ROLL_POD: a running pod built from an older spec; peers are replaced a stage at a time
+ * (ctl_roll_stages), other pods at once (DELETE_POD). */
+enum pod_action { KEEP_POD, DELETE_POD, FORCE_DELETE_POD, ROLL_POD };
 enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
                                 const failpolicy *policy, const json_t *pod,
                                 const json_t *want, job_observed *obs);
@@ -125,6 +127,12 @@ int ctl_create_pod(controller *ctl, const json_t *job, job_mem *m, const char *n
 int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,
                    int force, cirrus_error *err);
 void ctl_apply_counts(job_observed *obs, const job_mem *m);
+/* The peer pods that ROLL_POD named (rolling: pod name -> pod), of a job whose pods are
+ * `have` and whose desired pods are `desired`: into doomed, at most one per stage of a
+ * region, and only where every desired peer of that stage is Ready (none missing, starting
+ * or terminating), so a stage keeps its other peers serving while one is replaced. */
+void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_t *rolling,
+                     const json_t *have, const json_t *desired, json_t *doomed);
 
 /* ---- controller_children.c ------------------------------------------------------------------- */
 

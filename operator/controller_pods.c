@@ -188,6 +188,12 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     region_observed *ro = region_obs(obs, region);
     int is_client = role && !strcmp(role, CIRRUS_ROLE_CLIENT);
     if (ro && st == POD_UNSCHEDULABLE) ro->unschedulable++;
+    char reason[64], message[400];
+    if (!obs->stuck_reason[0] &&
+        pod_waiting_error(pod, reason, sizeof reason, message, sizeof message)) {
+        snprintf(obs->stuck_reason, sizeof obs->stuck_reason, "%s", reason);
+        snprintf(obs->stuck_message, sizeof obs->stuck_message, "pod %s: %s", name, message);
+    }
     if (ro && is_client && st == POD_SUCCEEDED) ro->clients_succeeded++;
     const char *index = label(pod, CIRRUS_LABEL_INDEX);
     if (ro && is_client && st == POD_SUCCEEDED && index && !strcmp(index, "0"))
@@ -234,10 +240,67 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     const char *have_hash = annotation(pod, CIRRUS_ANNOT_SPEC_HASH);
     const char *want_hash = annotation(want, CIRRUS_ANNOT_SPEC_HASH);
     if (want_hash && (!have_hash || strcmp(have_hash, want_hash))) {
+        if (role && !strcmp(role, CIRRUS_ROLE_PEER)) return ROLL_POD;
         ctl_mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
         return DELETE_POD;
     }
     return KEEP_POD;
+}
+
+/* Whether this process already decided pod's end (it deleted it, or counted how it ended):
+ * the informer's copy may not show the deletion yet. */
+static int end_decided(const job_mem *m, const char *name, const json_t *pod)
+{
+    const json_t *s = json_object_get(m->seen, name);
+    const char *uid = json_string_value(json_object_get(s, "uid"));
+    return uid && meta_str(pod, "uid") && !strcmp(uid, meta_str(pod, "uid")) &&
+           json_is_true(json_object_get(s, "counted"));
+}
+
+/* Whether every desired peer of stage `stage` of region `region` exists, is Ready and is
+ * not going: terminating, doomed in this reconcile, or deleted by an earlier one whose
+ * deletion the informer has not shown yet (else a stale cache would let a second peer of
+ * the stage go, and repeat the first one's Event). */
+static int stage_all_ready(const job_mem *m, const json_t *have, const json_t *desired,
+                           const json_t *doomed, const char *region, const char *stage)
+{
+    const char *name;
+    const json_t *want;
+    json_object_foreach((json_t *)desired, name, want)
+    {
+        const char *r = label(want, CIRRUS_LABEL_REGION), *s = label(want, CIRRUS_LABEL_STAGE);
+        const char *role = label(want, CIRRUS_LABEL_ROLE);
+        if (!r || !s || !role || strcmp(role, CIRRUS_ROLE_PEER) || strcmp(r, region) ||
+            strcmp(s, stage))
+            continue;
+        const json_t *pod = json_object_get(have, name);
+        if (!pod || json_object_get(doomed, name) || end_decided(m, name, pod) ||
+            pod_state_of(pod, NULL, 0) != POD_READY)
+            return 0;
+    }
+    return 1;
+}
+
+void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_t *rolling,
+                     const json_t *have, const json_t *desired, json_t *doomed)
+{
+    const char *name;
+    const json_t *pod;
+    json_object_foreach((json_t *)rolling, name, pod)
+    {
+        const char *region = label(pod, CIRRUS_LABEL_REGION), *stage = label(pod, CIRRUS_LABEL_STAGE);
+        const char *uid = meta_str(pod, "uid");
+        if (!region || !stage || !uid) continue;
+        /* A stage still replacing one (or short of a peer) waits: its next pod goes on a
+         * later reconcile, which the replacement's becoming Ready brings. */
+        if (!stage_all_ready(m, have, desired, doomed, region, stage)) continue;
+        ctl_mark_seen(m, name, uid, 1, 1); /* our own deletion: not a preemption */
+        json_object_set_new(doomed, name,
+                            json_pack("{s:s, s:b, s:b}", "uid", uid, "force", 0, "ended", 0));
+        ctl_event(ctl, job, 0, "RollingUpdate",
+                  "pod %s replaced for the new spec (stage %s of region %s: one peer at a time)",
+                  name, stage, region);
+    }
 }
 
 /* A desired pod that does not exist (any more): count it if it vanished under us, then

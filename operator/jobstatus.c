@@ -277,6 +277,11 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                       ? obs->not_created_message
                       : "gateways, peers and clients created",
                   now, g);
+    add_condition(c, old_status, "PodsStarted", !obs->stuck_reason[0],
+                  obs->stuck_reason[0] ? obs->stuck_reason : "ContainersStarting",
+                  obs->stuck_reason[0] ? obs->stuck_message
+                                       : "no pod's container is stuck before it runs",
+                  now, g);
     int running = ph == PHASE_RUNNING || ph == PHASE_DEGRADED;
     add_condition(c, old_status, "Running", running, running ? "PipelineReady" : phase_names[ph],
                   running ? "every stage of a region has a ready peer"

@@ -108,6 +108,10 @@ typedef struct job_observed {
      * characters) or "PodCreateFailed" (the API server refused a pod: admission, quota,
      * an invalid field; or it could not be reached), the message in the refuser's words. */
     const char *not_created_reason, *not_created_message;
+    /* The first pod found stuck before its container runs (podstate.h: pod_waiting_error),
+     * for the PodsStarted condition (False with the kubelet's reason and "pod NAME: its
+     * message"); stuck_reason empty: none is. */
+    char stuck_reason[64], stuck_message[512];
 } job_observed;
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,

@@ -144,6 +144,35 @@ enum pod_state pod_state_of(const json_t *pod, char *why, size_t why_size)
     return POD_PENDING;
 }
 
+int pod_waiting_error(const json_t *pod, char *reason, size_t reason_size, char *message,
+                      size_t message_size)
+{
+    static const char *const errors[] = {"ErrImagePull",       "ImagePullBackOff",
+                                         "ErrImageNeverPull",  "InvalidImageName",
+                                         "CreateContainerConfigError", "CreateContainerError",
+                                         "RunContainerError"};
+    const json_t *status = json_object_get(pod, "status");
+    const char *phase = str_at(status, "phase", NULL);
+    if (str_at(pod, "metadata", "deletionTimestamp") ||
+        (phase && (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed"))))
+        return 0;
+    size_t i;
+    const json_t *cs;
+    json_array_foreach(json_object_get(status, "containerStatuses"), i, cs)
+    {
+        const json_t *w = json_object_get(json_object_get(cs, "state"), "waiting");
+        const char *r = str_at(w, "reason", NULL);
+        for (size_t k = 0; r && k < sizeof errors / sizeof errors[0]; k++) {
+            if (strcmp(r, errors[k])) continue;
+            const char *m = str_at(w, "message", NULL);
+            snprintf(reason, reason_size, "%s", r);
+            snprintf(message, message_size, "%s", m ? m : "(no message)");
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int pod_state_ended(enum pod_state s)
 {
     return s == POD_SUCCEEDED || s == POD_FAILED;

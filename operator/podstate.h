@@ -35,6 +35,14 @@ enum pod_state {
  * PreemptionByScheduler, exit 143", ...) copied into why (may be NULL). */
 enum pod_state pod_state_of(const json_t *pod, char *why, size_t why_size);
 
+/* Whether a pod that has not ended is stuck before its container runs: a container waiting
+ * for a reason the kubelet gives for an error it will not get over by itself (ErrImagePull,
+ * ImagePullBackOff, ErrImageNeverPull, InvalidImageName, CreateContainerConfigError,
+ * CreateContainerError, RunContainerError). Then 1, with the reason and the kubelet's
+ * message copied out; 0 for a pod starting normally (ContainerCreating, PodInitializing). */
+int pod_waiting_error(const json_t *pod, char *reason, size_t reason_size, char *message,
+                      size_t message_size);
+
 /* How a client said it ended: the one line of JSON `cirrus-trainer client --summary-file`
  * writes (common/role_args.h), which the kubelet keeps as the container's termination
  * message. */

@@ -26,9 +26,8 @@ kubectl get nodes -L topology.kubernetes.io/region
 "$here/nodes.sh" shape 20
 
 say "2/6 helm install cirrus helm/cirrus (the operator runs in a pod on one of the nodes)"
-HELM=$("$here/../operator/helm_install.sh")
-"$HELM" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
-    --set operator.image.pullPolicy=Never --wait --timeout 180s
+install_operator_chart "$CIRRUS_NODES_STATE/helm.log" ||
+    ndie "helm install: $(tail -5 "$CIRRUS_NODES_STATE/helm.log")"
 kubectl -n cirrus-system get pods -o wide
 
 say "3/6 the sample SwarmJob, scaled to this machine: $STEPS steps, 1 peer per stage, small CPU requests"

@@ -11,6 +11,7 @@
 #   - the WAN bytes in the job's status equal the sum of the gateways' own counters
 #   - under preemption: the job Succeeds, the deletions are counted as preemptions (not
 #     failures), the loss stays within 3% of the calm run
+#   - a job whose image no node holds: PodsStarted False with the kubelet's reason
 #   - `nodes.sh down` leaves the machine as it found it (sysctls, iptables, links, mounts)
 # Needs root and tests/nodes/install.sh + image.sh. Exits non-zero if any check fails.
 set -uo pipefail
@@ -83,10 +84,8 @@ eval "$("$NODES" env)"
 "$NODES" shape "$WAN_MBIT" || not_ok "nodes.sh shape $WAN_MBIT"
 
 # ---- the operator, from the Helm chart ------------------------------------------------------
-HELM=$("$here/../operator/helm_install.sh") || { not_ok "installing helm"; exit 1; }
 echo "[e2e] helm install: the operator in a pod on a real node"
-if "$HELM" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
-    --set operator.image.pullPolicy=Never --wait --timeout 180s >"$work/helm.log" 2>&1; then
+if install_operator_chart "$work/helm.log"; then
     ok "helm install: the operator Deployment is available"
 else
     not_ok "helm install: $(tail -5 "$work/helm.log")"
@@ -104,33 +103,6 @@ kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/warn=restricted >/dev/null
 
 # ---- a two-region job -----------------------------------------------------------------------
-job_yaml() { # NAME PEERS-PER-STAGE
-    cat <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
-  imagePullPolicy: Never
-  model: {preset: tiny}
-  pipeline: {stages: 2}
-  steps: $STEPS
-  gateway: {syncEvery: $SYNC_EVERY, codec: q8}
-  runPolicy: {backoffLimit: 2}
-  regions:
-$(for r in r1 r2; do cat <<REGION
-    - name: $r
-      peers: {replicas: $2, min: 1}
-      clients: 1
-      resources:
-        # CPU shares in proportion to the work (a pod without requests crawls under load).
-        peer: {requests: {cpu: 300m, memory: 128Mi}}
-        client: {requests: {cpu: 300m, memory: 128Mi}}
-        gateway: {requests: {cpu: 100m, memory: 64Mi}}
-REGION
-done)
-EOF
-}
 sj() { kubectl -n "$NS" get sj "$1" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [[ "$(sj "$1" '{.status.phase}')" == "$2" ]]; }
 val_loss() { # POD: the client's "done: ..., val loss X, ..." line
@@ -144,7 +116,7 @@ within() { # A B PERCENT: |A - B| <= PERCENT% of B
 gateways_bytes() {
     local total=0 ip b
     for ip in $(kubectl -n "$NS" get pods -l cirrus.dev/role=gateway -o jsonpath='{.items[*].status.podIP}'); do
-        b=$(curl -sf "http://$ip:7480/status" | jq -e ".outer.wan_bytes_sent + .outer.wan_bytes_received") || return 1
+        b=$(curl -sf "http://$ip:$GATEWAY_HTTP_PORT/status" | jq -e ".outer.wan_bytes_sent + .outer.wan_bytes_received") || return 1
         total=$((total + b))
     done
     echo "$total"
@@ -166,7 +138,7 @@ run_job() {
     local name=$1 peers=$2 chaos=$3 outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
     local all=$((peers * 4))/$((peers * 4))
     deleted=0
-    job_yaml "$name" "$peers" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
+    swarmjob_yaml "$name" "$peers" "$STEPS" "$SYNC_EVERY" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
         { not_ok "apply $name: $(cat "$work/apply.log")"; return 1; }
     grep -qi warning "$work/apply.log" && not_ok "apply $name warned: $(cat "$work/apply.log")"
     until phase_is "$name" Succeeded; do
@@ -223,7 +195,7 @@ check_wan_bytes() {
 check_link_rates() {
     local ip rates r
     for ip in $(kubectl -n "$NS" get pods -l cirrus.dev/role=gateway -o jsonpath='{.items[*].status.podIP}'); do
-        rates+=" $(curl -sf "http://$ip:7480/status" | jq -r '.outer.links[].rate_mbit_s')"
+        rates+=" $(curl -sf "http://$ip:$GATEWAY_HTTP_PORT/status" | jq -r '.outer.links[].rate_mbit_s')"
     done
     for r in $rates; do
         awk -v r="$r" -v m="$WAN_MBIT" 'BEGIN { exit !(r > 0 && r <= m * 1.15) }' || {
@@ -276,3 +248,16 @@ else
     not_ok "chaos: $deleted peer pods deleted, status preemptions '$pre'"
 fi
 expect_eq "chaos: failures counted" 0 "$((${failures:-0}))"
+
+# A job whose image the nodes do not hold (pull policy Never): the kubelet's reason reaches
+# the status as the PodsStarted condition, instead of pods Pending without a word.
+echo "[e2e] job noimage: an image no node holds"
+swarmjob_yaml noimage 1 10 5 | sed 's/image: cirrus:latest/image: cirrus:absent/' |
+    kubectl -n "$NS" apply -f - >/dev/null 2>&1 || not_ok "apply noimage"
+stuck() { [[ "$(sj noimage '{.status.conditions[?(@.type=="PodsStarted")].status} {.status.conditions[?(@.type=="PodsStarted")].reason}')" == "False ErrImageNeverPull" ]]; }
+if poll_until 60 stuck; then
+    ok "noimage: PodsStarted False, ErrImageNeverPull: $(sj noimage '{.status.conditions[?(@.type=="PodsStarted")].message}')"
+else
+    not_ok "noimage: PodsStarted is '$(sj noimage '{.status.conditions[?(@.type=="PodsStarted")]}')'"
+fi
+kubectl -n "$NS" delete sj noimage --wait=false >/dev/null 2>&1

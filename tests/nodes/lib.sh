@@ -34,8 +34,50 @@ BASE_IMAGE=docker.io/library/debian:12-slim # what the Dockerfile starts FROM
 PAUSE_IMAGE=registry.k8s.io/pause:3.10      # the pod sandbox image named in containerd's config
 CIRRUS_IMAGE=${CIRRUS_IMAGE:-docker.io/library/cirrus:latest}
 
+# The gateway's /status port (ROLE_PORT_HTTP), read from the header the operator builds with.
+GATEWAY_HTTP_PORT=$(awk '$1 == "#define" && $2 == "ROLE_PORT_HTTP" { print $3 }' "$REPO_DIR/common/role_args.h")
+
 nlog() { printf '[nodes] %s\n' "$*" >&2; }
 ndie() { printf '[nodes] ERROR: %s\n' "$*" >&2; exit 1; }
 need_root() { [[ $(id -u) == 0 ]] || ndie "$1 needs root (containers, network namespaces, iptables): run as root"; }
 
 bah() { buildah --root "$BUILDAH_ROOT" --runroot "$BUILDAH_RUNROOT" --storage-driver overlay "$@"; }
+
+# The operator from the Helm chart, in a pod on one of the nodes, with the image the nodes
+# hold (no registry). Its output goes to LOG; non-zero if it is not available in 180 s.
+install_operator_chart() { # LOG
+    local helm
+    helm=$("$NODES_DIR/../operator/helm_install.sh") || return 1
+    "$helm" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
+        --set operator.image.pullPolicy=Never --wait --timeout 180s >"$1" 2>&1
+}
+
+# A two-region SwarmJob (r1, r2) of the tiny model in 2 stages, as the tests and benchmarks
+# run it on the two nodes: q8 outer steps, CPU requests in proportion to the work (a pod
+# without requests crawls under load).
+swarmjob_yaml() { # NAME PEERS-PER-STAGE STEPS SYNC-EVERY
+    cat <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: $1}
+spec:
+  image: cirrus:latest
+  imagePullPolicy: Never
+  model: {preset: tiny}
+  pipeline: {stages: 2}
+  steps: $3
+  gateway: {syncEvery: $4, codec: q8}
+  runPolicy: {backoffLimit: 2}
+  regions:
+$(for r in r1 r2; do cat <<REGION
+    - name: $r
+      peers: {replicas: $2, min: 1}
+      clients: 1
+      resources:
+        peer: {requests: {cpu: 300m, memory: 128Mi}}
+        client: {requests: {cpu: 300m, memory: 128Mi}}
+        gateway: {requests: {cpu: 100m, memory: 64Mi}}
+REGION
+done)
+EOF
+}

@@ -9,10 +9,12 @@
 #   make test-nodes     the end-to-end test on real nodes (tests/nodes/e2e_test.sh)
 #   make demo-k8s       helm install, the sample SwarmJob trained and watched, text sampled
 #                       from its checkpoint, teardown (tests/nodes/demo_k8s.sh)
+#   make bench-k8s      tokens/s of a SwarmJob against `local`, apply -> first step,
+#                       preemption -> replacement serving (tests/nodes/bench_k8s.sh)
 
 NODES_SCRIPTS := $(dir $(lastword $(MAKEFILE_LIST)))
 
-.PHONY: nodes-deps image nodes-prep test-nodes demo-k8s
+.PHONY: nodes-deps image nodes-prep test-nodes demo-k8s bench-k8s
 
 nodes-deps:
 	$(NODES_SCRIPTS)install.sh
@@ -38,3 +40,9 @@ demo-k8s: deps
 	@[ "$$(id -u)" = 0 ] || { echo "cirrus: demo-k8s runs real nodes and needs root" >&2; exit 1; }
 	$(MAKE) --no-print-directory all image
 	CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) $(NODES_SCRIPTS)demo_k8s.sh
+
+bench-k8s: deps
+	@[ "$$(id -u)" = 0 ] || { echo "cirrus: bench-k8s runs real nodes and needs root" >&2; exit 1; }
+	$(MAKE) --no-print-directory all data image
+	CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) \
+	  $(NODES_SCRIPTS)bench_k8s.sh

@@ -24,18 +24,6 @@ source "$root/tests/operator/lib.sh"
 focused_test_begin failurepolicy cirrus-failpolicy-test
 test_operator_start "$work" "$NS" || fail_fast "operator not leading: $(tail -3 "$work/operator.log")"
 
-job() { # NAME RUNPOLICY: a one-region job (gateway, one peer, one client)
-    kn apply -f - >/dev/null <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
-  regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
-  runPolicy: $2
-EOF
-}
-running() { [[ $(kn get pods -l "cirrus.dev/job=$1" --field-selector status.phase=Running -o name | wc -l) == 3 ]]; }
 uid() { kn get pod "$1" -o jsonpath='{.metadata.uid}' 2>/dev/null; }
 running_anew() { # POD OLD_UID: a replacement of POD (another uid) is Running
     local u
@@ -61,16 +49,15 @@ end_and_replaced() {
 }
 counts() { kn get sj "$1" -o jsonpath='{.status.regions[0].preemptions} {.status.regions[0].failures}'; }
 counts_are() { [[ "$(counts "$1")" == "$2" ]]; }
-phase_is() { [[ "$(kn get sj "$1" -o jsonpath='{.status.phase}')" == "$2" ]]; }
 failed_cond() { kn get sj "$1" -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}|{.status.conditions[?(@.type=="Failed")].message}'; }
 
-job crash '{backoffLimit: 2}'
-job proof '{backoffLimit: 0}'
-job sigill '{podFailurePolicy: {rules: [
+one_region_job crash '{backoffLimit: 2}'
+one_region_job proof '{backoffLimit: 0}'
+one_region_job sigill '{podFailurePolicy: {rules: [
     {action: FailJob, onExitCodes: {containerName: trainer, operator: In, values: [132]}},
     {action: Ignore, onExitCodes: {operator: In, values: [42]}},
     {action: Ignore, onPodConditions: [{type: DisruptionTarget}]}]}}'
-for j in crash proof sigill; do poll_until 60 running $j || fail_fast "$j: pods not running"; done
+for j in crash proof sigill; do poll_until 60 one_region_job_running $j || fail_fast "$j: pods not running"; done
 
 # ---- the defaults, visible --------------------------------------------------------------------
 expect_eq "defaults: rule 0 Ignores the DisruptionTarget condition (status True)" "Ignore DisruptionTarget True" \
@@ -85,10 +72,10 @@ end_and_replaced crash-r1-s0-0 139 - - || not_ok "crash: exit 139 not replaced"
 check "exit 139 (SIGSEGV) counts as a failure, not a preemption" poll_until 10 counts_are crash "0 1"
 end_and_replaced crash-r1-s0-0 134 - - || not_ok "crash: exit 134 not replaced"
 check "exit 134 (SIGABRT) counts as a failure" poll_until 10 counts_are crash "0 2"
-check "two failures, backoffLimit 2: still Running" phase_is crash Running
+check "two failures, backoffLimit 2: still Running" job_phase_is crash Running
 end crash-r1-s0-0 - - -
 check "no exit code at all counts as a failure too" poll_until 10 counts_are crash "0 3"
-check "the third failure (backoffLimit 2): the crash loop ends, the job Failed" poll_until 20 phase_is crash Failed
+check "the third failure (backoffLimit 2): the crash loop ends, the job Failed" poll_until 20 job_phase_is crash Failed
 expect_eq "crash: Failed reason" "BackoffLimitExceeded" "$(failed_cond crash | cut -d'|' -f1)"
 no_running() { [[ -z "$(kn get pods -l cirrus.dev/job=crash --field-selector status.phase=Running -o name)" ]]; }
 check "crash: its running pods stopped" poll_until 30 no_running
@@ -98,7 +85,7 @@ end_and_replaced proof-r1-s0-0 143 - DisruptionTarget || not_ok "proof: preempte
 check "exit 143 with DisruptionTarget True: a preemption" poll_until 10 counts_are proof "1 0"
 end_and_replaced proof-r1-gw - Evicted - || not_ok "proof: evicted gateway not replaced"
 check "reason Evicted, no exit code: a preemption" poll_until 10 counts_are proof "2 0"
-check "two preemptions with backoffLimit 0: still Running" phase_is proof Running
+check "two preemptions with backoffLimit 0: still Running" job_phase_is proof Running
 preempted_events() { kn get events --field-selector involvedObject.name=proof,reason=PodPreempted -o jsonpath='{.items[*].message}'; }
 check "a PodPreempted Event names the rule that decided" poll_until 10 eval '[[ "$(preempted_events)" == *"runPolicy.podFailurePolicy.rules[0]: Ignore"* ]]'
 
@@ -106,7 +93,7 @@ check "a PodPreempted Event names the rule that decided" poll_until 10 eval '[[ 
 end_and_replaced sigill-r1-s0-0 42 - - || not_ok "sigill: exit 42 not replaced"
 check "exit 42 matched the user's Ignore rule: a preemption" poll_until 10 counts_are sigill "1 0"
 end sigill-r1-c0 132 - -
-check "exit 132 matched FailJob: the job Failed at once (backoffLimit 6)" poll_until 20 phase_is sigill Failed
+check "exit 132 matched FailJob: the job Failed at once (backoffLimit 6)" poll_until 20 job_phase_is sigill Failed
 cond=$(failed_cond sigill)
 expect_eq "sigill: Failed reason" "PodFailurePolicy" "${cond%%|*}"
 if [[ "$cond" == *"pod sigill-r1-c0 failed (exit 132): runPolicy.podFailurePolicy.rules[0]: FailJob"* ]]; then

@@ -139,3 +139,24 @@ focused_test_begin() {
     why=$(operator_install_and_kubeconfig "$work/kubeconfig") || fail_fast "$why"
     kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
 }
+
+# ---- small jobs in NS, for the focused tests (kn as focused_test_begin defines it) ----------
+# one_region_job NAME RUNPOLICY: applies a one-region job (a gateway, one peer, one client)
+# with that runPolicy (a YAML flow mapping).
+one_region_job() {
+    kn apply -f - >/dev/null <<EOF
+apiVersion: cirrus.dev/v1alpha1
+kind: SwarmJob
+metadata: {name: $1}
+spec:
+  image: cirrus:latest
+  regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
+  runPolicy: $2
+EOF
+}
+# one_region_job_running NAME: its three pods are Running.
+one_region_job_running() {
+    [[ $(kn get pods -l "cirrus.dev/job=$1" --field-selector status.phase=Running -o name | wc -l) == 3 ]]
+}
+# job_phase_is NAME PHASE
+job_phase_is() { [[ "$(kn get sj "$1" -o jsonpath='{.status.phase}' 2>/dev/null)" == "$2" ]]; }

@@ -15,36 +15,23 @@ source "$root/tests/operator/lib.sh"
 focused_test_begin runpolicy cirrus-runpolicy-test
 test_operator_start "$work" "$NS" || fail_fast "operator not leading: $(tail -3 "$work/operator.log")"
 
-job() { # NAME RUNPOLICY: a one-region job (gateway, one peer, one client)
-    kn apply -f - >/dev/null <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
-  regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
-  runPolicy: $2
-EOF
-}
-running() { [[ $(kn get pods -l "cirrus.dev/job=$1" --field-selector status.phase=Running -o name | wc -l) == 3 ]]; }
 # The client's program ended with exit 0: what the kubelet reports then.
 client_done() {
     kn patch pod "$1-r1-c0" --subresource=status --type=merge -p '{"status":{"phase":"Succeeded","containerStatuses":[{"name":"trainer","image":"cirrus:latest","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":0,"reason":"Completed"}}}]}}' >/dev/null
 }
 phase() { kn get sj "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
-phase_is() { [[ "$(phase "$1")" == "$2" ]]; }
 job_gone() { ! kn get sj "$1" >/dev/null 2>&1; }
 children_gone() { [[ -z "$(kn get pods,svc,secret -l "cirrus.dev/job=$1" -o name 2>/dev/null)" ]]; }
 
-job done-ttl '{ttlSecondsAfterFinished: 2}'
-job done-keep '{ttlSecondsAfterFinished: 3600}'
-job done-no-ttl '{}'
-job late-ttl '{activeDeadlineSeconds: 1, ttlSecondsAfterFinished: 2}'
+one_region_job done-ttl '{ttlSecondsAfterFinished: 2}'
+one_region_job done-keep '{ttlSecondsAfterFinished: 3600}'
+one_region_job done-no-ttl '{}'
+one_region_job late-ttl '{activeDeadlineSeconds: 1, ttlSecondsAfterFinished: 2}'
 for j in done-ttl done-keep done-no-ttl; do
-    poll_until 60 running $j || fail_fast "$j: pods not running"
+    poll_until 60 one_region_job_running $j || fail_fast "$j: pods not running"
     client_done $j
 done
-check "done-ttl: Succeeded once its client finished" poll_until 30 phase_is done-ttl Succeeded
+check "done-ttl: Succeeded once its client finished" poll_until 30 job_phase_is done-ttl Succeeded
 completed=$(kn get sj done-ttl -o jsonpath='{.status.completionTime}')
 if poll_until 20 job_gone done-ttl; then
     # completionTime has whole seconds: the deletion comes 2 to 3 s after it, plus polling.
@@ -56,9 +43,9 @@ fi
 check "done-ttl: its children garbage-collected" poll_until 60 children_gone done-ttl
 check "late-ttl: Failed (activeDeadlineSeconds 1), then deleted after its TTL" poll_until 40 job_gone late-ttl
 check_not "no request refused (403) in the operator's log" grep -q "403\|forbidden" "$work/operator.log"
-check "done-keep (ttl 3600): Succeeded" phase_is done-keep Succeeded
+check "done-keep (ttl 3600): Succeeded" job_phase_is done-keep Succeeded
 check "done-keep: kept" kn get sj done-keep
-check "done-no-ttl: Succeeded and kept" phase_is done-no-ttl Succeeded
+check "done-no-ttl: Succeeded and kept" job_phase_is done-no-ttl Succeeded
 
 test_operator_stop
 rc=$?

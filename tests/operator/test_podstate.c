@@ -243,3 +243,45 @@ TEST(jobstatus_build_and_transitions)
     json_decref(again);
     json_decref(later);
 }
+
+/* A pod stuck before its container runs (a wrong image, a missing Secret) is named in the
+ * PodsStarted condition with the kubelet's reason and message; a pod starting normally, or
+ * one that ended, is not. */
+TEST(podstate_stuck_before_running)
+{
+    char reason[64], message[400];
+    json_t *pull = json_loads(
+        "{\"metadata\":{\"name\":\"j-r1-s0-0\"},\"status\":{\"phase\":\"Pending\","
+        "\"containerStatuses\":[{\"name\":\"trainer\",\"state\":{\"waiting\":{\"reason\":"
+        "\"ErrImageNeverPull\",\"message\":\"Container image \\\"cirrus:v9\\\" is not present "
+        "with pull policy of Never\"}}}]}}",
+        0, NULL);
+    ASSERT(pod_waiting_error(pull, reason, sizeof reason, message, sizeof message));
+    ASSERT(!strcmp(reason, "ErrImageNeverPull"));
+    ASSERT(strstr(message, "cirrus:v9"));
+    json_t *creating = json_loads(
+        "{\"status\":{\"phase\":\"Pending\",\"containerStatuses\":[{\"name\":\"trainer\","
+        "\"state\":{\"waiting\":{\"reason\":\"ContainerCreating\"}}}]}}",
+        0, NULL);
+    ASSERT(!pod_waiting_error(creating, reason, sizeof reason, message, sizeof message));
+    json_t *gone = json_deep_copy(pull);
+    json_object_set_new(json_object_get(gone, "status"), "phase", json_string("Failed"));
+    ASSERT(!pod_waiting_error(gone, reason, sizeof reason, message, sizeof message));
+    /* In the status: False with the reason, True again once none is stuck. */
+    job_observed o = {.backoff_limit = 4, .generation = 1};
+    region(&o, "r1", 1, 0, 1);
+    snprintf(o.stuck_reason, sizeof o.stuck_reason, "ErrImageNeverPull");
+    snprintf(o.stuck_message, sizeof o.stuck_message, "pod j-r1-s0-0: %s", message);
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT(!strcmp(cond(st, "PodsStarted", "status"), "False"));
+    ASSERT(!strcmp(cond(st, "PodsStarted", "reason"), "ErrImageNeverPull"));
+    ASSERT(strstr(cond(st, "PodsStarted", "message"), "pod j-r1-s0-0: Container image"));
+    o.stuck_reason[0] = 0;
+    json_t *ok = jobstatus_build(&o, st, "2026-11-22T01:00:05Z");
+    ASSERT(!strcmp(cond(ok, "PodsStarted", "status"), "True"));
+    json_decref(pull);
+    json_decref(creating);
+    json_decref(gone);
+    json_decref(st);
+    json_decref(ok);
+}
