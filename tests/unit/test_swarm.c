@@ -1,9 +1,14 @@
 /* Stage peers and the pipeline client in one process (threads, real loopback sockets), so
  * the sanitizer build covers them: three steps through two stage peers equal three steps
  * of the in-process model, bit for bit, losses and parameters. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "../../common/rng.h"
@@ -421,4 +426,86 @@ TEST(swarm_peer_lost_in_final_evaluation)
         close(peers[i].o.ring_listen_fd);
         ASSERT_OK(peers[i].rc);
     }
+}
+
+/* Threads of this process now (/proc/self/task). */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A connection to port on loopback that sends nothing; -1 if refused. */
+static int silent_connection(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether the other end closed fd (a read finds the end of the stream), waiting up to 2 s. */
+static int closed_by_peer(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    char b;
+    return poll(&pfd, 1, 2000) == 1 && recv(fd, &b, 1, MSG_DONTWAIT) == 0;
+}
+
+/* A flood of silent connections costs a stage peer at most its cap of threads: the ones
+ * over --max-connections are closed as soon as they are accepted, and once the flood goes,
+ * a client is served again. */
+TEST(swarm_peer_caps_connections)
+{
+    enum { CAP = 4, FLOOD = 24 };
+    peer_thread peer;
+    pthread_t th;
+    char addr[32];
+    int port;
+    memset(&peer, 0, sizeof peer);
+    ASSERT_OK(net_listen("127.0.0.1", 0, &peer.o.listen_fd, &port, NULL));
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    peer.o = (stage_peer_options){.job_id = "swarm-test", .model = cfg, .l0 = 0,
+                                  .l1 = cfg.n_layer, .max_B = B, .max_T = T, .seed = 5,
+                                  .adam = adamw_defaults(1e-3f, 1), .listen_fd = peer.o.listen_fd,
+                                  .max_conns = CAP};
+    ASSERT(pthread_create(&th, NULL, peer_main, &peer) == 0);
+    usleep(200 * 1000); /* the peer's model built, its accept loop running */
+    const int threads_before = thread_count();
+    int fds[FLOOD], closed = 0;
+    for (int i = 0; i < FLOOD; i++) ASSERT((fds[i] = silent_connection(port)) >= 0);
+    for (int i = CAP; i < FLOOD; i++) closed += closed_by_peer(fds[i]);
+    ASSERT_EQ(closed, FLOOD - CAP);
+    ASSERT(thread_count() - threads_before <= CAP);
+    for (int i = 0; i < FLOOD; i++) close(fds[i]);
+    /* The silent ones' threads see their end at once; then a client is served. */
+    pipeline *p = NULL;
+    cirrus_error err = {0};
+    const int one[1] = {1};
+    const char *addrs[1] = {addr};
+    int rc = -1;
+    for (int attempt = 0; attempt < 50 && rc; attempt++) {
+        rc = pipeline_connect(&p, "swarm-test", 1, one, addrs, &cfg, B, T, STAGE_CODEC_NONE,
+                              5000, &err);
+        if (rc) usleep(100 * 1000);
+    }
+    if (rc) TEST_FAIL("connect after the flood: %s", err.msg);
+    int32_t x[B * T], y[B * T];
+    float loss;
+    batch(1, x, y);
+    ASSERT_OK(pipeline_eval(p, B, T, x, y, &loss, &err));
+    ASSERT(loss > 0);
+    pipeline_close(p);
+    peer.stop = 1;
+    pthread_join(th, NULL);
+    close(peer.o.listen_fd);
+    ASSERT_OK(peer.rc);
 }

@@ -43,6 +43,7 @@ int roles_cmd_stage(int argc, char **argv)
     uint64_t seed = 1337;
     float slowdown = 1.0f, stall_s = 0.0f;
     int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0, stall_at = 0;
+    int max_conns = STAGE_PEER_DEFAULT_CONNS;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
         {ROLE_FLAG_JOB, FLAG_STR, &job, 0, 0, "job id; clients of other jobs are refused", 0},
@@ -78,6 +79,10 @@ int roles_cmd_stage(int argc, char **argv)
          "forwards whose activations are kept for their backward (default 4; more "
          "microbatches in flight need more, each costs a microbatch's activations)",
          0},
+        {"max-connections", FLAG_INT, &max_conns, 1, STAGE_PEER_MAX_CONNS,
+         "connections served at once, a thread each; more are closed when accepted "
+         "(default 128)",
+         0},
         {"stall-average-at", FLAG_INT, &stall_at, 1, 1e9,
          "tests only: hang --stall-s seconds in the gradient averaging of this step", 0},
         {"stall-s", FLAG_FLOAT, &stall_s, 0, 3600, "tests only: see --stall-average-at", 0},
@@ -104,7 +109,8 @@ int roles_cmd_stage(int argc, char **argv)
     if (cli_select_backend(backend, &err)) return cli_fail_input("stage", &err);
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
                             .slowdown_cpu = slowdown_cpu, .act_slots = act_slots,
-                            .stall_at = stall_at, .stall_s = stall_s, .name = name};
+                            .stall_at = stall_at, .stall_s = stall_s, .name = name,
+                            .max_conns = max_conns};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {
         cirrus_fail(&err, CIRRUS_EINVAL, "--serve must be L0:L1 with 0 <= L0 < L1 <= %d",

@@ -150,6 +150,8 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
     pthread_t heartbeat;
     int heartbeating =
         o->coord_host && pthread_create(&heartbeat, NULL, peer_heartbeat_main, &p) == 0;
+    const int max_conns = o->max_conns > 0 ? o->max_conns : STAGE_PEER_DEFAULT_CONNS;
+    uint64_t refused = 0;
     while (!*stop) {
         net_conn *c = NULL;
         cirrus_error aerr;
@@ -159,16 +161,31 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
             log_warn("accept: %s", aerr.msg);
             continue;
         }
+        /* A connection over the cap is closed at once: a flood costs no thread, and a
+         * silent one holds its slot for the handshake's deadline at most (conn_main). */
+        pthread_mutex_lock(&p.mu);
+        const int full = p.active >= max_conns;
+        if (!full) p.active++;
+        pthread_mutex_unlock(&p.mu);
+        if (full) {
+            refused++;
+            if ((refused & (refused - 1)) == 0) /* the 1st, 2nd, 4th, 8th...: no log flood */
+                log_warn("refused %s: %d connections open, the most this peer serves "
+                         "(%llu refused so far)", net_peer_name(c), max_conns,
+                         (unsigned long long)refused);
+            net_close(c);
+            continue;
+        }
         conn_job *job = malloc(sizeof *job);
         pthread_t th;
         if (!job) {
             net_close(c);
+            pthread_mutex_lock(&p.mu);
+            p.active--;
+            pthread_mutex_unlock(&p.mu);
             continue;
         }
         *job = (conn_job){&p, c};
-        pthread_mutex_lock(&p.mu);
-        p.active++;
-        pthread_mutex_unlock(&p.mu);
         if (pthread_create(&th, NULL, conn_main, job) != 0) {
             net_close(c);
             free(job);

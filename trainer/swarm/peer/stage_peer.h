@@ -59,6 +59,11 @@ typedef struct stage_peer_options {
      * forward and its backward; with too few slots the backward recomputes the forward.
      * 0: STAGE_PEER_DEFAULT_SLOTS. */
     int act_slots;
+    /* The most connections served at once (a thread each); one more is closed as soon as
+     * it is accepted. Clients, the stage's other peers copying state and the coordinator's
+     * probes need a handful: the cap bounds what a flood of connections costs. 0:
+     * STAGE_PEER_DEFAULT_CONNS. */
+    int max_conns;
     /* Tests only: in the AVERAGE of its step stall_at (1-based, 0: never) the peer hangs
      * stall_s seconds before it joins the ring, once, as a peer stuck mid-averaging would. */
     int stall_at;
@@ -69,6 +74,8 @@ typedef struct stage_peer_options {
 #define STAGE_PEER_MOVE_WAIT_S 30.0 /* longest wait for a step's end before moving anyway */
 #define STAGE_PEER_MOVE_RETRY_S 5   /* after a failed move, the instruction waits this long */
 #define STAGE_PEER_MAX_SLOTS 64
+#define STAGE_PEER_DEFAULT_CONNS 128
+#define STAGE_PEER_MAX_CONNS 4096
 
 /* Serve until *stop becomes non-zero. Returns 0, or an error from set-up. */
 int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop,
