@@ -48,7 +48,16 @@ TEST(desired_sample_pods)
                    i % 6 == 0 ? "gateway" : i % 6 == 5 ? "client" : "stage", "command role");
         assert_str(arg_of(p, "--job"), "6f1c2a9e-0000-4000-8000-000000000001", "--job");
         const json_t *env = json_object_get(c, "env");
-        ASSERT_EQ(json_array_size(env), 2);
+        /* Compute threads: as many as a CPU request or limit gives (r1's peers request 2
+         * CPUs), none said otherwise; never spinning while they wait. */
+        const int threads = !strcmp(region, "r1") && !strcmp(role, "peer");
+        ASSERT_EQ(json_array_size(env), 3 + (size_t)threads);
+        assert_str(str_at(json_array_get(env, 2 + threads), "name"), "OMP_WAIT_POLICY", "env");
+        assert_str(str_at(json_array_get(env, 2 + threads), "value"), "passive", "env");
+        if (threads) {
+            assert_str(str_at(json_array_get(env, 2), "name"), "OMP_NUM_THREADS", "env");
+            assert_str(str_at(json_array_get(env, 2), "value"), "2", "r1 peers' threads");
+        }
         assert_str(str_at(json_array_get(env, 0), "name"), "POD_IP", "env");
         assert_str(str_at(json_object_get(json_object_get(json_array_get(env, 0), "valueFrom"),
                                           "fieldRef"),

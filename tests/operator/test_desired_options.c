@@ -85,6 +85,11 @@ TEST(desired_options)
     assert_str(str_at(json_object_get(json_object_get(container(c), "resources"), "limits"),
                       "cpu"),
                "1", "client limits");
+    /* Threads from the CPU: the client's limit "1", the gateway's request 1 (a number). */
+    assert_str(str_at(json_array_get(json_object_get(container(c), "env"), 2), "value"), "1",
+               "client OMP_NUM_THREADS");
+    assert_str(str_at(json_array_get(json_object_get(container(gw), "env"), 2), "value"), "1",
+               "gateway OMP_NUM_THREADS");
     const json_t *vols = json_object_get(json_object_get(c, "spec"), "volumes");
     const json_t *mounts = json_object_get(container(c), "volumeMounts");
     ASSERT_EQ(json_array_size(vols), 2);
