@@ -18,7 +18,16 @@ need_root "building images"
 command -v buildah >/dev/null || ndie "buildah is not installed (run tests/nodes/install.sh)"
 mkdir -p "$IMAGES_HOME" "$BUILDAH_ROOT"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cirrus-image.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# buildah leaves its storage mounted (the storage root bound on itself, a build's layers):
+# nothing of it stays mounted once the images are exported, so the cache can be moved or
+# deleted and the machine's mount table is as it was.
+release_storage() {
+    bah rm --all >/dev/null 2>&1 || true
+    bah umount --all >/dev/null 2>&1 || true
+    awk -v root="$BUILDAH_ROOT/" 'index($2 "/", root) == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+}
+trap 'release_storage; rm -rf "$WORK"' EXIT
 
 have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
