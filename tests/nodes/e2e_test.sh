@@ -25,7 +25,7 @@ need_root "the real-node tests"
 NODES=$here/nodes.sh
 BIN=${CIRRUS_TRAINER:-$REPO_DIR/build/bin/cirrus-trainer}
 NS=cirrus-e2e
-STEPS=${E2E_STEPS:-100}
+STEPS=${E2E_STEPS:-250}
 SYNC_EVERY=${E2E_SYNC_EVERY:-40}
 WAN_MBIT=${E2E_WAN_MBIT:-20}
 TIMEOUT=${E2E_TIMEOUT:-600}
