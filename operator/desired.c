@@ -11,6 +11,7 @@
 #include "../common/model_presets.h"
 #include "../common/role_args.h"
 #include "desired_args.h"
+#include "desired_cpu.h"
 
 #define DEFAULT_REGION_LABEL "topology.kubernetes.io/region"
 #define SECRET_SUFFIX "-pki"
@@ -464,33 +465,6 @@ static json_t *port_new(const char *name, int port)
     return json_pack("{s:s, s:i, s:s}", "name", name, "containerPort", port, "protocol", "TCP");
 }
 
-/* The compute threads a container's CPU allows: its cpu limit, else its request, as a
- * Kubernetes quantity ("2", "1500m", 0.5), rounded down, at least 1; 0 when neither is set.
- * Several of a job's processes share a node's cores: one that starts a thread per core it
- * sees, spinning while it waits (OpenMP's defaults), takes the others' time (measured on
- * real nodes: a job at 0.15x the tokens/s of the same processes run by `local`). */
-static int cpu_threads(const json_t *resources)
-{
-    const json_t *q = json_object_get(json_object_get(resources, "limits"), "cpu");
-    if (!q) q = json_object_get(json_object_get(resources, "requests"), "cpu");
-    double v;
-    if (json_is_number(q)) {
-        v = json_number_value(q);
-    } else if (json_is_string(q)) {
-        char *end;
-        v = strtod(json_string_value(q), &end);
-        if (!strcmp(end, "m")) v /= 1000.0;
-        else if (!strcmp(end, "u")) v /= 1e6;
-        else if (!strcmp(end, "n")) v /= 1e9;
-        else if (!strcmp(end, "k")) v *= 1e3;
-        else if (*end) v = 1; /* another suffix for a CPU count: not worth a guess */
-    } else {
-        return 0;
-    }
-    if (!(v >= 1)) return 1; /* also NaN */
-    return v > 256 ? 256 : (int)v;
-}
-
 /* The container: role's command and args (stolen), env, resources (copied), the restricted
  * Pod Security Standard's container part (desired.h); ports, mounts and the probe are added
  * by the caller. */
@@ -506,7 +480,7 @@ static json_t *container_new(const job_view *v, const char *role, json_t *args,
     if (c && resources) json_object_set_new(c, "resources", json_deep_copy(resources));
     /* As many compute threads as the CPU it was given, sleeping while they wait. */
     json_t *env = c ? json_object_get(c, "env") : NULL;
-    const int threads = cpu_threads(resources);
+    const int threads = desired_cpu_threads(resources);
     if (env && threads > 0) {
         char n[16];
         snprintf(n, sizeof n, "%d", threads);
