@@ -156,7 +156,8 @@ int train_resume_check(const train_options *o, cirrus_error *err)
  * schedule, and the data loader's position. Flags that shape the schedule (--steps, --lr,
  * --warmup) are this run's: the operator starts every pod of a job with the same ones. */
 static int resume(const train_options *o, const train_executor *ex, gpt_model *model,
-                  adamw *opt, data_loader *train, uint64_t *step, cirrus_error *err)
+                  adamw *opt, data_loader *train, uint64_t *step, int rollback,
+                  cirrus_error *err)
 {
     const size_t n = gpt_num_params(&o->model);
     float *buf = NULL;
@@ -172,7 +173,7 @@ static int resume(const train_options *o, const train_executor *ex, gpt_model *m
         log_warn("%s: refused; resuming from the previous checkpoint", skipped.msg);
     uint64_t at = 0;
     if (!rc && o->executor && ex->first_step) at = ex->first_step(ex->ctx);
-    if (!rc && o->executor && at >= meta.step && at > 0) {
+    if (!rc && o->executor && !rollback && at >= meta.step && at > 0) {
         /* The peers trained past it (this client replaced one that wrote it): their state
          * is newer; train_run carries on from them. */
         if (!o->quiet)
@@ -187,10 +188,79 @@ static int resume(const train_options *o, const train_executor *ex, gpt_model *m
     if (!rc) {
         *step = meta.step;
         if (!o->quiet)
-            log_info("resuming from step %llu (%s)", (unsigned long long)meta.step, used);
+            log_info("%s from step %llu (%s)", rollback ? "rolled back" : "resuming",
+                     (unsigned long long)meta.step, used);
     }
     free(buf);
     return rc;
+}
+
+/* The data loader at the batch after `step`'s: read again from the start (the loader is
+ * deterministic), for a model that lives elsewhere and is at `step`. */
+static int loader_skip_to(data_loader *train, uint64_t step, int32_t *x, int32_t *y,
+                          cirrus_error *err)
+{
+    int rc = data_loader_seek(train, (data_position){0, 0}, err);
+    for (uint64_t i = 0; !rc && i < step; i++) data_loader_next(train, x, y);
+    return rc;
+}
+
+/* No checkpoint to roll back to: the seed's model (zero moments) installed where the model
+ * lives, and training from step 0. */
+static int restart_from_seed(const train_options *o, const train_executor *ex,
+                             data_loader *train, uint64_t *step, cirrus_error *err)
+{
+    const size_t n = gpt_num_params(&o->model);
+    gpt_model m = {0};
+    float *moments = calloc(2 * n, sizeof(float));
+    int rc = moments ? gpt_model_create(&m, &o->model, err)
+                     : cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate the seed's state");
+    if (!rc) {
+        gpt_model_init(&m, o->seed);
+        rc = ex->install(ex->ctx, m.params, moments, moments + n, 0, err);
+    }
+    if (!rc) rc = data_loader_seek(train, (data_position){0, 0}, err);
+    if (!rc) {
+        *step = 0;
+        log_warn("no checkpoint written yet: training starts again from the seed");
+    }
+    gpt_model_destroy(&m);
+    free(moments);
+    return rc;
+}
+
+/* Step `*step + 1` failed (`failure`). If the executor can make the model's home whole again
+ * (a stage lost every peer and replacements joined), the model is restored: by the
+ * executor (the global parameters across regions), or rolled back to the newest checkpoint
+ * in o->ckpt_dir, or to the seed when none is written yet. *step receives where training
+ * goes on, and *reread whether the loader was moved (else the failed batch runs again).
+ * Otherwise the failure stands. */
+static int recover(const train_options *o, const train_executor *ex, data_loader *train,
+                   uint64_t *step, int32_t *x, int32_t *y, int *reread,
+                   const cirrus_error *failure, cirrus_error *err)
+{
+    int need_state = 0;
+    cirrus_error why = *failure;
+    *reread = 0;
+    int rc = ex->recover ? ex->recover(ex->ctx, failure, &need_state, &why)
+                         : (failure->code ? failure->code : CIRRUS_EIO);
+    if (rc) {
+        if (err) *err = why; /* err may be NULL (callers that only want the code) */
+        return rc;
+    }
+    if (!need_state) {
+        const uint64_t at = ex->first_step ? ex->first_step(ex->ctx) : *step;
+        if (at == *step) return 0; /* the model is where it was: the step runs again */
+        *reread = 1;
+        *step = at;
+        return loader_skip_to(train, at, x, y, err);
+    }
+    if (!o->ckpt_dir || !ex->install)
+        return cirrus_fail(err, CIRRUS_ECLOSED, "%s; the lost stage's state cannot be restored "
+                           "without checkpoints (--ckpt)", failure->msg);
+    *reread = 1;
+    rc = resume(o, ex, NULL, NULL, train, step, 1, err);
+    return rc == CIRRUS_ENOENT ? restart_from_seed(o, ex, train, step, err) : rc;
 }
 
 int train_run(const train_options *o, train_result *res, cirrus_error *err)
@@ -235,7 +305,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     if (o->warmup >= 0) ac.warmup_steps = o->warmup > 0 ? o->warmup : 1;
     gpt_span all = {0, gpt_num_params(&o->model)};
     local_exec local = {&model, NULL, &opt};
-    train_executor local_ex = {&local, local_step, local_eval, NULL, NULL, NULL, NULL};
+    train_executor local_ex = {.ctx = &local, .step = local_step, .eval = local_eval};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
         if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
@@ -256,7 +326,8 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
 
     uint64_t step = 0;
     int resumed = 0;
-    if (o->resume && o->ckpt_dir && (rc = resume(o, ex, &model, &opt, train, &step, err)) != 0) {
+    if (o->resume && o->ckpt_dir &&
+        (rc = resume(o, ex, &model, &opt, train, &step, 0, err)) != 0) {
         if (rc != CIRRUS_ENOENT) goto out;
         rc = 0; /* nothing to resume from: a new run */
     } else if (o->resume && o->ckpt_dir) {
@@ -269,8 +340,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     uint64_t at = o->executor && ex->first_step ? ex->first_step(ex->ctx) : 0;
     if (at > step) {
         step = at < (uint64_t)o->steps ? at : (uint64_t)o->steps;
-        if ((rc = data_loader_seek(train, (data_position){0, 0}, err))) goto out;
-        for (uint64_t i = 0; i < step; i++) data_loader_next(train, x, y);
+        if ((rc = loader_skip_to(train, step, x, y, err))) goto out;
         if (!o->quiet) log_info("the model has taken %llu steps: training goes on from there",
                                 (unsigned long long)step);
     }
@@ -286,7 +356,16 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     for (; step < (uint64_t)o->steps; step++) {
         data_loader_next(train, x, y);
         float loss = 0.0f, lr = adamw_lr(&ac, step);
-        if ((rc = ex->step(ex->ctx, step + 1, B, T, x, y, lr, step + 1, &loss, err))) goto out;
+        for (;;) { /* a step whose stage lost every peer runs again once the model is whole */
+            cirrus_error failure = {0};
+            if (!ex->step(ex->ctx, step + 1, B, T, x, y, lr, step + 1, &loss, &failure)) break;
+            int reread;
+            if ((rc = recover(o, ex, train, &step, x, y, &reread, &failure, err))) goto out;
+            if (step >= (uint64_t)o->steps) break;
+            if (reread) data_loader_next(train, x, y);
+            lr = adamw_lr(&ac, step);
+        }
+        if (step >= (uint64_t)o->steps) break;
         res->loss = loss;
         if (res->losses && step < (uint64_t)res->losses_cap) res->losses[step] = loss;
         res->tokens += (double)B * T;

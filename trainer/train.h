@@ -40,6 +40,13 @@ typedef struct train_executor {
      * resume from a checkpoint. */
     int (*install)(void *ctx, const float *params, const float *adam_m, const float *adam_v,
                    uint64_t steps, cirrus_error *err);
+    /* After a step failed (`failure`): make the model's home whole again if that can be
+     * done. 0 when it is: the model is where first_step() says (*need_state 0: the executor
+     * restored it itself), or its state is lost and must be installed (*need_state 1:
+     * train_run rolls back to the newest checkpoint, or to the seed if none is written
+     * yet). Nonzero (err) when it cannot: the run fails. NULL: a failed step fails the
+     * run. */
+    int (*recover)(void *ctx, const cirrus_error *failure, int *need_state, cirrus_error *err);
 } train_executor;
 
 typedef struct train_options {

@@ -478,6 +478,11 @@ if [ "$het_pass" -eq 0 ]; then ok wiring_beats_round_robin_with_a_slow_peer; els
 # 8. Live rebalancing: 3,1 converges to 2,2 and throughput rises (tests/swarm/rebalance.sh).
 if bash "$(dirname "$0")/rebalance.sh" "$bin"; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 
+# 8b. A stage that loses its only peer: the client waits for a replacement and restores
+#     the model (a checkpoint, or the other regions' global parameters), or fails clearly
+#     (tests/swarm/restore.sh).
+if bash "$(dirname "$0")/restore.sh" "$bin"; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+
 # 9. A new peer of the `small` model (10.8 M parameters) joins a training region: it
 #    registers, the client copies a live peer's parameters and optimizer state to it (SYNC,
 #    ~65 MB for half the model) between steps, and it serves; all within seconds.

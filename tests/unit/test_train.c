@@ -1,4 +1,5 @@
 /* Training-loop tests on the real corpus: determinism, resume, learning. */
+#include <math.h>
 #include <string.h>
 
 #include "../../trainer/optim/adamw.h"
@@ -157,6 +158,53 @@ TEST(adamw_schedule_and_clipping)
     free(p);
     free(g);
     adamw_destroy(&o);
+    free(tab);
+}
+
+/* Moments that start again from zero at step 10 (a restored stage) take Adam's first
+ * step at step 11: each parameter moves by lr * sign(g). Moments trained since the start
+ * keep the training's count, and so would fresh ones without the restart (a different
+ * move: the check can fail). */
+TEST(adamw_fresh_moments_count_from_their_restart)
+{
+    adamw_config c = adamw_defaults(1e-3f, 100);
+    gpt_config cfg = {.n_layer = 1, .n_embd = 4, .n_head = 1, .seq_len = 2, .vocab = 256};
+    size_t nt = gpt_num_tensors(&cfg);
+    gpt_tensor_info *tab = calloc(nt, sizeof *tab);
+    gpt_tensor_table(&cfg, tab);
+    ASSERT(tab[2].offset + tab[2].numel == tab[3].offset); /* ln1w then ln1b */
+    const gpt_span span = {tab[2].offset, tab[2].numel + tab[3].numel};
+    size_t n = gpt_num_params(&cfg);
+    float *p[2], *g = calloc(n, sizeof(float));
+    adamw o[2];
+    for (int k = 0; k < 2; k++) {
+        ASSERT_OK(adamw_create(&o[k], &cfg, &span, 1, &c, NULL));
+        ASSERT_EQ(o[k].n_seg, 2);
+        p[k] = calloc(n, sizeof(float));
+        for (uint64_t step = 1; step <= 10; step++) { /* both segments' moments trained */
+            for (size_t i = 0; i < span.count; i++) g[span.offset + i] = 0.5f + (float)i;
+            adamw_step(&o[k], p[k], g, 1.0f, 0.0, 1e-3f, step);
+        }
+        /* Segment 1's moments are lost and start again from zero. */
+        memset(o[k].m + o[k].seg[1].state, 0, o[k].seg[1].count * sizeof(float));
+        memset(o[k].v + o[k].seg[1].state, 0, o[k].seg[1].count * sizeof(float));
+    }
+    ASSERT_EQ(adamw_restart_fresh_moments(&o[0], 10), 1); /* o[1]: not told */
+    ASSERT_EQ(o[0].seg[0].moments_from, 0);
+    ASSERT_EQ(o[0].seg[1].moments_from, 10);
+    const size_t at = span.offset + o[0].seg[1].offset - span.offset;
+    float before[2] = {p[0][at], p[1][at]};
+    for (int k = 0; k < 2; k++) {
+        g[at] = -3.0f;
+        adamw_step(&o[k], p[k], g, 1.0f, 0.0, 1e-3f, 11);
+    }
+    ASSERT_NEAR(p[0][at] - before[0], 1e-3, 1e-6);      /* Adam's first step: lr * sign */
+    ASSERT(fabsf(p[1][at] - before[1] - 1e-3f) > 1e-4f); /* the training's count: not */
+    for (int k = 0; k < 2; k++) {
+        adamw_destroy(&o[k]);
+        free(p[k]);
+    }
+    free(g);
     free(tab);
 }
 

@@ -78,7 +78,10 @@ int roles_cmd_client(int argc, char **argv)
          "loss, val_loss, tokens (a Pod's termination message)",
          0},
         {"wait-peers-s", FLAG_INT, &wait_s, 0, 86400,
-         "without --stages: seconds to wait until every stage has a peer (default 600)", 0},
+         "seconds to wait until every stage has a peer: without --stages at the start, and "
+         "whenever a stage has lost every peer (with --coordinator; then the model is "
+         "restored: from the other regions, a checkpoint, or the seed; default 600)",
+         0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         ROUTING_FLAGS(routing),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
@@ -123,7 +126,7 @@ int roles_cmd_client(int argc, char **argv)
                     PIPE_MAX_STAGES, PIPE_MAX_PEERS);
         rc = cli_fail_input("client", &err);
     } else {
-        peer_source src = {.n = n, .peers = peers, .addrs = addrs};
+        peer_source src = {.n = n, .peers = peers, .addrs = addrs, .wait_s = wait_s};
         rc = roles_run_client("client", &o, job, &src, codec, micro, coordinator, &routing,
                               &share);
     }

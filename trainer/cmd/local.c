@@ -279,7 +279,7 @@ int roles_cmd_local(int argc, char **argv)
     int act_slots = 0, n_clients = 1, n_regions = 1;
     const char *region_fault = NULL;
     wan_flags wan = WAN_FLAGS_DEFAULTS;
-    int exit_step = 0;
+    int exit_step = 0, wait_peers_s = 600;
     float peer_slowdown = 1.0f;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -330,6 +330,11 @@ int roles_cmd_local(int argc, char **argv)
          "inner steps the regions train on at least while an outer step crosses the WAN, then "
          "merge its result once in (waiting only when the next is due; below --sync-every; "
          "0, the default: they wait for it)",
+         0},
+        {"wait-peers-s", FLAG_INT, &wait_peers_s, 1, 86400,
+         "seconds a client waits for a replacement when a stage has lost every peer (then "
+         "the model is restored: from the other regions, a checkpoint, or the seed; default "
+         "600)",
          0},
         {"status-port", FLAG_INT, &status_port, 0, 65535,
          "port of the coordinator's /status and /metrics (default: any free one)", 0},
@@ -430,14 +435,16 @@ int roles_cmd_local(int argc, char **argv)
         net_tls_ctx_free(tls);
         return 1;
     }
-    char coord_addr[32];
+    char coord_addr[32], where[WAN_REGION_MAX + 16] = "";
     snprintf(coord_addr, sizeof coord_addr, "127.0.0.1:%d", coordinator_port(co));
+    if (n_regions > 1) /* which region's processes a line names (tests kill them) */
+        snprintf(where, sizeof where, "region %s: ", region_names[region]);
     if (o.json) /* stdout carries only JSON lines then */
         log_info("coordinator at %s; status at http://127.0.0.1:%d/status and /metrics",
                  coord_addr, coordinator_http_port(co));
     else
-        printf("cirrus: coordinator at %s; status at http://127.0.0.1:%d/status and /metrics\n",
-               coord_addr, coordinator_http_port(co));
+        printf("cirrus: %scoordinator at %s; status at http://127.0.0.1:%d/status and "
+               "/metrics\n", where, coord_addr, coordinator_http_port(co));
     fflush(stdout);
     enum { MAXP = PIPE_MAX_STAGES * PIPE_MAX_PEERS };
     static pid_t pids[MAXP];
@@ -470,8 +477,8 @@ int roles_cmd_local(int argc, char **argv)
                 break;
             }
             if (!o.json)
-                printf("cirrus: stage %d peer %d serves layers [%d, %d) at %s (pid %d)\n", s,
-                       k, l0, l1, addrs[started], (int)pids[started]);
+                printf("cirrus: %sstage %d peer %d serves layers [%d, %d) at %s (pid %d)\n",
+                       where, s, k, l0, l1, addrs[started], (int)pids[started]);
             started++;
         }
         for (int k = 0; k < peers[s]; k++) {
@@ -479,7 +486,7 @@ int roles_cmd_local(int argc, char **argv)
             if (rfds[k] >= 0) close(rfds[k]);
         }
     }
-    peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs};
+    peer_source src = {.n = n_stages, .peers = peers, .addrs = addrs, .wait_s = wait_peers_s};
     static pid_t clients[COORD_MAX_CLIENTS];
     int followers = 0;
     for (int i = 1; i < n_clients && !rc; i++) {

@@ -274,7 +274,8 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
                                     .sync_delay = share->sync_delay,
                                     .sync_params = share->sync_params,
                                     .final_step = (uint64_t)o->steps,
-                                    .region = share->region, .stop = cli_stop_flag()};
+                                    .region = share->region, .stop = cli_stop_flag(),
+                                    .replace_wait_s = src->wait_s};
     int rc = 1;
     if (pipeline_executor_open(p, &eo, &pe, &ex, &err) || pipeline_align_peers(p, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);

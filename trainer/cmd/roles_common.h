@@ -47,7 +47,8 @@ typedef struct peer_source {
     int n;                    /* stages; 0: ask the coordinator */
     const int *peers;         /* per stage */
     const char *const *addrs; /* stage-major */
-    int wait_s;               /* how long discovery may wait for every stage to have a peer */
+    int wait_s;               /* how long to wait for every stage to have a peer (discovery;
+                               * a replacement for a stage's lost peers) */
 } peer_source;
 
 /* Which of the region's clients this one is (--clients, --client-index). */

@@ -41,7 +41,7 @@ int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n
             if (hi <= s0 || lo >= s1) continue;
             if (lo < s0) lo = s0;
             if (hi > s1) hi = s1;
-            o->seg[o->n_seg++] = (adamw_segment){lo, o->state_count, hi - lo, table[i].decay};
+            o->seg[o->n_seg++] = (adamw_segment){lo, o->state_count, hi - lo, table[i].decay, 0};
             o->state_count += hi - lo;
         }
     }
@@ -114,13 +114,34 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
     if (c->grad_clip > 0.0f && norm > c->grad_clip) clip = c->grad_clip / (norm + 1e-6f);
     const float b1 = c->beta1, b2 = c->beta2;
     ops_adamw_args a = {.grad_scale = grad_scale * clip, .lr = lr, .beta1 = b1, .beta2 = b2,
-                        .bc1 = 1.0f - powf(b1, (float)step), .bc2 = 1.0f - powf(b2, (float)step),
                         .eps = c->eps};
     for (int s = 0; s < o->n_seg; s++) {
         const adamw_segment *seg = &o->seg[s];
         a.weight_decay = seg->decay ? c->weight_decay : 0.0f;
+        if (seg->moments_from && step > seg->moments_from) { /* fresh moments: their own count */
+            const float t = (float)(step - seg->moments_from);
+            a.bc1 = 1.0f - powf(b1, t);
+            a.bc2 = 1.0f - powf(b2, t);
+        } else {
+            a.bc1 = 1.0f - powf(b1, (float)step);
+            a.bc2 = 1.0f - powf(b2, (float)step);
+        }
         o->ops->adamw_update(params + seg->offset, grads + seg->offset, o->m + seg->state,
                              o->v + seg->state, seg->count, &a);
     }
     return norm;
+}
+
+int adamw_restart_fresh_moments(adamw *o, uint64_t steps)
+{
+    int n = 0;
+    for (int s = 0; s < o->n_seg; s++) {
+        adamw_segment *seg = &o->seg[s];
+        /* Through the backend: m and v may live in device memory. */
+        const int fresh = steps > 0 && o->ops->sumsq(o->m + seg->state, seg->count, 1.0f) == 0.0 &&
+                          o->ops->sumsq(o->v + seg->state, seg->count, 1.0f) == 0.0;
+        seg->moments_from = fresh ? steps : 0;
+        n += fresh;
+    }
+    return n;
 }

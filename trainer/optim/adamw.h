@@ -33,6 +33,9 @@ typedef struct adamw_segment {
     size_t state;  /* into m and v */
     size_t count;
     int decay;
+    /* The optimizer step after which this segment's moments started from zero again (0:
+     * they have been trained since the first step): bias correction counts from there. */
+    uint64_t moments_from;
 } adamw_segment;
 
 struct ops_backend;
@@ -78,5 +81,12 @@ double adamw_total_sumsq(const adamw *o, const float *grads, float scale);
  * correction). Returns the global gradient norm before clipping. */
 float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
                  double total_sumsq, float lr, uint64_t step);
+
+/* The state was replaced at optimizer step `steps` (a copy, a checkpoint's, a restore):
+ * segments whose moments are all zero now start again there, i.e. their bias correction
+ * counts the steps since, as Adam's does from its first step (with the training's count the
+ * first updates of fresh moments would be several times lr). Returns how many segments
+ * start again. */
+int adamw_restart_fresh_moments(adamw *o, uint64_t steps);
 
 #endif

@@ -25,6 +25,8 @@ struct pipeline_executor {
     outer_client *outer;       /* outer steps across regions; NULL: none */
     const char *region;        /* shown on progress lines; NULL: not */
     int outer_begun;
+    int replace_wait_s;        /* for a replacement of a stage's last peer */
+    const volatile sig_atomic_t *stop;
 };
 
 /* Tell the coordinator how training goes (for /status); never fatal. */
@@ -158,6 +160,49 @@ static int pipe_install(void *ctx, const float *params, const float *adam_m,
     return pipeline_set_state(e->p, params, adam_m, adam_v, steps, err);
 }
 
+/* A step failed. If a stage lost every peer (and with them its state), wait for the
+ * coordinator to list replacements, admit them, and have the model's state restored. */
+static int pipe_recover(void *ctx, const cirrus_error *failure, int *need_state,
+                        cirrus_error *err)
+{
+    pipeline_executor *e = ctx;
+    const int lost = pipeline_empty_stage(e->p);
+    *need_state = 0;
+    if (lost < 0 && !pipeline_restoring(e->p)) {
+        *err = *failure; /* not a lost stage: the failure stands */
+        return failure->code ? failure->code : CIRRUS_EIO;
+    }
+    if (e->n_clients > 1)
+        return cirrus_fail(err, CIRRUS_ECLOSED, "%s; with %d clients sharing the step a lost "
+                           "stage is not restored in place (restarted, the clients resume from "
+                           "the checkpoint)", failure->msg, e->n_clients);
+    if (!e->coord)
+        return cirrus_fail(err, CIRRUS_ECLOSED, "%s; no coordinator (--coordinator) lists a "
+                           "replacement", failure->msg);
+    log_warn("%s: stage %d has no peer left, and its state went with them; waiting up to %d s "
+             "for a replacement", failure->msg, lost, e->replace_wait_s);
+    int rc = pipeline_abandon_step(e->p, err);
+    const double deadline = clock_now_s() + e->replace_wait_s;
+    int empty;
+    while (!rc && (empty = pipeline_empty_stage(e->p)) >= 0) {
+        if (clock_now_s() > deadline)
+            return cirrus_fail(err, CIRRUS_ETIMEDOUT, "stage %d has had no peer for %d s "
+                               "(--wait-peers-s): its state cannot be restored", empty,
+                               e->replace_wait_s);
+        if (e->stop && *e->stop)
+            return cirrus_fail(err, CIRRUS_ECLOSED, "asked to stop while stage %d has no peer",
+                               empty);
+        usleep(250 * 1000);
+        admit_new_peers(e, pipeline_steps_done(e->p) + 1);
+    }
+    if (rc) return rc;
+    rc = pipeline_resume_intact(e->p, err);
+    if (rc != CIRRUS_ENOENT) return rc; /* 0: the step runs again */
+    if (e->outer) return outer_client_restore(e->outer, err);
+    *need_state = 1; /* a checkpoint's, or the seed's (train.c) */
+    return 0;
+}
+
 static uint64_t pipe_first_step(void *ctx)
 {
     return pipeline_steps_done(((pipeline_executor *)ctx)->p);
@@ -201,7 +246,8 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     if (!e) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the pipeline executor");
     *e = (pipeline_executor){.p = p, .micro = o->micro, .coord = o->coord, .index = o->index,
                              .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step,
-                             .region = o->region};
+                             .region = o->region, .stop = o->stop,
+                             .replace_wait_s = o->replace_wait_s > 0 ? o->replace_wait_s : 600};
     if (o->n_clients > 1)
         step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
     if (o->sync_every > 0) {
@@ -222,7 +268,7 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     /* Only the leader evaluates: the clients share one model, and a follower's validation
      * passes would only load the peers. */
     *ex = (train_executor){e, pipe_step, o->index == 0 ? pipe_eval : NULL, pipe_gather,
-                           pipe_describe, pipe_first_step, pipe_install};
+                           pipe_describe, pipe_first_step, pipe_install, pipe_recover};
     *out = e;
     return 0;
 }

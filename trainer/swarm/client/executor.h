@@ -8,6 +8,12 @@
  * validation passes. Between steps it admits the peers the coordinator lists and the
  * pipeline lacks, and after each step it reports progress to the coordinator.
  *
+ * A stage that loses every peer loses its state with them. The region's only client then
+ * waits for replacements (the coordinator lists them) and restores the model: across
+ * regions from the gateway's global parameters (outer_client_restore), else train.c rolls
+ * it back to the newest checkpoint. With several clients the lost stage ends the run (the
+ * clients, restarted, resume from the checkpoint).
+ *
  * It neither connects nor parses anything: the caller hands it a connected pipeline and,
  * optionally, a coordinator client, both of which outlive it.
  */
@@ -44,6 +50,9 @@ typedef struct pipeline_executor_options {
     /* Non-zero once the run is asked to end: an outer step still waiting for the other
      * regions is abandoned (the region keeps its own parameters). NULL: never. */
     const volatile sig_atomic_t *stop;
+    /* Seconds to wait for a replacement when a stage has lost every peer (the region's
+     * only client, with coord); 0: 600. */
+    int replace_wait_s;
 } pipeline_executor_options;
 
 /* An executor over p (which it borrows, with o->coord) into *out, and the train_executor

@@ -295,6 +295,29 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
     return rc;
 }
 
+int outer_client_restore(outer_client *oc, cirrus_error *err)
+{
+    const uint64_t round = oc->pending ? oc->pending_round : 0; /* 0: the latest */
+    int rc = pull(oc, round, 1, err);
+    float *m = NULL, *v = NULL;
+    if (!rc && (!(m = malloc(oc->n * sizeof(float))) || !(v = malloc(oc->n * sizeof(float)))))
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the optimizer's state");
+    if (!rc) rc = pipeline_gather_state_as_is(oc->p, oc->now, m, v, err);
+    if (!rc) {
+        sync_params_unpack(&oc->sp, oc->global, oc->now);
+        rc = pipeline_set_state(oc->p, oc->now, m, v, pipeline_steps_done(oc->p), err);
+    }
+    free(m);
+    free(v);
+    oc->pending = 0;
+    if (!rc)
+        log_info("outer: the region is restored at inner step %llu from the global parameters "
+                 "of outer step %llu (digest %016llx)",
+                 (unsigned long long)pipeline_steps_done(oc->p),
+                 (unsigned long long)oc->outer_step, (unsigned long long)oc->digest);
+    return rc;
+}
+
 void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
                            uint64_t *digest)
 {

@@ -43,6 +43,15 @@ int outer_client_begin(outer_client *oc, cirrus_error *err);
 int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
                             cirrus_error *err);
 
+/* A stage of the region lost every peer, and replacements joined (pipeline_abandon_step):
+ * the region takes the global parameters of the latest outer step (waiting for the round
+ * it pushed, if one runs) on every stage, the synchronised ones at least; the survivors
+ * keep their AdamW moments and the rest of their parameters, the replacements start with
+ * fresh moments (and their seed's values for parameters the outer steps leave regional).
+ * Training goes on at the same inner step: the region loses what it trained since that
+ * outer step, not more. */
+int outer_client_restore(outer_client *oc, cirrus_error *err);
+
 /* For progress lines: the latest outer step the region took part in, and the gateway's
  * WAN bytes (both directions) as it last said. */
 void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,

@@ -114,6 +114,13 @@ uint64_t pipeline_steps_done(const pipeline *p)
     return p->steps_done;
 }
 
+int pipeline_empty_stage(const pipeline *p)
+{
+    for (int s = 0; s < p->n; s++)
+        if (pipe_alive_count(p, s) == 0) return s;
+    return -1;
+}
+
 void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s)
 {
     *peers = 0;

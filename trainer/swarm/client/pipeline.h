@@ -122,6 +122,30 @@ int pipeline_stages(const pipeline *p);
 const gpt_config *pipeline_config(const pipeline *p);
 /* Optimizer steps the stages' peers have taken, as this client knows it. */
 uint64_t pipeline_steps_done(const pipeline *p);
+/* The first stage with no live peer, or -1: a stage that lost every peer lost its state
+ * with them (pipeline_abandon_step). */
+int pipeline_empty_stage(const pipeline *p);
+
+/* ---- a stage lost ----
+ * When every peer of a stage is gone, the step in progress cannot finish and the stage's
+ * parameters and moments are gone too. The region's only client then abandons the step
+ * (the other stages' peers drop its gradients), waits for replacements to join
+ * (pipeline_join admits them without a copy: there is nothing to copy), and installs a
+ * whole model's state on every peer (pipeline_set_state: a checkpoint's, the seed's, or,
+ * across regions, the global parameters with the survivors' moments). Until then no
+ * microbatch runs. */
+int pipeline_abandon_step(pipeline *p, cirrus_error *err);
+/* Whether the pipeline waits for a state to install (pipeline_abandon_step). */
+int pipeline_restoring(const pipeline *p);
+/* While restoring: if every stage has a live peer at the client's step (the stage's peers
+ * only timed out, or came back), nothing was lost: the others are aligned to them and the
+ * pipeline runs again (0). CIRRUS_ENOENT when some stage's state is gone. */
+int pipeline_resume_intact(pipeline *p, cirrus_error *err);
+/* While restoring: every stage's state as its peers hold it now, whatever their steps (a
+ * stage may have stepped before another failed; a replacement holds its seed's parameters
+ * and zero moments). Nothing is written unless every stage answered in full. */
+int pipeline_gather_state_as_is(pipeline *p, float *params, float *adam_m, float *adam_v,
+                                cirrus_error *err);
 /* Stage s now: its live peers, and the sum of their measured throughputs (samples/s; 0
  * before any was measured). */
 void pipeline_stage_load(const pipeline *p, int s, int *peers, double *samples_per_s);

@@ -385,6 +385,9 @@ int pipeline_microbatches(pipeline *p, uint64_t first_id, int n, int B, int T,
     if (n < 1 || p->n_mb + n > PIPE_MAX_MICRO)
         return cirrus_fail(err, CIRRUS_EINVAL, "%d microbatches: a step holds 1 to %d", n,
                            PIPE_MAX_MICRO);
+    if (p->restoring)
+        return cirrus_fail(err, CIRRUS_EINVAL, "a stage lost its state: no microbatch runs "
+                           "until the model's state is installed again");
     if (B < 1 || B > p->max_B || T < 1 || T > p->max_T)
         return cirrus_fail(err, CIRRUS_EINVAL, "microbatch %d x %d exceeds %d x %d", B, T,
                            p->max_B, p->max_T);
@@ -424,6 +427,9 @@ int pipeline_eval(pipeline *p, int B, int T, const int32_t *x, const int32_t *y,
                   cirrus_error *err)
 {
     int served;
+    if (p->restoring)
+        return cirrus_fail(err, CIRRUS_EINVAL, "a stage lost its state: nothing is evaluated "
+                           "until the model's state is installed again");
     for (int s = 0; s < p->n; s++) {
         int rc = forward_stage(p, s, 0, B, T, 0, x, y, loss, &served, err);
         if (rc) return rc;

@@ -100,6 +100,10 @@ struct pipeline {
      * hears of the peers it loses (the leader tells the followers). */
     uint64_t steps_done;
     int follower;
+    /* A stage lost every peer mid-step (pipeline_abandon_step): no microbatch runs until
+     * the whole model's state is installed again (pipeline_set_state); meanwhile peers join
+     * any stage without a copy, the state to come being everyone's. */
+    int restoring;
     pipeline_lost_fn on_lost;
     void *on_lost_ctx;
 };

@@ -2,7 +2,8 @@
  * the layers of this model it serves), peers behind the region's step are brought to it
  * (SYNC: a copy of a live peer of the stage) or left out, peers the coordinator lists join
  * between steps, a peer that moved to another stage (rebalancing) leaves its old one
- * unbanned, and one another client lost is dropped here too. See pipeline.h. */
+ * unbanned, one another client lost is dropped here too, and a step a lost stage cut
+ * short is abandoned. See pipeline.h. */
 #include <stdio.h>
 #include <string.h>
 
@@ -118,6 +119,56 @@ int pipeline_align_peers(pipeline *p, cirrus_error *err)
     return 0;
 }
 
+int pipeline_abandon_step(pipeline *p, cirrus_error *err)
+{
+    (void)err; /* nothing here fails the pipeline: a peer that fails is dropped */
+    p->n_mb = p->next_start = p->mb_active = 0;
+    p->n_tasks = 0;
+    memset(p->averaged, 0, sizeof p->averaged);
+    p->restoring = 1;
+    /* The survivors drop what they accumulated of the step (the state to come replaces
+     * their parameters anyway, but not gradients). */
+    for (int s = 0; s < p->n; s++)
+        for (int k = 0; k < p->link[s].n; k++) {
+            if (!pipe_peer_alive(p, s, k)) continue;
+            wire_writer w;
+            wire_reader r;
+            cirrus_error why = {0}, ignored = {0};
+            wire_writer_init(&w, 0);
+            int rc = pipe_call_peer(p, s, k, STAGE_RESET, &w, &r, &why);
+            /* A stage left empty by this is one more to wait for: not an error here. */
+            if (rc) pipe_peer_failed(p, s, k, &why, &ignored);
+        }
+    log_warn("the step in progress is abandoned: the model's state is installed again once "
+             "every stage has a peer");
+    return 0;
+}
+
+int pipeline_resume_intact(pipeline *p, cirrus_error *err)
+{
+    if (!p->restoring) return 0;
+    for (int s = 0; s < p->n; s++) {
+        int intact = 0;
+        for (int k = 0; k < p->link[s].n && !intact; k++) {
+            uint64_t steps;
+            /* A replacement is at step 0 (or none): only a peer that trained every step
+             * with the others is at the client's. */
+            intact = pipe_peer_alive(p, s, k) && p->steps_done > 0 &&
+                     !peer_steps(p, s, k, &steps, err) && steps == p->steps_done;
+        }
+        if (!intact) return CIRRUS_ENOENT;
+    }
+    p->restoring = 0;
+    log_info("every stage has a peer at step %llu: no state was lost",
+             (unsigned long long)p->steps_done);
+    return pipeline_align_peers(p, err);
+}
+
+int pipeline_restoring(const pipeline *p)
+{
+    return p->restoring;
+}
+
 int pipeline_take_over(pipeline *p, cirrus_error *err)
 {
     for (int s = 0; s < p->n; s++)
@@ -168,7 +219,8 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     if (k == PIPE_MAX_PEERS)
         return cirrus_fail(err, CIRRUS_EINVAL, "stage %d already has %d peers", s, k);
     int donor = pipe_any_live_peer(p, s);
-    if (donor < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer to copy", s);
+    if (donor < 0 && !p->restoring)
+        return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no peer to copy", s);
     if (k == L->n) L->n++;
     int l1 = L->l1;
     uint64_t steps;
@@ -185,7 +237,8 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
      * stage, or trained every step with them). One behind copies it (SYNC), which drops
      * the gradients it holds: only between steps, and only by the client that steps, so
      * that no other client's microbatch is ever lost to it. Until then it is left out. */
-    const int behind = !rc && (steps != p->steps_done || steps == 0); /* 0: a seed to check */
+    /* Restoring, every peer takes the state installed next: none is behind. */
+    const int behind = !rc && !p->restoring && (steps != p->steps_done || steps == 0);
     if (behind && (p->follower || p->n_mb)) {
         net_close(L->peer[k].c);
         L->peer[k].c = NULL;
@@ -201,6 +254,9 @@ int pipeline_join(pipeline *p, int s, const char *addr, cirrus_error *err)
     p->counters.peers_joined++;
     if (behind)
         log_info("stage %d: peer %s joined (state from %s)", s, addr, L->peer[donor].addr);
+    else if (p->restoring)
+        log_info("stage %d: peer %s joined (at step %llu; it takes the state installed next)",
+                 s, addr, (unsigned long long)steps);
     else
         log_info("stage %d: peer %s joined (already at step %llu)", s, addr,
                  (unsigned long long)steps);

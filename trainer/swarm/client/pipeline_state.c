@@ -47,8 +47,10 @@ static void gather_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64
     stage_msg_take_runs(g->runs, g->n_runs, off, floats, count);
 }
 
-int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
-                          uint64_t *steps, cirrus_error *err)
+/* same_step: every stage must have taken as many steps (into *steps); else they may differ
+ * (steps may be NULL). */
+static int gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
+                        uint64_t *steps, int same_step, cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "the state is gathered between steps");
     const size_t total = gpt_num_params(&p->cfg);
@@ -73,7 +75,7 @@ int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam
             g.k = pipe_any_live_peer(p, s);
         }
         if (!rc && s == p->n - 1) last_steps = st;
-        if (!rc && st != last_steps)
+        if (!rc && same_step && st != last_steps)
             rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d has taken %llu steps, stage %d "
                              "%llu", s, (unsigned long long)st, p->n - 1,
                              (unsigned long long)last_steps);
@@ -82,10 +84,24 @@ int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam
         memcpy(params, buf, sizeof(float) * total);
         memcpy(adam_m, buf + total, sizeof(float) * total);
         memcpy(adam_v, buf + 2 * total, sizeof(float) * total);
-        *steps = last_steps;
+        if (steps) *steps = last_steps;
     }
     free(buf);
     return rc;
+}
+
+int pipeline_gather_state(pipeline *p, float *params, float *adam_m, float *adam_v,
+                          uint64_t *steps, cirrus_error *err)
+{
+    return gather_state(p, params, adam_m, adam_v, steps, 1, err);
+}
+
+int pipeline_gather_state_as_is(pipeline *p, float *params, float *adam_m, float *adam_v,
+                                cirrus_error *err)
+{
+    if (!p->restoring)
+        return cirrus_fail(err, CIRRUS_EINVAL, "the state as is is gathered while restoring");
+    return gather_state(p, params, adam_m, adam_v, NULL, 0, err);
 }
 
 /* ---- the parameters alone, for the outer step across regions ---- */
@@ -197,7 +213,10 @@ int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
                            "moments and a step");
     int rc = install(p, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
     /* Every live peer took the whole state: they are all at `steps` (a peer that failed
-     * was dropped). */
-    if (!rc) p->steps_done = steps;
+     * was dropped), and a stage that had lost its state has one again. */
+    if (!rc) {
+        p->steps_done = steps;
+        p->restoring = 0;
+    }
     return rc;
 }

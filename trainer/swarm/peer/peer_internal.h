@@ -120,6 +120,11 @@ void peer_drop_gradients(peer *p);
 
 /* ---- state.c ---- */
 
+/* After this peer's optimizer state was replaced (a copy, a checkpoint's, a restore), at
+ * optimizer step `steps`: moments that are zero start again there
+ * (adamw_restart_fresh_moments). */
+void peer_note_moments(peer *p, uint64_t steps);
+
 /* STATE_GET, PARAMS_SET, STATE_SET, SYNC (under the lock). */
 int peer_put_state(peer *p, wire_reader *r, wire_writer *w);
 int peer_set_params(peer *p, wire_reader *r, const char **why);

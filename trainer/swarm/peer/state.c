@@ -26,6 +26,17 @@ static int state_runs(const peer *p, int l0, int l1, const adamw *adam,
     return n + 2;
 }
 
+void peer_note_moments(peer *p, uint64_t steps)
+{
+    /* Only moments that are zero now are known to be fresh: a copy of a donor whose
+     * moments started again recently trains on with the training's count (the origin does
+     * not travel with the state; its first updates are then larger, not wrong). */
+    const int n = adamw_restart_fresh_moments(&p->adam, steps);
+    if (n)
+        log_info("%d optimizer segment(s) start with fresh moments at step %llu (a restored "
+                 "stage): their bias correction counts from there", n, (unsigned long long)steps);
+}
+
 /* STATE_GET: this peer's parameters and optimizer state, for a peer joining the stage:
  * all of it, or the slice the request names (checked against the state's size). */
 int peer_put_state(peer *p, wire_reader *r, wire_writer *w)
@@ -85,7 +96,8 @@ int peer_set_state(peer *p, wire_reader *r, const char **why)
     stage_msg_take_runs(runs, n_runs, q.offset, q.floats, q.count);
     if (q.offset + q.count == 3 * n) {
         p->steps = q.steps;
-        log_info("took a checkpoint's state at step %llu", (unsigned long long)q.steps);
+        peer_note_moments(p, q.steps);
+        log_info("took a state installed by the client at step %llu", (unsigned long long)q.steps);
     }
     return 0;
 }
@@ -195,6 +207,7 @@ int peer_sync_from(peer *p, const char *donor, const char **why)
         goto out;
     }
     p->steps = steps;
+    peer_note_moments(p, steps);
     peer_drop_gradients(p);
     log_info("joined the stage with the state of %s at step %llu", donor,
              (unsigned long long)steps);
