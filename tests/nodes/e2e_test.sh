@@ -130,9 +130,9 @@ ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail 
 [[ -n "$ref" ]] && ok "local reference: validation loss $ref" || not_ok "no validation loss in the local run's output"
 
 # run_job NAME PEERS CHAOS: applies the job (PEERS per stage), waits for Succeeded (CHAOS=1:
-# meanwhile deletes a random peer pod, as a spot reclaim does, whenever every peer is ready and
-# the last deletion is 20 s old: a stage keeps a peer that holds its state); sets deleted (how
-# many) and checks placement.
+# meanwhile deletes peer pods, as spot reclaims do, whenever every peer is ready and the last
+# deletion is 20 s old: first every peer of one stage of r2, then one random peer each
+# time); sets deleted (how many) and checks placement.
 deleted=0
 run_job() {
     local name=$1 peers=$2 chaos=$3 outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
@@ -158,12 +158,18 @@ run_job() {
         step_now=$(sj "$name" '{.status.step}')
         if ((chaos && SECONDS >= next && ${step_now:-0} + 20 < STEPS)) &&
             [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
-            p=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$name,cirrus.dev/role=peer" \
-                --field-selector status.phase=Running -o name | shuf -n 1)
-            if [[ -n "$p" ]] && kubectl -n "$NS" delete "$p" --wait=false >/dev/null 2>&1; then
-                deleted=$((deleted + 1))
-                echo "[e2e] preempted $p (step $(sj "$name" '{.status.step}'))"
-            fi
+            # The first reclaim takes a stage's whole swarm in region r2 (its state goes with
+            # it: the region restores it from the global parameters); later ones one peer.
+            local sel="cirrus.dev/job=$name,cirrus.dev/role=peer" pods
+            ((deleted == 0)) && sel+=",cirrus.dev/region=r2,cirrus.dev/stage=1"
+            pods=$(kubectl -n "$NS" get pods -l "$sel" --field-selector status.phase=Running -o name)
+            ((deleted > 0)) && pods=$(shuf -n 1 <<<"$pods")
+            for p in $pods; do
+                if kubectl -n "$NS" delete "$p" --wait=false >/dev/null 2>&1; then
+                    deleted=$((deleted + 1))
+                    echo "[e2e] preempted $p (step $(sj "$name" '{.status.step}'))"
+                fi
+            done
             next=$((SECONDS + 20))
         fi
         outer=$(sj "$name" '{.status.outerStep}')
@@ -237,7 +243,7 @@ calm_loss=$(val_loss "$(kubectl -n "$NS" get pods -l cirrus.dev/job=calm,cirrus.
 events=$(kubectl -n "$NS" get events -o json | jq -r '[.items[] | select(.message | test("violate|forbidden"; "i"))] | length')
 expect_eq "admission refusals or PodSecurity violations in $NS" 0 "$events"
 
-echo "[e2e] job chaos: the same with 2 peers per stage, a random peer pod deleted every ~20 s"
+echo "[e2e] job chaos: the same with 2 peers per stage; both peers of r2's stage 1 deleted, then a random peer pod every ~20 s"
 run_job chaos 2 1
 check_losses chaos "${calm_loss:-0}" "the calm run's"
 pre=$(sj chaos '{.status.regions[*].preemptions}' | tr ' ' '+')
@@ -248,6 +254,13 @@ else
     not_ok "chaos: $deleted peer pods deleted, status preemptions '$pre'"
 fi
 expect_eq "chaos: failures counted" 0 "$((${failures:-0}))"
+restored=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=r2,cirrus.dev/role=client" --tail=-1 2>/dev/null |
+    grep -c 'the region is restored at inner step')
+if ((${restored:-0} >= 1)); then
+    ok "chaos: region r2 lost stage 1's whole swarm and restored it from the global parameters"
+else
+    not_ok "chaos: region r2's client never restored its lost stage (a stage's every peer deleted)"
+fi
 
 # A job whose image the nodes do not hold (pull policy Never): the kubelet's reason reaches
 # the status as the PodsStarted condition, instead of pods Pending without a word.
