@@ -11,6 +11,10 @@
 #   c. garbage at a gateway's WAN port while (a) trains (random bytes, a truncated frame, a
 #      plaintext HELLO to the TLS port, another CA's certificate, a certificate of the job's
 #      CA for a region not in the job, idle connections): each is refused, training goes on
+#   e. region r1 loses every process (its zone reclaimed: gateway, peers and client killed)
+#      and starts again from nothing: its client joins the job at the global state's inner
+#      step instead of redoing the steps the other region is past, and both regions end
+#      with one model
 # Skips (exit 0, a "skip:" line) where network namespaces cannot be made (not root, ...).
 # Usage: tests/wan/shaped.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
@@ -479,6 +483,43 @@ for g in (0, 1):
 sys.exit(0 if ok else 1)
 PY
 [ $? -eq 0 ] && pass=$((pass + 1)) || fail=$((fail + 1))
+stop_regions
+
+
+# ---- e: region r1 lost whole and started again from nothing ----
+job=job-e layers=2 batch=4 steps=200 sync=5
+model=(--layers "$layers" --width 64 --heads 4 --context 32)
+"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-e" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 20mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-e/r$i")
+    start_region "$i" "$tmp/e"
+done
+if timeout 120 bash -c "until grep -q 'outer round 10 done' '$tmp/e/gw1.err'; do sleep 0.05; done"; then
+    # Every process of r1's namespace at once, as a reclaimed zone takes them.
+    for p in $(ip netns pids "$(wan_ns 1)"); do kill -KILL "$p" 2>/dev/null; done
+    sleep 2
+    gw_flags=(--tls-dir "$tmp/certs-e/r1")
+    start_region 1 "$tmp/e/again"
+    why=
+    for i in 0 1; do
+        wait_for "${client_pid[i]}" 120 || why+=" client r$i exit $?;"
+    done
+    f0=$(grep '"final":true' "$tmp/e/c0.json") f1=$(grep '"final":true' "$tmp/e/again/c1.json")
+    joined=$(sed -nE 's/.*the region joins it at inner step ([0-9]+) .*/\1/p' "$tmp/e/again/c1.err" | head -1)
+    ran=$(grep -c '"step"' "$tmp/e/again/c1.json") # progress lines: one per step it trained
+    echo "    r1 started again, joined the job at inner step ${joined:-none}, trained $ran of $steps steps; final digests r0 $(field digest "$f0"), r1 $(field digest "$f1")"
+    if [ -z "$why" ] && [ -n "$(field digest "$f0")" ] && [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f1")" = $((steps / sync)) ] && [ "$(field step "$f1")" = "$steps" ] &&
+        [ -n "$joined" ] && [ "$joined" -ge 50 ] && [ "$ran" -le $((steps - joined + 2 * sync + 1)) ]; then
+        ok e_region_started_again_joins_the_job_and_ends_with_one_model
+    else
+        bad e_region_started_again_joins_the_job_and_ends_with_one_model; echo "   $why"
+        tail -n 4 "$tmp/e/again/c1.err" "$tmp/e/again/gw1.err"
+    fi
+else
+    bad e_region_started_again_joins_the_job_and_ends_with_one_model; tail -3 "$tmp/e/gw1.err"
+fi
 stop_regions
 
 finish

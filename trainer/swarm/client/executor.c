@@ -26,6 +26,7 @@ struct pipeline_executor {
     const char *region;        /* shown on progress lines; NULL: not */
     int outer_begun;
     int replace_wait_s;        /* for a replacement of a stage's last peer */
+    int joined_job;            /* the region just jumped to the job's step (pipe_recover) */
     const volatile sig_atomic_t *stop;
 };
 
@@ -71,6 +72,20 @@ static void admit_new_peers(void *ctx, uint64_t step)
                  (unsigned long long)step);
 }
 
+/* The outer steps told the region that the job is past it (the region restarted or was cut
+ * off while the others trained on): it joins the job's step, and the step in hand does not
+ * count (JOINED_JOB, which pipe_recover turns into "training goes on from first_step()"). */
+#define JOINED_JOB CIRRUS_ECONFLICT
+static int join_job_if_behind(pipeline_executor *e, cirrus_error *err)
+{
+    if (outer_client_job_step(e->outer) <= pipeline_steps_done(e->p)) return 0;
+    int rc = outer_client_join_job(e->outer, err);
+    if (rc) return rc;
+    e->joined_job = 1;
+    return cirrus_fail(err, JOINED_JOB, "the region joined the job at inner step %llu",
+                       (unsigned long long)pipeline_steps_done(e->p));
+}
+
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
@@ -88,6 +103,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         int rc = outer_client_begin(e->outer, err);
         if (rc) return rc;
         e->outer_begun = 1;
+        if ((rc = join_job_if_behind(e, err))) return rc;
     }
     /* This client's share: a contiguous run of the step's microbatches. */
     const int first = e->index * M / e->n_clients;
@@ -122,6 +138,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     if (!rc && e->outer)
         rc = outer_client_after_step(e->outer, step, (uint64_t)B * (uint64_t)T, err);
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
+    if (!rc && e->outer) rc = join_job_if_behind(e, err);
     return rc;
 }
 
@@ -168,6 +185,10 @@ static int pipe_recover(void *ctx, const cirrus_error *failure, int *need_state,
     pipeline_executor *e = ctx;
     const int lost = pipeline_empty_stage(e->p);
     *need_state = 0;
+    if (e->joined_job) { /* not a failure: the model is at the job's step */
+        e->joined_job = 0;
+        return 0;
+    }
     if (lost < 0 && !pipeline_restoring(e->p)) {
         *err = *failure; /* not a lost stage: the failure stands */
         return failure->code ? failure->code : CIRRUS_EIO;

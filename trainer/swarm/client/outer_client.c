@@ -318,6 +318,31 @@ int outer_client_restore(outer_client *oc, cirrus_error *err)
     return rc;
 }
 
+uint64_t outer_client_job_step(const outer_client *oc)
+{
+    const uint64_t at = oc->outer_step * (uint64_t)oc->every;
+    return at < oc->final_step ? at : oc->final_step;
+}
+
+int outer_client_join_job(outer_client *oc, cirrus_error *err)
+{
+    const uint64_t from = pipeline_steps_done(oc->p), to = outer_client_job_step(oc);
+    uint64_t steps;
+    float *m = malloc(oc->n * sizeof(float)), *v = malloc(oc->n * sizeof(float));
+    /* `pushed` is free between rounds (nothing is pending after the round that told us). */
+    int rc = m && v ? pipeline_gather_state(oc->p, oc->pushed, m, v, &steps, err)
+                    : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the optimizer's state");
+    if (!rc) rc = pipeline_set_state(oc->p, oc->pushed, m, v, to, err);
+    free(m);
+    free(v);
+    oc->pending = 0;
+    if (!rc)
+        log_info("outer: the job is at outer step %llu: the region joins it at inner step %llu "
+                 "(it was at %llu)", (unsigned long long)oc->outer_step, (unsigned long long)to,
+                 (unsigned long long)from);
+    return rc;
+}
+
 void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
                            uint64_t *digest)
 {

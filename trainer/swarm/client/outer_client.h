@@ -52,6 +52,17 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
  * outer step, not more. */
 int outer_client_restore(outer_client *oc, cirrus_error *err);
 
+/* The inner step the job's global state stands for: that of the latest outer step the
+ * region has heard of (outer step k is pushed at inner step k x every; the run's last at
+ * final_step). Above the region's step when the region (re)started or was cut off while the
+ * others went on. */
+uint64_t outer_client_job_step(const outer_client *oc);
+/* The region joins the job where it is: every peer takes the global parameters it holds now
+ * (installed by the last round) at outer_client_job_step(), with its own moments; the
+ * caller moves its data there too. A region that lost every pod (its zone reclaimed) or was
+ * cut off for many outer steps so trains on with the others instead of redoing their steps. */
+int outer_client_join_job(outer_client *oc, cirrus_error *err);
+
 /* For progress lines: the latest outer step the region took part in, and the gateway's
  * WAN bytes (both directions) as it last said. */
 void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
