@@ -41,6 +41,56 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
+static char loopback[] = "127.0.0.1";
+
+/* Where and how a test's stage peer serves (seed 5, this file's model). */
+typedef struct peer_spec {
+    int l0, l1, max_B;
+    const adamw_config *ac;
+    int ring;        /* with a gradient-averaging listener (a stage of several peers) */
+    coordinator *co; /* registers there at `stage` (NULL: none) */
+    int stage;
+} peer_spec;
+
+/* A stage peer as a thread on loopback ports: its address into addr, and with s->ring its
+ * averaging address into ring (both kept by the caller while it runs). */
+static void start_peer(peer_thread *t, pthread_t *th, const peer_spec *s, char addr[32],
+                       char ring[32])
+{
+    int port, rport;
+    memset(t, 0, sizeof *t);
+    t->o = (stage_peer_options){.job_id = "swarm-test", .model = cfg, .l0 = s->l0,
+                                .l1 = s->l1, .max_B = s->max_B, .max_T = T, .seed = 5,
+                                .adam = *s->ac};
+    ASSERT_OK(net_listen(loopback, 0, &t->o.listen_fd, &port, NULL));
+    snprintf(addr, 32, "127.0.0.1:%d", port);
+    if (s->ring) {
+        ASSERT_OK(net_listen(loopback, 0, &t->o.ring_listen_fd, &rport, NULL));
+        snprintf(ring, 32, "127.0.0.1:%d", rport);
+        t->o.ring_addr = ring;
+    }
+    if (s->co) {
+        t->o.coord_host = loopback;
+        t->o.coord_port = coordinator_port(s->co);
+        t->o.stage_index = s->stage;
+        t->o.advertise_host = loopback;
+        t->o.advertise_port = port;
+    }
+    ASSERT(pthread_create(th, NULL, peer_main, t) == 0);
+}
+
+/* Stop the peer (unless the test stopped it already) and check that it ended well. */
+static void stop_peer(peer_thread *t, pthread_t th, int stopped)
+{
+    if (!stopped) {
+        t->stop = 1;
+        pthread_join(th, NULL);
+    }
+    close(t->o.listen_fd);
+    if (t->o.ring_addr) close(t->o.ring_listen_fd);
+    ASSERT_OK(t->rc);
+}
+
 static void batch(int step, int32_t *x, int32_t *y)
 {
     rng_state r;
@@ -77,19 +127,12 @@ TEST(swarm_two_peers_equal_one_process)
     /* Two stage peers: layers [0, 2) and [2, 3). */
     peer_thread peers[2];
     pthread_t th[2];
-    char addr[2][32];
+    char addr[2][32], ring[2][32];
     const char *addrs[2] = {addr[0], addr[1]};
     const int bounds[3] = {0, 2, 3};
-    for (int i = 0; i < 2; i++) {
-        int port;
-        memset(&peers[i], 0, sizeof peers[i]);
-        peers[i].o = (stage_peer_options){.job_id = "swarm-test", .model = cfg,
-                                          .l0 = bounds[i], .l1 = bounds[i + 1], .max_B = B,
-                                          .max_T = T, .seed = 5, .adam = ac};
-        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &port, NULL));
-        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port);
-        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
-    }
+    for (int i = 0; i < 2; i++)
+        start_peer(&peers[i], &th[i], &(peer_spec){bounds[i], bounds[i + 1], B, &ac, 0, NULL, 0},
+                   addr[i], ring[i]);
     pipeline *p;
     cirrus_error err = {0};
     const int one_peer_each[2] = {1, 1};
@@ -113,12 +156,7 @@ TEST(swarm_two_peers_equal_one_process)
     ASSERT_OK(gpt_stage_forward(st, &in, NULL, &want, 0));
     ASSERT(memcmp(&loss, &want, sizeof loss) == 0);
     pipeline_close(p);
-    for (int i = 0; i < 2; i++) {
-        peers[i].stop = 1;
-        pthread_join(th[i], NULL);
-        close(peers[i].o.listen_fd);
-        ASSERT_OK(peers[i].rc);
-    }
+    for (int i = 0; i < 2; i++) stop_peer(&peers[i], th[i], 0);
     adamw_destroy(&opt);
     gpt_stage_destroy(st);
     gpt_model_destroy(&m);
@@ -255,7 +293,6 @@ TEST(swarm_peer_moves_to_another_stage)
     coordinator *co;
     cirrus_error err = {0};
     if (coordinator_start(&co_opt, &co, &err)) TEST_FAIL("coordinator: %s", err.msg);
-    char coord_host[] = "127.0.0.1";
     /* Stage 0: layers [0, 2), peers 0 and 1; stage 1: layers [2, 3), peer 2. */
     enum { NP = 3 };
     peer_thread peers[NP];
@@ -265,19 +302,9 @@ TEST(swarm_peer_moves_to_another_stage)
     const char *addrs[NP] = {addr[0], addr[1], addr[2]};
     const int l0[NP] = {0, 0, 2}, l1[NP] = {2, 2, 3}, stage[NP] = {0, 0, 1};
     for (int i = 0; i < NP; i++) {
-        int rport;
-        memset(&peers[i], 0, sizeof peers[i]);
-        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &ports[i], NULL));
-        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.ring_listen_fd, &rport, NULL));
-        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", ports[i]);
-        snprintf(ring[i], sizeof ring[i], "127.0.0.1:%d", rport);
-        peers[i].o = (stage_peer_options){
-            .job_id = "swarm-test", .model = cfg, .l0 = l0[i], .l1 = l1[i], .max_B = B,
-            .max_T = T, .seed = 5, .adam = ac, .listen_fd = peers[i].o.listen_fd,
-            .ring_listen_fd = peers[i].o.ring_listen_fd, .ring_addr = ring[i],
-            .coord_host = coord_host, .coord_port = coordinator_port(co),
-            .stage_index = stage[i], .advertise_host = coord_host, .advertise_port = ports[i]};
-        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
+        start_peer(&peers[i], &th[i], &(peer_spec){l0[i], l1[i], B, &ac, 1, co, stage[i]},
+                   addr[i], ring[i]);
+        ports[i] = peers[i].o.advertise_port;
     }
     pipeline *p;
     const int per_stage[2] = {2, 1};
@@ -310,13 +337,7 @@ TEST(swarm_peer_moves_to_another_stage)
     ASSERT_EQ(pc->peers_joined, 1);
     ASSERT_EQ(pc->redone, 0);
     pipeline_close(p);
-    for (int i = 0; i < NP; i++) {
-        peers[i].stop = 1;
-        pthread_join(th[i], NULL);
-        close(peers[i].o.listen_fd);
-        close(peers[i].o.ring_listen_fd);
-        ASSERT_OK(peers[i].rc);
-    }
+    for (int i = 0; i < NP; i++) stop_peer(&peers[i], th[i], 0);
     coordinator_stop(co);
 }
 
@@ -378,19 +399,9 @@ TEST(swarm_peer_lost_in_final_evaluation)
     char addr[NP][32], ring[NP][32];
     const char *addrs[NP] = {addr[0], addr[1], addr[2]};
     const int l0[NP] = {0, 2, 2}, l1[NP] = {2, 3, 3};
-    for (int i = 0; i < NP; i++) {
-        int port, rport;
-        memset(&peers[i], 0, sizeof peers[i]);
-        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.listen_fd, &port, NULL));
-        ASSERT_OK(net_listen("127.0.0.1", 0, &peers[i].o.ring_listen_fd, &rport, NULL));
-        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port);
-        snprintf(ring[i], sizeof ring[i], "127.0.0.1:%d", rport);
-        peers[i].o = (stage_peer_options){
-            .job_id = "swarm-test", .model = cfg, .l0 = l0[i], .l1 = l1[i], .max_B = 1,
-            .max_T = T, .seed = 5, .adam = ac, .listen_fd = peers[i].o.listen_fd,
-            .ring_listen_fd = peers[i].o.ring_listen_fd, .ring_addr = ring[i]};
-        ASSERT(pthread_create(&th[i], NULL, peer_main, &peers[i]) == 0);
-    }
+    for (int i = 0; i < NP; i++)
+        start_peer(&peers[i], &th[i], &(peer_spec){l0[i], l1[i], 1, &ac, 1, NULL, 0}, addr[i],
+                   ring[i]);
     pipeline *p;
     cirrus_error err = {0};
     const int per_stage[2] = {1, 2};
@@ -417,15 +428,79 @@ TEST(swarm_peer_lost_in_final_evaluation)
     ASSERT_NEAR(res.val_loss, ref.val_loss, 1e-4 * ref.val_loss);
     pipeline_executor_close(pe);
     pipeline_close(p);
-    for (int i = 0; i < NP; i++) {
-        if (i != 1) {
-            peers[i].stop = 1;
-            pthread_join(th[i], NULL);
-        }
-        close(peers[i].o.listen_fd);
-        close(peers[i].o.ring_listen_fd);
-        ASSERT_OK(peers[i].rc);
+    for (int i = 0; i < NP; i++) stop_peer(&peers[i], th[i], i == 1);
+}
+
+/* A stage whose only peer is lost loses its state: the step in progress is abandoned, no
+ * microbatch runs until a state is installed, a replacement joins the empty stage without a
+ * copy (it holds its seed's parameters and zero moments, while the surviving stage holds
+ * its trained ones), and once a whole state is installed the step that failed completes. */
+TEST(swarm_stage_lost_whole_is_restored)
+{
+    const adamw_config ac = adamw_defaults(1e-2f, 10);
+    peer_thread peers[3];
+    pthread_t th[3];
+    char addr[3][32], ring[3][32];
+    const peer_spec s0 = {0, 2, B, &ac, 0, NULL, 0}, s1 = {2, 3, B, &ac, 0, NULL, 0};
+    start_peer(&peers[0], &th[0], &s0, addr[0], ring[0]);
+    start_peer(&peers[1], &th[1], &s1, addr[1], ring[1]);
+    const char *addrs[2] = {addr[0], addr[1]};
+    const int one_each[2] = {1, 1};
+    pipeline *p;
+    cirrus_error err = {0};
+    if (pipeline_connect(&p, "swarm-test", 2, one_each, addrs, &cfg, B, T, STAGE_CODEC_NONE,
+                         5000, &err))
+        TEST_FAIL("connect: %s", err.msg);
+    int32_t x[B * T], y[B * T];
+    float loss;
+    for (int s = 0; s < 2; s++) {
+        batch(s, x, y);
+        if (pipeline_microbatch(p, (uint64_t)s + 1, B, T, x, y, &loss, &err) ||
+            pipeline_step(p, adamw_lr(&ac, (uint64_t)s), 1.0f, (uint64_t)s + 1, &err))
+            TEST_FAIL("step %d: %s", s, err.msg);
     }
+    peers[1].stop = 1; /* stage 1's only peer goes */
+    pthread_join(th[1], NULL);
+    batch(2, x, y);
+    ASSERT(pipeline_microbatch(p, 3, B, T, x, y, &loss, &err) != 0);
+    ASSERT_EQ(pipeline_empty_stage(p), 1);
+    ASSERT_OK(pipeline_abandon_step(p, &err));
+    ASSERT(pipeline_restoring(p));
+    ASSERT_EQ(pipeline_microbatch(p, 3, B, T, x, y, &loss, &err), CIRRUS_EINVAL);
+    start_peer(&peers[2], &th[2], &s1, addr[2], ring[2]);
+    if (pipeline_join(p, 1, addr[2], &err)) TEST_FAIL("join: %s", err.msg);
+    ASSERT_EQ(pipeline_empty_stage(p), -1);
+    ASSERT_EQ(pipeline_resume_intact(p, &err), CIRRUS_ENOENT); /* stage 1 is at step 0 */
+    const size_t n = gpt_num_params(&cfg);
+    float *state = malloc(3 * n * sizeof(float));
+    ASSERT(state != NULL);
+    if (pipeline_gather_state_as_is(p, state, state + n, state + 2 * n, &err))
+        TEST_FAIL("gather: %s", err.msg);
+    gpt_model seed;
+    ASSERT_OK(gpt_model_create(&seed, &cfg, NULL));
+    gpt_model_init(&seed, 5);
+    gpt_span own[2], first[2];
+    /* Stage 1's last span is its layers (the one before, if any, its copy of the tied wte,
+     * which the gather takes from stage 0); stage 0's first holds the embeddings. */
+    const int n_own = gpt_stage_state_spans(&cfg, 2, 3, own);
+    gpt_stage_state_spans(&cfg, 0, 2, first);
+    const gpt_span layers = own[n_own - 1];
+    const size_t o = layers.offset, f = first[0].offset;
+    ASSERT(memcmp(state + o, seed.params + o, layers.count * sizeof(float)) == 0);
+    for (size_t i = 0; i < layers.count; i++) ASSERT(state[n + o + i] == 0.0f);
+    ASSERT(memcmp(state + f, seed.params + f, first[0].count * sizeof(float)) != 0);
+    if (pipeline_set_state(p, state, state + n, state + 2 * n, 2, &err))
+        TEST_FAIL("install: %s", err.msg);
+    ASSERT(!pipeline_restoring(p));
+    if (pipeline_microbatch(p, 3, B, T, x, y, &loss, &err) ||
+        pipeline_step(p, adamw_lr(&ac, 2), 1.0f, 3, &err))
+        TEST_FAIL("the step after the restore: %s", err.msg);
+    ASSERT(loss > 0 && loss < 10);
+    ASSERT_EQ(pipeline_steps_done(p), 3);
+    gpt_model_destroy(&seed);
+    free(state);
+    pipeline_close(p);
+    for (int i = 0; i < 3; i++) stop_peer(&peers[i], th[i], i == 1);
 }
 
 /* Threads of this process now (/proc/self/task). */
