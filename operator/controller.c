@@ -468,6 +468,18 @@ int64_t controller_next_ms(controller *ctl)
     return ns < 0 ? -1 : (ns + 999999) / 1000000;
 }
 
+int controller_settled(controller *ctl)
+{
+    if (kube_workqueue_next_ready_ns(ctl->queue) == 0) return 0;
+    const char *key;
+    const json_t *pod;
+    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
+    {
+        if (json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp")) return 0;
+    }
+    return 1;
+}
+
 void controller_get_stats(const controller *ctl, controller_stats *st) { *st = ctl->stats; }
 
 void controller_resync(controller *ctl)

@@ -63,6 +63,9 @@ int controller_synced(const controller *ctl);
 int controller_process(controller *ctl, int max_keys);
 /* Milliseconds until a delayed key is due: 0 now, -1 none. */
 int64_t controller_next_ms(controller *ctl);
+/* Nothing left to account for now: no key is due and no job pod is terminating (its end is
+ * counted once it is gone). A replica shutting down waits for this (main.c). */
+int controller_settled(controller *ctl);
 
 typedef struct controller_stats {
     uint64_t reconciles, errors;

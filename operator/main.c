@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/flags.h"
@@ -33,6 +34,9 @@
 
 #define EXIT_BAD_INPUT 2
 #define LOOP_WAIT_MS 200
+/* Shutting down while leading: at most this long to account for the job pods still going
+ * (within the pod's default 30 s grace period). */
+#define SHUTDOWN_SETTLE_S 20
 
 static volatile sig_atomic_t stop_requested, rewatch_requested;
 
@@ -194,6 +198,22 @@ int main(int argc, char **argv)
         was_synced = synced;
         op_metrics_ready(rs.metrics, synced);
         if (lease_held(lease)) controller_process(ctl, 32);
+    }
+    /* A node drain evicts this pod together with the job pods on its node. Their ends are
+     * counted (preemptions, failures) by the replica that sees them go, and a successor
+     * cannot know pods that were gone before it started: so the leader works on, holding the
+     * lease, until none of them is terminating and nothing is queued (or the time is up),
+     * then hands over. */
+    if (lease_held(lease) && controller_synced(ctl)) {
+        const time_t until = time(NULL) + SHUTDOWN_SETTLE_S;
+        int settled;
+        while (!(settled = controller_settled(ctl)) && time(NULL) < until && lease_held(lease)) {
+            kube_client_poll(client, LOOP_WAIT_MS);
+            controller_process(ctl, 32);
+        }
+        log_info("stopping: %s", settled ? "every job pod that went is accounted for"
+                                          : "job pods still terminating; the next leader "
+                                            "counts those it sees go");
     }
     rc = 0;
     if (lease && kube_lease_is_leader(lease)) {
