@@ -468,14 +468,18 @@ int64_t controller_next_ms(controller *ctl)
     return ns < 0 ? -1 : (ns + 999999) / 1000000;
 }
 
-int controller_settled(controller *ctl)
+int controller_settled(controller *ctl, const char *own_node)
 {
     if (kube_workqueue_next_ready_ns(ctl->queue) == 0) return 0;
+    const json_t *node = own_node ? kube_informer_get(ctl->nodes, own_node) : NULL;
+    const int drained = json_is_true(json_object_get(json_object_get(node, "spec"), "unschedulable"));
     const char *key;
     const json_t *pod;
     json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
     {
         if (json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp")) return 0;
+        const char *on = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+        if (drained && on && !strcmp(on, own_node)) return 0;
     }
     return 1;
 }

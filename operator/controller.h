@@ -63,9 +63,11 @@ int controller_synced(const controller *ctl);
 int controller_process(controller *ctl, int max_keys);
 /* Milliseconds until a delayed key is due: 0 now, -1 none. */
 int64_t controller_next_ms(controller *ctl);
-/* Nothing left to account for now: no key is due and no job pod is terminating (its end is
- * counted once it is gone). A replica shutting down waits for this (main.c). */
-int controller_settled(controller *ctl);
+/* Nothing left to account for now: no key is due, no job pod is terminating (its end is
+ * counted once it is gone), and, when node `own_node` (the caller's; NULL: unknown) is
+ * cordoned, no job pod is left on it (a drain evicts them with the caller, not before it).
+ * A replica shutting down waits for this (main.c). */
+int controller_settled(controller *ctl, const char *own_node);
 
 typedef struct controller_stats {
     uint64_t reconciles, errors;

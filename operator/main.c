@@ -199,15 +199,18 @@ int main(int argc, char **argv)
         op_metrics_ready(rs.metrics, synced);
         if (lease_held(lease)) controller_process(ctl, 32);
     }
-    /* A node drain evicts this pod together with the job pods on its node. Their ends are
-     * counted (preemptions, failures) by the replica that sees them go, and a successor
-     * cannot know pods that were gone before it started: so the leader works on, holding the
-     * lease, until none of them is terminating and nothing is queued (or the time is up),
+    /* A node drain evicts this pod together with the job pods on its node (in no set order:
+     * this one may go first). Their ends are counted (preemptions, failures) by the replica
+     * that sees them go, and a successor cannot know pods that were gone before it started:
+     * so the leader works on, holding the lease, until none of them is terminating, none is
+     * left on its node if that node is cordoned, and nothing is queued (or the time is up),
      * then hands over. */
     if (lease_held(lease) && controller_synced(ctl)) {
         const time_t until = time(NULL) + SHUTDOWN_SETTLE_S;
         int settled;
-        while (!(settled = controller_settled(ctl)) && time(NULL) < until && lease_held(lease)) {
+        const char *node = getenv("NODE_NAME"); /* the Deployment's downward API */
+        while (!(settled = controller_settled(ctl, node && *node ? node : NULL)) &&
+               time(NULL) < until && lease_held(lease)) {
             kube_client_poll(client, LOOP_WAIT_MS);
             controller_process(ctl, 32);
         }
