@@ -34,9 +34,10 @@
 
 #define EXIT_BAD_INPUT 2
 #define LOOP_WAIT_MS 200
-/* Shutting down while leading: at most this long to account for the job pods still going
- * (within the pod's default 30 s grace period). */
-#define SHUTDOWN_SETTLE_S 20
+/* Shutting down while leading: at most this long to account for the job pods still going:
+ * longer than their 30 s grace period (a pod may use all of it), shorter than the operator
+ * pod's own (45 s in the chart and manifests). */
+#define SHUTDOWN_SETTLE_S 35
 
 static volatile sig_atomic_t stop_requested, rewatch_requested;
 

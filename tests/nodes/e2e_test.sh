@@ -140,8 +140,11 @@ deleted=0 reclaims=0 drained=0 drained_region=
 # (kubectl drain, the Eviction API; the operator among them), then the node back at once
 # (uncordon), as a replacement node would be. Sets drained (pods of JOB) and drained_region.
 drain_node() {
-    local node n
-    node=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].spec.nodeName}')
+    local node n op
+    op=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
+    node=$(kubectl -n cirrus-system get pod "$op" -o jsonpath='{.spec.nodeName}')
+    # Its log to the end (the evicted pod's log goes with it): what it counted before handing over.
+    kubectl -n cirrus-system logs -f "$op" >"$work/operator-drained.log" 2>&1 &
     drained_region=${node#cirrus-}
     n=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1" --field-selector "spec.nodeName=$node" -o name | wc -l)
     echo "[e2e] draining $node (the operator's node): $n pods of $1 (step $(sj "$1" '{.status.step}'))"
@@ -274,6 +277,8 @@ if ((deleted >= 1)) && (( ${pre:-0} >= deleted )); then
     ok "chaos: $deleted deletions counted as $((pre)) preemptions"
 else
     not_ok "chaos: $deleted peer pods deleted, status preemptions '$pre'"
+    echo "--- the drained operator's last lines"
+    tail -n 25 "$work/operator-drained.log"
 fi
 expect_eq "chaos: failures counted" 0 "$((${failures:-0}))"
 joined=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=${drained_region:-none},cirrus.dev/role=client" --tail=-1 2>/dev/null |
