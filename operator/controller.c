@@ -300,6 +300,9 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             obs.not_created_message = refused;
         }
     }
+    /* Pods found gone while creating them are preemptions counted just now: in this status
+     * write, not the next one (a leader handing over may not make another). */
+    ctl_apply_counts(&obs, m);
     ctl_watch_progress(ctl, job, key, &obs, stop);
     ctl_apply_progress(ctl, job, &obs);
     /* The counts reach the status before the pods that showed them are deleted. */

@@ -135,13 +135,18 @@ ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail 
 # meanwhile deletes peer pods, as spot reclaims do, whenever every peer is ready and the last
 # deletion is 20 s old: first every peer of one stage of r2, then one random peer each
 # time); sets deleted (how many) and checks placement.
-deleted=0 reclaims=0 drained=0 drained_region=
+deleted=0 reclaims=0 drained=0 drained_region= swarm_region=
+operator_node() {
+    kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
+        --field-selector status.phase=Running -o jsonpath='{.items[0].spec.nodeName}'
+}
 # drain_node JOB: a zone reclaimed: every pod of the node the operator runs on evicted
 # (kubectl drain, the Eviction API; the operator among them), then the node back at once
 # (uncordon), as a replacement node would be. Sets drained (pods of JOB) and drained_region.
 drain_node() {
     local node n op
-    op=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
+    op=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
+        --field-selector status.phase=Running -o jsonpath='{.items[0].metadata.name}')
     node=$(kubectl -n cirrus-system get pod "$op" -o jsonpath='{.spec.nodeName}')
     # Its log to the end (the evicted pod's log goes with it): what it counted before handing over.
     kubectl -n cirrus-system logs -f "$op" >"$work/operator-drained.log" 2>&1 &
@@ -179,14 +184,17 @@ run_job() {
         step_now=$(sj "$name" '{.status.step}')
         if ((chaos && SECONDS >= next && ${step_now:-0} + 20 < STEPS)) &&
             [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
-            # The first reclaim takes a stage's whole swarm in region r2 (its state goes with
+            # The first reclaim takes a stage's whole swarm in a region (its state goes with
             # it: the region restores it from the global parameters), the second the node the
             # operator runs on (every pod of that region, and the operator: the region comes
             # back from nothing and joins the job; the operator accounts for the pods going
             # before it hands over), later ones one peer.
             ((reclaims++ == 1)) && { drain_node "$name"; next=$((SECONDS + 20)); continue; }
             local sel="cirrus.dev/job=$name,cirrus.dev/role=peer" pods
-            ((reclaims == 1)) && sel+=",cirrus.dev/region=r2,cirrus.dev/stage=1"
+            if ((reclaims == 1)); then # the region the operator is not in: its client lives on
+                [[ "$(operator_node)" == cirrus-r2 ]] && swarm_region=r1 || swarm_region=r2
+                sel+=",cirrus.dev/region=$swarm_region,cirrus.dev/stage=1"
+            fi
             pods=$(kubectl -n "$NS" get pods -l "$sel" --field-selector status.phase=Running -o name)
             ((reclaims > 1)) && pods=$(shuf -n 1 <<<"$pods")
             for p in $pods; do
@@ -268,7 +276,7 @@ calm_loss=$(val_loss "$(kubectl -n "$NS" get pods -l cirrus.dev/job=calm,cirrus.
 events=$(kubectl -n "$NS" get events -o json | jq -r '[.items[] | select(.message | test("violate|forbidden"; "i"))] | length')
 expect_eq "admission refusals or PodSecurity violations in $NS" 0 "$events"
 
-echo "[e2e] job chaos: the same with 2 peers per stage; both peers of r2's stage 1 deleted, the operator's node drained, then a random peer pod every ~15 s"
+echo "[e2e] job chaos: the same with 2 peers per stage; both peers of a region's stage 1 deleted, the operator's node (the other region's) drained, then a random peer pod every ~15 s"
 run_job chaos 2 1
 check_losses chaos "${calm_loss:-0}" "the calm run's"
 pre=$(sj chaos '{.status.regions[*].preemptions}' | tr ' ' '+')
@@ -288,12 +296,12 @@ if ((drained > 0)) && [[ -n "$joined" ]]; then
 else
     not_ok "chaos: region '$drained_region' drained '$drained' job pods; its new client joined the job at '${joined:-never}'"
 fi
-restored=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=r2,cirrus.dev/role=client" --tail=-1 2>/dev/null |
+restored=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=${swarm_region:-none},cirrus.dev/role=client" --tail=-1 2>/dev/null |
     grep -c 'the region is restored at inner step')
 if ((${restored:-0} >= 1)); then
-    ok "chaos: region r2 lost stage 1's whole swarm and restored it from the global parameters"
+    ok "chaos: region $swarm_region lost stage 1's whole swarm and restored it from the global parameters"
 else
-    not_ok "chaos: region r2's client never restored its lost stage (a stage's every peer deleted)"
+    not_ok "chaos: region '$swarm_region''s client never restored its lost stage (a stage's every peer deleted)"
 fi
 
 # A job whose image the nodes do not hold (pull policy Never): the kubelet's reason reaches
