@@ -200,8 +200,11 @@ static int pipe_recover(void *ctx, const cirrus_error *failure, int *need_state,
     if (!e->coord)
         return cirrus_fail(err, CIRRUS_ECLOSED, "%s; no coordinator (--coordinator) lists a "
                            "replacement", failure->msg);
-    log_warn("%s: stage %d has no peer left, and its state went with them; waiting up to %d s "
-             "for a replacement", failure->msg, lost, e->replace_wait_s);
+    if (lost >= 0)
+        log_warn("%s: stage %d has no peer left, and its state went with them; waiting up to "
+                 "%d s for a replacement", failure->msg, lost, e->replace_wait_s);
+    else
+        log_warn("%s: the model's state is still to be restored", failure->msg);
     int rc = pipeline_abandon_step(e->p, err);
     const double deadline = clock_now_s() + e->replace_wait_s;
     int empty;
