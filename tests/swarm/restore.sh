@@ -10,6 +10,7 @@
 #      end with the same global-parameter digest.
 #   3. no replacement within --wait-peers-s: the run fails, naming the stage and the wait.
 #   4. no checkpoints and one region: the run fails, saying the state cannot be restored.
+#   5. checkpoints asked for but none written yet: training starts again from the seed.
 # Usage: tests/swarm/restore.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$(realpath "$1")
@@ -154,6 +155,29 @@ if at_step nockpt 50 && coord=$(kill_peer nockpt 1); then
     fi
 else
     bad without_checkpoints_the_lost_stage_fails_the_run
+fi
+
+# 5. Checkpoints asked for, none written yet: training starts again from the seed, and (the
+#    same steps on the same data) ends at the fault-free run's validation loss.
+steps=300
+"$bin" local "${common[@]}" --steps "$steps" --json >"$tmp/ref5.json" 2>"$tmp/ref5.err" ||
+    bad reference_run_5
+start seed "${common[@]}" --steps "$steps" --log-every 10 --ckpt "$tmp/ck5" --ckpt-every 1000 \
+    --wait-peers-s 60
+if at_step seed 60 && coord=$(kill_peer seed 1); then
+    replace "$coord" 2:4 1
+    rc=$(finished seed)
+    val=$(sed -nE 's/^done: .* val loss ([0-9.]+),.*/\1/p' "$tmp/seed.out")
+    if [ "$rc" = 0 ] && grep -q "done: $steps steps" "$tmp/seed.out" &&
+        grep -q 'no checkpoint written yet: training starts again from the seed' "$tmp/seed.err" &&
+        python3 -c 'import json,sys; r=json.loads(sys.argv[1])["val_loss"]; v=float(sys.argv[2]); print(f"    started again from the seed: val loss {v:.4f}, fault-free {r:.4f}"); sys.exit(abs(v-r)/r >= 0.005)' "$(tail -1 "$tmp/ref5.json")" "$val"; then
+        ok no_checkpoint_yet_starts_again_from_the_seed
+    else
+        bad no_checkpoint_yet_starts_again_from_the_seed
+        echo "    exit ${rc:-none}"; tail -3 "$tmp/seed.err"
+    fi
+else
+    bad no_checkpoint_yet_starts_again_from_the_seed
 fi
 
 echo "restore: $pass passed, $fail failed"
