@@ -128,34 +128,31 @@ else
     bad region_restores_a_lost_stage_from_the_global_parameters
 fi
 
+# fails_with NAME TEST REPLACE MESSAGE: NAME (started) past step 50 loses stage 1's only
+# peer (a replacement started when REPLACE is 1); the run must exit 1 saying MESSAGE.
+fails_with() {
+    local name=$1 test=$2 coord rc
+    if at_step "$name" 50 && coord=$(kill_peer "$name" 1); then
+        [ "$3" = 1 ] && replace "$coord" 2:4 1
+        rc=$(finished "$name")
+        if [ "$rc" = 1 ] && grep -qF "$4" "$tmp/$name.err"; then
+            ok "$test"
+        else
+            bad "$test"
+            echo "    exit ${rc:-none}"; tail -3 "$tmp/$name.err"
+        fi
+    else
+        bad "$test"
+    fi
+}
+
 # 3. No replacement: the wait ends the run.
 start nowait "${common[@]}" --steps 100000 --log-every 10 --ckpt "$tmp/ck3" --wait-peers-s 2
-if at_step nowait 50 && kill_peer nowait 1 >/dev/null; then
-    rc=$(finished nowait)
-    if [ "$rc" = 1 ] && grep -q 'stage 1 has had no peer for 2 s (--wait-peers-s)' "$tmp/nowait.err"; then
-        ok no_replacement_fails_after_the_wait
-    else
-        bad no_replacement_fails_after_the_wait
-        echo "    exit ${rc:-none}"; tail -3 "$tmp/nowait.err"
-    fi
-else
-    bad no_replacement_fails_after_the_wait
-fi
+fails_with nowait no_replacement_fails_after_the_wait 0 'stage 1 has had no peer for 2 s (--wait-peers-s)'
 
 # 4. No checkpoint, one region: nothing to restore the stage from.
 start nockpt "${common[@]}" --steps 100000 --log-every 10 --wait-peers-s 60
-if at_step nockpt 50 && coord=$(kill_peer nockpt 1); then
-    replace "$coord" 2:4 1
-    rc=$(finished nockpt)
-    if [ "$rc" = 1 ] && grep -q "cannot be restored without checkpoints (--ckpt)" "$tmp/nockpt.err"; then
-        ok without_checkpoints_the_lost_stage_fails_the_run
-    else
-        bad without_checkpoints_the_lost_stage_fails_the_run
-        echo "    exit ${rc:-none}"; tail -3 "$tmp/nockpt.err"
-    fi
-else
-    bad without_checkpoints_the_lost_stage_fails_the_run
-fi
+fails_with nockpt without_checkpoints_the_lost_stage_fails_the_run 1 'cannot be restored without checkpoints (--ckpt)'
 
 # 5. Checkpoints asked for, none written yet: training starts again from the seed, and (the
 #    same steps on the same data) ends at the fault-free run's validation loss.
