@@ -22,7 +22,9 @@ enum cirrus_status {
     CIRRUS_ETIMEDOUT = -8, /* a deadline passed */
     CIRRUS_ECLOSED = -9,   /* the other end closed the connection */
     CIRRUS_ECONFLICT = -10, /* stale write (HTTP 409): re-read and retry */
-    CIRRUS_EGONE = -11,    /* expired resourceVersion (HTTP 410): re-list */
+    CIRRUS_EGONE = -11,    /* moved on without the caller: an expired resourceVersion (HTTP
+                            * 410: re-list), a stage that moved, an outer round completed
+                            * without the caller's message (take its result) */
 };
 
 typedef struct cirrus_error {

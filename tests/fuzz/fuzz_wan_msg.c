@@ -97,8 +97,9 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
         return offset <= arg && count <= arg - offset && count <= OUTER_SLICE;
     }
     default: /* M_PULL_OK */
-        if (len < 26 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
-        return len == 26 + (b[24] ? 4 * arg : 0);
+        if (len < 30 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
+        if (le_get(b + 28, 2) < 1 || le_get(b + 26, 2) >= le_get(b + 28, 2)) return 0;
+        return len == 30 + (b[24] ? 4 * arg : 0);
     }
 }
 
@@ -197,11 +198,13 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
     default: {
         const outer_pull_ok *a = &d->pull_ok;
         FUZZ_CHECK(a->done == le_get(b, 8) && a->digest == le_get(b + 8, 8) && a->wan_bytes == le_get(b + 16, 8) &&
-                       a->ready == b[24] && a->pushed == b[25],
+                       a->ready == b[24] && a->pushed == b[25] && a->region == le_get(b + 26, 2) &&
+                       a->regions == le_get(b + 28, 2),
                    "PULL_OK fields differ");
         FUZZ_CHECK(a->ready <= 1 && a->pushed <= 1 && arg <= OUTER_SLICE, "PULL_OK ready %u pushed %u count %llu",
                    a->ready, a->pushed, (unsigned long long)arg);
-        FUZZ_CHECK(a->ready ? a->floats == b + 26 && len == 26 + 4 * arg : !a->floats && len == 26,
+        FUZZ_CHECK(a->region < a->regions, "PULL_OK region %u of %u", a->region, a->regions);
+        FUZZ_CHECK(a->ready ? a->floats == b + 30 && len == 30 + 4 * arg : !a->floats && len == 30,
                    "PULL_OK floats %td, ready %u, %zu bytes", a->floats ? a->floats - b : -1, a->ready, len);
     }
     }
@@ -268,7 +271,8 @@ static int same_fields(int sel, const decoded *a, const uint8_t *b1, const decod
     default:
         return a->pull_ok.done == b->pull_ok.done && a->pull_ok.digest == b->pull_ok.digest &&
                a->pull_ok.wan_bytes == b->pull_ok.wan_bytes && a->pull_ok.ready == b->pull_ok.ready &&
-               a->pull_ok.pushed == b->pull_ok.pushed &&
+               a->pull_ok.pushed == b->pull_ok.pushed && a->pull_ok.region == b->pull_ok.region &&
+               a->pull_ok.regions == b->pull_ok.regions &&
                (a->pull_ok.floats ? a->pull_ok.floats - b1 : -1) == (b->pull_ok.floats ? b->pull_ok.floats - b2 : -1);
     }
 }

@@ -342,7 +342,8 @@ static void wan_msg_seeds(void)
     outer_msg_put_pull(&w, &pl);
     wan_msg_seed("pull", PULL, n, &w);
     w.len = 0;
-    outer_pull_ok a = {3, 0x00112233aabbccddull, 123456789, 1, 1, NULL};
+    outer_pull_ok a = {.done = 3, .digest = 0x00112233aabbccddull, .wan_bytes = 123456789,
+                       .ready = 1, .pushed = 1, .region = 1, .regions = 2};
     outer_msg_put_pull_ok(&w, &a, x, 6);
     wan_msg_seed("pull-ok", PULL_OK, 6, &w);
     w.len = 0;

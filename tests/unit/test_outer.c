@@ -69,15 +69,24 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     wire_writer_free(&w);
     /* PULL_OK, ready and not */
     wire_writer_init(&w, 1 << 20);
-    const outer_pull_ok a = {.done = 2, .digest = 0xabc, .wan_bytes = 99, .ready = 1};
+    const outer_pull_ok a = {.done = 2, .digest = 0xabc, .wan_bytes = 99, .ready = 1,
+                             .region = 2, .regions = 3};
     outer_msg_put_pull_ok(&w, &a, x, 5);
     outer_pull_ok b;
     wire_reader_init(&r, w.data, w.len);
     ASSERT_OK(outer_msg_get_pull_ok(&r, 5, &b));
     ASSERT(b.ready && b.done == 2 && b.digest == 0xabc && b.wan_bytes == 99);
+    ASSERT(b.region == 2 && b.regions == 3);
     ASSERT(memcmp(b.floats, x, sizeof x) == 0);
     wire_reader_init(&r, w.data, w.len);
     ASSERT(outer_msg_get_pull_ok(&r, 4, &b) != 0);
+    wire_writer_free(&w);
+    /* a region index outside the region count: refused */
+    const outer_pull_ok outside = {.done = 2, .region = 3, .regions = 3};
+    wire_writer_init(&w, 64);
+    outer_msg_put_pull_ok(&w, &outside, NULL, 0);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(outer_msg_get_pull_ok(&r, 0, &b) != 0);
     wire_writer_free(&w);
 }
 

@@ -15,6 +15,11 @@
 #      and starts again from nothing: its client joins the job at the global state's inner
 #      step instead of redoing the steps the other region is past, and both regions end
 #      with one model
+#   f. region r1's client stopped (SIGSTOP) after outer round 19 of 20 until region r0 has
+#      finished the job without it, then continued: r0 completed the last rounds alone, so
+#      r1's late message of round 20 is refused and r1 takes r0's result instead of finishing
+#      the round with both regions' deltas (a model no other region has, with no later round
+#      to repair it): both end with one model
 # Skips (exit 0, a "skip:" line) where network namespaces cannot be made (not root, ...).
 # Usage: tests/wan/shaped.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
@@ -519,6 +524,41 @@ if timeout 120 bash -c "until grep -q 'outer round 10 done' '$tmp/e/gw1.err'; do
     fi
 else
     bad e_region_started_again_joins_the_job_and_ends_with_one_model; tail -3 "$tmp/e/gw1.err"
+fi
+stop_regions
+
+# ---- f: region r1 held up until region r0 has finished the job ----
+job=job-f layers=2 batch=4 steps=100 sync=5
+model=(--layers "$layers" --width 64 --heads 4 --context 32)
+"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-f" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 20mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-f/r$i")
+    start_region "$i" "$tmp/f"
+done
+name=f_region_behind_at_the_end_takes_the_last_rounds_result
+if timeout 120 bash -c "until grep -q 'outer round 19 done' '$tmp/f/gw1.err'; do sleep 0.02; done"; then
+    kill -STOP "${client_pid[1]}"
+    wait_for "${client_pid[0]}" 120
+    rc0=$?
+    kill -CONT "${client_pid[1]}"
+    wait_for "${client_pid[1]}" 120
+    rc1=$?
+    f0=$(grep '"final":true' "$tmp/f/c0.json") f1=$(grep '"final":true' "$tmp/f/c1.json")
+    alone=$(grep -c 'going on without region(s) r1' "$tmp/f/gw0.err")
+    took=$(grep -c 'outer step 20 from region r0 (it completed this round without this region)' "$tmp/f/gw1.err")
+    echo "    r0 went on without r1 in $alone rounds; r1 took r0's result of round 20: $took; final digests r0 $(field digest "$f0"), r1 $(field digest "$f1")"
+    if [ "$rc0" = 0 ] && [ "$rc1" = 0 ] && [ -n "$(field digest "$f0")" ] &&
+        [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f0")" = 20 ] && [ "$(field outer_step "$f1")" = 20 ] &&
+        [ "$alone" -ge 1 ] && [ "$took" = 1 ]; then
+        ok "$name"
+    else
+        bad "$name"; echo "    client exits r0 $rc0, r1 $rc1"
+        tail -n 4 "$tmp/f/c1.err" "$tmp/f/gw1.err" "$tmp/f/gw0.err"
+    fi
+else
+    bad "$name"; tail -3 "$tmp/f/gw1.err"
 fi
 stop_regions
 

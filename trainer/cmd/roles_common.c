@@ -277,10 +277,14 @@ int roles_run_client(const char *cmd, train_options *o, const char *job, const p
                                     .region = share->region, .stop = cli_stop_flag(),
                                     .replace_wait_s = src->wait_s};
     int rc = 1;
-    if (pipeline_executor_open(p, &eo, &pe, &ex, &err) || pipeline_align_peers(p, &err)) {
+    if (pipeline_executor_open(p, &eo, &pe, &ex, &err) || pipeline_align_peers(p, &err) ||
+        pipeline_executor_data_shard(pe, &o->data_rank, &o->data_world, &err)) {
         fprintf(stderr, "cirrus-trainer %s: %s\n", cmd, err.msg);
         goto out;
     }
+    if (o->data_world > 1)
+        log_info("region %d of %d: training on its shard of every batch", o->data_rank + 1,
+                 o->data_world);
     o->executor = &ex;
     train_result res = {0};
     rc = cli_run_training(cmd, o, &res);

@@ -26,6 +26,8 @@ typedef struct wan_peer {
     char last_error[256];
     net_conn *out;          /* the sender's connection; only region j's sender touches it */
     int64_t round_seen;     /* its latest completed round as it last said (-1: unknown) */
+    int64_t left_us_out;    /* the latest round it completed without our delta, as it said
+                             * refusing our message of that round (-1: none) */
     int absent;             /* it missed the last round: later rounds do not wait for it */
     double rate_Bps;        /* what sending to it carried, bytes/s (EWMA; 0: not measured) */
     uint64_t last_bytes;    /* the last message sent to it, and the seconds from its first */

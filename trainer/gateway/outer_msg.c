@@ -57,6 +57,8 @@ void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *
     wire_put_u64(w, a->wan_bytes);
     wire_put_bytes(w, &a->ready, 1);
     wire_put_bytes(w, &a->pushed, 1);
+    wire_put_u16(w, a->region);
+    wire_put_u16(w, a->regions);
     if (a->ready && x) wire_put_bytes(w, x, (size_t)count * sizeof(float));
 }
 
@@ -71,6 +73,9 @@ int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
     if (!b || *b > 1 || !pb || *pb > 1 || count > OUTER_SLICE) return CIRRUS_ECORRUPT;
     a->ready = *b;
     a->pushed = *pb;
+    a->region = wire_get_u16(r);
+    a->regions = wire_get_u16(r);
+    if (r->failed || a->regions < 1 || a->region >= a->regions) return CIRRUS_ECORRUPT;
     if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
         return CIRRUS_ECORRUPT;
     return wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;

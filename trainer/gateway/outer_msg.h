@@ -13,8 +13,10 @@
  *   PULL   u64 round, u64 offset, u64 count -> OK: u64 done (the latest completed round),
  *          u64 digest (of the global parameters and momentum after it), u64 wan_bytes
  *          (sent and received on the gateway's WAN sockets so far), u8 ready, u8 pushed
- *          (the gateway holds this region's push of `round`, or is past it), then,
- *          if ready (done >= round), count f32 of the global parameters at offset.
+ *          (the gateway holds this region's push of `round`, or is past it), u16 region,
+ *          u16 regions (the region's index among the job's regions, and their number:
+ *          the client reads that shard of the data), then, if ready (done >= round),
+ *          count f32 of the global parameters at offset.
  */
 #ifndef CIRRUS_OUTER_MSG_H
 #define CIRRUS_OUTER_MSG_H
@@ -48,7 +50,8 @@ typedef struct outer_pull {
 typedef struct outer_pull_ok {
     uint64_t done, digest, wan_bytes;
     uint8_t ready, pushed;
-    const uint8_t *floats; /* get: count f32 if ready, else NULL */
+    uint16_t region, regions; /* get: regions >= 1, region < regions */
+    const uint8_t *floats;    /* get: count f32 if ready, else NULL */
 } outer_pull_ok;
 
 /* Put writes x[0..count) after the head. Get refuses a slice outside n_params, over

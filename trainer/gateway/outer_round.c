@@ -12,7 +12,11 @@
  * gateway without state (new, restarted) or two or more rounds behind another (it was
  * cut off while the others went on) fetches the latest state from that gateway likewise;
  * its region's client then finds its next push refused as stale and takes the global
- * parameters. So a difference is never trained on for more than one round.
+ * parameters. So a difference is never trained on for more than one round. A round
+ * completed is final: a region whose message of it came too late is refused (WAN_LEFT_OUT)
+ * and takes the result of a region that completed it, instead of finishing the round with
+ * its own and the others' messages — a model no other region has, which at the job's last
+ * round no later round would repair.
  *
  * A region lost. A region whose message has not arrived by the deadline, and of which no
  * bytes arrived for as long (a message still on the wire on a link that became slow is
@@ -77,6 +81,11 @@ static void *send_main(void *arg)
     if (rc && !atomic_load(&sj->os->stopping))
         log_warn("outer round %llu: region %s did not take our delta: %s",
                  (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
+    if (rc == WAN_LEFT_OUT) { /* it finished this round without us: its result is the job's */
+        pthread_mutex_lock(&sj->os->mu);
+        sj->os->peer[sj->j].left_us_out = (int64_t)sj->round;
+        pthread_mutex_unlock(&sj->os->mu);
+    }
     return NULL;
 }
 
@@ -326,6 +335,23 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     }
     if (atomic_load(&os->stopping) || os->round >= (int64_t)k) {
         os->push_ready = 0; /* stopping, or the round's result was taken from another region */
+        return;
+    }
+    /* A region completed round k without this one (it went on while this region's client
+     * was stopped or behind, e.g. at the job's end) and refused our message of it: its
+     * result is the job's. One computed here with its message would differ from every
+     * other region's, with perhaps no later round to repair it; take its result instead. */
+    for (int r = 0; r < os->o.n_regions && os->round < (int64_t)k; r++) {
+        if (r == os->o.region_index || os->peer[r].left_us_out < (int64_t)k ||
+            atomic_load(&os->stopping))
+            continue;
+        pthread_mutex_unlock(&os->mu);
+        adopt_from(os, r, (int64_t)k, net_now_ms() + os->o.round_timeout_ms,
+                   "it completed this round without this region");
+        pthread_mutex_lock(&os->mu);
+    }
+    if (atomic_load(&os->stopping) || os->round >= (int64_t)k) {
+        os->push_ready = 0;
         return;
     }
     /* Who is in: the others are absent from now on, until a message of theirs arrives. */

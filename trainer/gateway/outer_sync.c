@@ -119,7 +119,9 @@ static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *d
                              .wan_bytes = os->wan_sent + os->wan_received,
                              .ready = os->round >= 0 && (uint64_t)os->round >= q.round,
                              .pushed = (os->round >= 0 && (uint64_t)os->round >= q.round) ||
-                                       (os->push_ready && os->push_round == q.round)};
+                                       (os->push_ready && os->push_round == q.round),
+                             .region = (uint16_t)os->o.region_index,
+                             .regions = (uint16_t)os->o.n_regions};
     outer_msg_put_pull_ok(reply, &a, os->theta + q.offset, q.count);
     pthread_mutex_unlock(&os->mu);
     return 0;
@@ -156,7 +158,7 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
     os->o = *o;
     snprintf(os->job, sizeof os->job, "%s", o->job);
     os->o.job = os->job;
-    for (int r = 0; r < o->n_regions; r++) os->peer[r].round_seen = -1;
+    for (int r = 0; r < o->n_regions; r++) os->peer[r].round_seen = os->peer[r].left_us_out = -1;
     for (int r = 0; r < o->n_regions; r++) {
         if (strlen(o->region_names[r]) > WAN_REGION_MAX ||
             strlen(o->wan_addrs[r]) >= sizeof os->addrs[r]) {

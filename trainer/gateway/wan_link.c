@@ -175,6 +175,14 @@ static int take_done(outer_sync *os, int from, const wan_done *d, uint64_t *rece
     if ((int64_t)d->round - 1 > os->peer[from].round_seen)
         os->peer[from].round_seen = (int64_t)d->round - 1;
     os->peer[from].absent = 0;
+    /* The message of our latest round, done here without it (it came too late): the sender
+     * must not finish that round with our delta and its own, a result no one else has; it
+     * takes ours (WAN_LEFT_OUT). */
+    const round_slot *was = &os->slot[base & 1][from];
+    if (os->round >= 0 && d->round == base && !(was->round == base && was->complete))
+        return cirrus_fail(err, WAN_LEFT_OUT, "outer step %llu was done here without region "
+                           "%s's delta: it takes this gateway's result",
+                           (unsigned long long)base, os->names[from]);
     if (d->round <= base) return 0;
     if (d->round > base + 2)
         return cirrus_fail(err, CIRRUS_ECONFLICT, "this gateway is at outer step %llu, behind "
@@ -356,7 +364,8 @@ static void *receive_main(void *arg)
             rc = wan_msg_get_done(&r, os->max_message, &d)
                      ? cirrus_fail(&err, CIRRUS_ECORRUPT, "malformed DONE")
                      : take_done(os, rv->from, &d, &receive_ms, &err);
-            if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_ECONFLICT) { /* answered */
+            if (rc == 0 || rc == CIRRUS_ETRUNC || rc == CIRRUS_ECONFLICT ||
+                rc == WAN_LEFT_OUT) { /* answered */
                 pthread_mutex_unlock(&os->mu);
                 wire_writer w;
                 wire_writer_init(&w, 16);

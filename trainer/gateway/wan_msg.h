@@ -47,6 +47,9 @@ enum wan_msg {
 
 #define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) */
 #define WAN_NO_ROUND UINT64_MAX             /* JOIN's round of a gateway without state */
+/* DONE refused: the receiver completed that round without the sender's delta (it came too
+ * late); the sender takes the receiver's result instead of finishing the round itself. */
+#define WAN_LEFT_OUT CIRRUS_EGONE
 
 #define WAN_ROLE_GATEWAY 8           /* HELLO role of a gateway's WAN connection */
 #define WAN_PART_BYTES (256u << 10)  /* message bytes per PART (>= 64 KiB: WAN-sized) */

@@ -297,6 +297,13 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     return 0;
 }
 
+int pipeline_executor_data_shard(pipeline_executor *e, int *rank, int *world,
+                                 cirrus_error *err)
+{
+    *rank = 0, *world = 1;
+    return e->outer ? outer_client_data_shard(e->outer, rank, world, err) : 0;
+}
+
 void pipeline_executor_close(pipeline_executor *e)
 {
     if (e) outer_client_close(e->outer);

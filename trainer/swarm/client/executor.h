@@ -60,5 +60,9 @@ typedef struct pipeline_executor_options {
 int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
                            pipeline_executor **out, train_executor *ex, cirrus_error *err);
 void pipeline_executor_close(pipeline_executor *e);
+/* The shard of the data the region trains on: its gateway's region index and region count
+ * with outer steps (outer_client_data_shard), 0 of 1 without. */
+int pipeline_executor_data_shard(pipeline_executor *e, int *rank, int *world,
+                                 cirrus_error *err);
 
 #endif

@@ -184,6 +184,27 @@ static int pull(outer_client *oc, uint64_t round, int wait, cirrus_error *err)
     return 0;
 }
 
+int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err)
+{
+    const outer_pull q = {0, 0, 0}; /* no floats: only the reply's head */
+    wire_writer w;
+    wire_writer_init(&w, 64);
+    outer_msg_put_pull(&w, &q);
+    const uint8_t *reply;
+    uint32_t len;
+    int rc = gateway_call(oc, OUTER_PULL, &w, net_now_ms() + oc->timeout_ms, &reply, &len, err);
+    wire_writer_free(&w);
+    if (rc) return rc;
+    wire_reader r;
+    wire_reader_init(&r, reply, len);
+    outer_pull_ok a;
+    if (outer_msg_get_pull_ok(&r, 0, &a))
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed PULL reply from the gateway");
+    *rank = a.region;
+    *world = a.regions;
+    return 0;
+}
+
 /* The gateway's latest global parameters, installed as the region's. A gateway with none
  * (restarted, alone) adopts the region's own first (round 0). */
 static int take_latest(outer_client *oc, cirrus_error *err)
