@@ -19,7 +19,7 @@ FUZZ_CACHE   ?= $(FUZZ_BUILD)/cache
 FUZZ_SEEDS   := tests/fuzz/corpus
 FUZZ_DEB_PKGS := clang libclang-rt-14-dev llvm
 
-FUZZ_NAMES := wire q8 ckpt flags watch kubeconfig swarmjob pod lease progress wan_codec wan_msg
+FUZZ_NAMES := wire q8 ckpt flags watch kubeconfig swarmjob pod lease progress wan_codec wan_msg swarm_msg
 
 # What each harness links (besides tests/fuzz/fuzz_util.c) and the files it targets.
 FUZZ_OPERATOR_SRC := $(OPERATOR_SRC) $(COMMON_SRC)
@@ -30,6 +30,9 @@ FUZZ_SRC_flags      := common/flags.c common/cerr.c
 FUZZ_WAN_CODEC_SRC  := trainer/gateway/wan_codec.c trainer/gateway/wan_codec_dense.c trainer/gateway/wan_codec_topk.c
 FUZZ_SRC_wan_codec  := $(FUZZ_WAN_CODEC_SRC) common/cerr.c
 FUZZ_SRC_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c trainer/net/wire.c $(FUZZ_WAN_CODEC_SRC) common/cerr.c common/names.c
+FUZZ_SWARM_MSG_SRC  := trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c trainer/codec/q8.c
+FUZZ_SRC_swarm_msg  := $(FUZZ_SWARM_MSG_SRC) trainer/net/wire.c common/cerr.c common/names.c
+FUZZ_TARGET_swarm_msg  := trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c
 FUZZ_TARGET_wire       := trainer/net/wire.c
 FUZZ_TARGET_q8         := trainer/codec/q8.c
 FUZZ_TARGET_ckpt       := trainer/ckpt/checkpoint.c
@@ -45,7 +48,7 @@ FUZZ_TARGET_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c
 FUZZ_LIBS_trainer   := -lz -lm
 FUZZ_LIBS_operator  := $(OPERATOR_LDLIBS)
 $(foreach n,watch kubeconfig swarmjob pod lease progress,$(eval FUZZ_SRC_$(n) := $(FUZZ_OPERATOR_SRC)))
-$(foreach n,wire q8 ckpt flags,$(eval FUZZ_LIBS_$(n) := $(FUZZ_LIBS_trainer)))
+$(foreach n,wire q8 ckpt flags swarm_msg,$(eval FUZZ_LIBS_$(n) := $(FUZZ_LIBS_trainer)))
 $(foreach n,wan_codec wan_msg,$(eval FUZZ_LIBS_$(n) := $(FUZZ_LIBS_trainer) -lzstd))
 $(foreach n,watch kubeconfig swarmjob pod lease progress,$(eval FUZZ_LIBS_$(n) := $(FUZZ_LIBS_operator)))
 
@@ -119,7 +122,7 @@ fuzz-coverage: fuzz-deps
 fuzz-seeds: $(FUZZ_BUILD)/bin/fuzz_seeds
 	$(FUZZ_BUILD)/bin/fuzz_seeds $(FUZZ_SEEDS)
 
-$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c)
+$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $^ -o $@ $(KUBE_LIBS) -lz -lzstd -lm
 

@@ -27,6 +27,8 @@
 #include "../../trainer/gateway/wan_codec.h"
 #include "../../trainer/gateway/wan_msg.h"
 #include "../../trainer/net/wire.h"
+#include "../../trainer/swarm/proto/coord_msg.h"
+#include "../../trainer/swarm/proto/stage_msg.h"
 
 static const char *root;
 
@@ -294,14 +296,21 @@ static void wan_codec_seeds(void)
     wan_codec_seed("lowbit:2+zstd", 5000, 1); /* past one WAN_CODEC_CHUNK */
 }
 
-/* fuzz_wan_msg's layout: selector, u64 n or count (little-endian), the payload. */
-static void wan_msg_seed(const char *name, int sel, uint64_t arg, const wire_writer *w)
+/* fuzz_wan_msg's and fuzz_swarm_msg's layout: selector, u64 n or count (little-endian),
+ * the payload. */
+static void msg_seed(const char *harness, const char *name, int sel, uint64_t arg,
+                     const wire_writer *w)
 {
     uint8_t buf[4096];
     buf[0] = (uint8_t)sel;
     for (int i = 0; i < 8; i++) buf[1 + i] = (uint8_t)(arg >> (8 * i));
     memcpy(buf + 9, w->data, w->len);
-    put("wan_msg", name, buf, 9 + w->len);
+    put(harness, name, buf, 9 + w->len);
+}
+
+static void wan_msg_seed(const char *name, int sel, uint64_t arg, const wire_writer *w)
+{
+    msg_seed("wan_msg", name, sel, arg, w);
 }
 
 static void wan_msg_seeds(void)
@@ -350,6 +359,99 @@ static void wan_msg_seeds(void)
     a.done = 2, a.ready = 0, a.pushed = 0;
     outer_msg_put_pull_ok(&w, &a, NULL, 6);
     wan_msg_seed("pull-ok-waiting", PULL_OK, 6, &w);
+    wire_writer_free(&w);
+}
+
+/* fuzz_swarm_msg: one body of each message a stage peer or a coordinator receives. */
+static void swarm_msg_seeds(void)
+{
+    /* the selectors of fuzz_swarm_msg.c */
+    enum { FORWARD, BACKWARD, LOSS, ACTS, TIED, SUMSQ, STEP, INFO, AVERAGE, AVERAGE_OK,
+           STATE_GET, STATE_SLICE, PARAMS_SET, STATE_SET, SYNC, EMPTY, REGISTER, HEARTBEAT,
+           REPORT, STEP_SYNC, STEP_STATE, PEER_INFO };
+    /* a peer of at most 2 x 4 sequences of width 3: first stage, middle, last */
+    const uint64_t shape = 1 | 3 << 3 | 2 << 7, first = shape | 1 << 10, last = shape | 1 << 11;
+    const int32_t tokens[8] = {'I', 'n', ' ', 't', 'h', 'e', ' ', 'b'};
+    float h[24];
+    for (int i = 0; i < 24; i++) h[i] = 0.25f * (float)(i - 12);
+    wire_writer w;
+    wire_writer_init(&w, 4096);
+#define SEED(name, sel, arg) (msg_seed("swarm_msg", name, sel, arg, &w), w.len = 0)
+    stage_microbatch m = {.id = 42, .B = 2, .T = 4, .keep = 1, .tokens = tokens};
+    stage_msg_put_microbatch(&w, &m, 3);
+    SEED("forward-first", FORWARD, first);
+    m = (stage_microbatch){.id = 43, .B = 2, .T = 4, .keep = 1, .codec = STAGE_CODEC_Q8, .hidden = h};
+    stage_msg_put_microbatch(&w, &m, 3);
+    SEED("forward-middle-q8", FORWARD, shape);
+    m = (stage_microbatch){.id = 44, .B = 2, .T = 4, .has_targets = 1, .hidden = h, .targets = tokens};
+    stage_msg_put_microbatch(&w, &m, 3);
+    SEED("backward-last", BACKWARD, last);
+    m = (stage_microbatch){.id = 45, .B = 1, .T = 4, .hidden = h, .grad_out = h + 12};
+    stage_msg_put_microbatch(&w, &m, 3);
+    SEED("backward-middle", BACKWARD, shape);
+    stage_msg_put_loss(&w, 2.75f);
+    SEED("loss", LOSS, 0);
+    stage_msg_put_acts(&w, h, 24, STAGE_CODEC_NONE);
+    SEED("acts", ACTS, 24 << 1);
+    stage_msg_put_acts(&w, h, 24, STAGE_CODEC_Q8);
+    SEED("acts-q8", ACTS, 24 << 1 | 1);
+    stage_msg_put_tied(&w, h, 12);
+    SEED("tied", TIED, 12);
+    const stage_sumsq_part parts[2] = {{0, 1.5}, {768, 0.25}};
+    stage_msg_put_sumsq(&w, parts, 2);
+    SEED("sumsq", SUMSQ, 0);
+    stage_msg_put_step(&w, &(stage_step){.lr = 3e-4f, .grad_scale = 0.125f, .step = 7, .sumsq = 4.5});
+    SEED("step", STEP, 0);
+    stage_info in = {.l0 = 1, .l1 = 3, .n_layer = 4, .n_embd = 64, .n_head = 4, .seq_len = 32,
+                     .n_params = 99968, .steps = 7, .ring = "10.0.0.7:7500"};
+    stage_msg_put_info(&w, &in);
+    SEED("info", INFO, 0);
+    static stage_average a = {.round = 3, .n = 2, .ring_ms = 10000,
+                              .addrs = {"10.0.0.7:7500", "10.0.0.8:7500"}};
+    stage_msg_put_average(&w, &a);
+    SEED("average", AVERAGE, 0);
+    stage_msg_put_average_ok(&w, 16);
+    SEED("average-ok", AVERAGE_OK, 0);
+    stage_msg_put_state_get(&w, &(stage_state_get){.offset = 96, .count = 32});
+    SEED("state-get", STATE_GET, 300);
+    stage_msg_put_state_head(&w, 7, 100);
+    stage_msg_put_state_floats(&w, h, 6);
+    SEED("state-slice", STATE_SLICE, 6);
+    stage_msg_put_params_set(&w, &(stage_params_set){.steps = 7, .n = 100, .offset = 90, .count = 6}, h);
+    SEED("params-set", PARAMS_SET, 100);
+    stage_msg_put_params_set(&w, &(stage_params_set){.steps = 7, .n = 100, .offset = 290, .count = 6}, h);
+    SEED("state-set", STATE_SET, 100);
+    stage_msg_put_sync(&w, "10.0.0.8:7500");
+    SEED("sync", SYNC, 0);
+    SEED("empty", EMPTY, 0);
+    coord_registration reg = {.role = COORD_ROLE_STAGE, .stage = 1, .l0 = 1, .l1 = 3,
+                              .name = "job-r1-s1-0", .host = "10.0.0.7", .port = 7500,
+                              .throughput = 812.5};
+    coord_put_registration(&w, &reg);
+    SEED("register", REGISTER, 0);
+    const coord_stats st = {.samples = 4096, .step = 7, .loss = 2.5f, .tokens_per_s = 9000,
+                            .fwd_throughput = 900, .bwd_throughput = 450};
+    coord_put_heartbeat(&w, 3, 5, &st);
+    SEED("heartbeat", HEARTBEAT, 0);
+    coord_put_report(&w, 3, 6, &(coord_report){.step = 7, .loss = 2.5f, .tokens_per_s = 9000,
+                                              .mb_retried = 2, .mb_lost = 1});
+    SEED("report", REPORT, 0);
+    coord_put_step_sync(&w, &(coord_step_sync){.op = COORD_STEP_ARRIVE, .step = 7, .n_clients = 2,
+                                               .microbatches = 4, .loss_sum = 10.5, .wait_ms = 500});
+    SEED("step-sync-arrive", STEP_SYNC, 0);
+    coord_put_step_sync(&w, &(coord_step_sync){.op = COORD_STEP_REDO, .step = 7, .client_index = 1,
+                                               .n_clients = 2, .stage = 1, .addr = "10.0.0.7:7500"});
+    SEED("step-sync-redo", STEP_SYNC, 0);
+    static coord_step_state ss = {.applied_step = 6, .arrived = 1, .microbatches = 4,
+                                  .loss_sum = 10.5, .latest_notice = 2, .n_notices = 1,
+                                  .notices = {{2, 1, "10.0.0.7:7500"}}};
+    coord_put_step_state(&w, &ss);
+    SEED("step-state", STEP_STATE, 0);
+    coord_put_peer_info(&w, &(coord_peer_info){.id = 5, .stage = 1, .l0 = 1, .l1 = 3,
+                                               .name = "job-r1-s1-0", .host = "10.0.0.7",
+                                               .port = 7500, .throughput = 812.5});
+    SEED("peer-info", PEER_INFO, 0);
+#undef SEED
     wire_writer_free(&w);
 }
 
@@ -404,5 +506,6 @@ int main(int argc, char **argv)
     swarmjob_seed();
     wan_codec_seeds();
     wan_msg_seeds();
+    swarm_msg_seeds();
     return 0;
 }

@@ -3,15 +3,17 @@
 # with `helm install` and running in a pod, a two-region SwarmJob in a namespace that enforces
 # the `restricted` Pod Security Standard, the regions' pods on their own kubelets, the gateways
 # syncing over a link shaped to WAN_MBIT between the regions. Then the same job again while
-# peer pods are deleted (spot reclaims), both peers of a stage at once among them. Checks:
+# peer pods are deleted and a region's node is drained (spot reclaims). Checks:
 #   - the operator pod and every job pod run on real nodes (containerd container IDs), each job
 #     pod on a node of its region; the namespace's restricted policy admitted them all
-#   - the job Succeeds; each region's client validation loss is within 3% of the same layout
+#   - the job Succeeds, both regions' clients end with the same global parameters (digest);
+#     each region's client validation loss is within 3% of the same layout
 #     run by `cirrus-trainer local` on this machine
 #   - the WAN bytes in the job's status equal the sum of the gateways' own counters
 #   - under preemption: the job Succeeds, the deletions and evictions are counted as
 #     preemptions (not failures), the loss stays within 3% of the calm run; the region whose
-#     stage lost every peer restored it
+#     stage lost every peer restored it, the region whose node was drained came back and
+#     joined the job
 #   - a job whose image no node holds: PodsStarted False with the kubelet's reason
 #   - `nodes.sh down` leaves the machine as it found it (sysctls, iptables, links, mounts)
 # Needs root and tests/nodes/install.sh + image.sh. Exits non-zero if any check fails.
@@ -132,12 +134,32 @@ ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail 
 
 # run_job NAME PEERS CHAOS: applies the job (PEERS per stage), waits for Succeeded (CHAOS=1:
 # meanwhile deletes peer pods, as spot reclaims do, whenever every peer is ready and the last
-# deletion is 15 s old: first every peer of stage 1 of the region the operator is not in,
-# then one random peer each time); sets deleted (how many) and checks placement.
-deleted=0 reclaims=0 swarm_region=
+# deletion is 20 s old: first every peer of one stage of r2, then one random peer each
+# time); sets deleted (how many) and checks placement.
+deleted=0 reclaims=0 drained=0 drained_region= swarm_region=
 operator_node() {
     kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
         --field-selector status.phase=Running -o jsonpath='{.items[0].spec.nodeName}'
+}
+# drain_node JOB: a zone reclaimed: every pod of the node the operator runs on evicted
+# (kubectl drain, the Eviction API; the operator among them), then the node back at once
+# (uncordon), as a replacement node would be. Sets drained (pods of JOB) and drained_region.
+drain_node() {
+    local node n op
+    op=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
+        --field-selector status.phase=Running -o jsonpath='{.items[0].metadata.name}')
+    node=$(kubectl -n cirrus-system get pod "$op" -o jsonpath='{.spec.nodeName}')
+    # Its log to the end (the evicted pod's log goes with it): what it counted before handing over.
+    kubectl -n cirrus-system logs -f "$op" >"$work/operator-drained.log" 2>&1 &
+    drained_region=${node#cirrus-}
+    n=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1" --field-selector "spec.nodeName=$node" -o name | wc -l)
+    echo "[e2e] draining $node (the operator's node): $n pods of $1 (step $(sj "$1" '{.status.step}'))"
+    if kubectl drain "$node" --ignore-daemonsets --delete-emptydir-data --force --timeout=120s >"$work/drain.log" 2>&1; then
+        deleted=$((deleted + n)) drained=$n
+    else
+        not_ok "kubectl drain $node: $(tail -2 "$work/drain.log")"
+    fi
+    kubectl uncordon "$node" >/dev/null 2>&1 || not_ok "kubectl uncordon $node"
 }
 run_job() {
     local name=$1 peers=$2 chaos=$3 outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
@@ -164,12 +186,11 @@ run_job() {
         if ((chaos && SECONDS >= next && ${step_now:-0} + 20 < STEPS)) &&
             [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
             # The first reclaim takes a stage's whole swarm in a region (its state goes with
-            # it: the region restores it from the global parameters), later ones one peer.
-            # (A node drain, a region coming back from nothing near the job's end, can leave
-            # that region with another final model than the others: not tested here until
-            # the gateways' last round is made consistent; tests/wan/shaped.sh e covers a
-            # region started again mid-job.)
-            ((reclaims++))
+            # it: the region restores it from the global parameters), the second the node the
+            # operator runs on (every pod of that region, and the operator: the region comes
+            # back from nothing and joins the job; the operator accounts for the pods going
+            # before it hands over), later ones one peer.
+            ((reclaims++ == 1)) && { drain_node "$name"; next=$((SECONDS + 20)); continue; }
             local sel="cirrus.dev/job=$name,cirrus.dev/role=peer" pods
             if ((reclaims == 1)); then # the region the operator is not in: its client lives on
                 [[ "$(operator_node)" == cirrus-r2 ]] && swarm_region=r1 || swarm_region=r2
@@ -247,26 +268,53 @@ check_losses() { # NAME REFERENCE WHAT
         fi
     done
 }
+# check_one_model NAME: both regions' clients ended with the same global parameters (the
+# digest on their last progress line, "step STEPS/STEPS | ... digest X").
+check_one_model() {
+    local r c d digests=
+    for r in r1 r2; do
+        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client" -o jsonpath='{.items[0].metadata.name}')
+        d=$(kubectl -n "$NS" logs "$c" 2>/dev/null | sed -nE "s|^step +$STEPS/$STEPS .*digest ([0-9a-f]+).*|\1|p" | tail -1)
+        digests+="${d:-none} "
+    done
+    read -r d1 d2 <<<"$digests"
+    if [[ "$d1" != none && "$d1" == "$d2" ]]; then
+        ok "$1: both regions end with one model (digest $d1)"
+    else
+        not_ok "$1: the regions' final digests differ: r1 $d1, r2 $d2"
+    fi
+}
 
 echo "[e2e] job calm: two regions, ${STEPS} steps, outer step every ${SYNC_EVERY} over ${WAN_MBIT} Mbit/s"
 run_job calm 1 0
 [[ -n "${bytes_checked:-}" ]] || not_ok "no outer step was seen while the calm job ran: wanBytes never checked"
 check_losses calm "$ref" "local's"
+check_one_model calm
 calm_loss=$(val_loss "$(kubectl -n "$NS" get pods -l cirrus.dev/job=calm,cirrus.dev/region=r1,cirrus.dev/role=client -o jsonpath='{.items[0].metadata.name}')")
 events=$(kubectl -n "$NS" get events -o json | jq -r '[.items[] | select(.message | test("violate|forbidden"; "i"))] | length')
 expect_eq "admission refusals or PodSecurity violations in $NS" 0 "$events"
 
-echo "[e2e] job chaos: the same with 2 peers per stage; both peers of a region's stage 1 deleted, then a random peer pod every ~15 s"
+echo "[e2e] job chaos: the same with 2 peers per stage; both peers of a region's stage 1 deleted, the operator's node (the other region's) drained, then a random peer pod every ~15 s"
 run_job chaos 2 1
 check_losses chaos "${calm_loss:-0}" "the calm run's"
+check_one_model chaos
 pre=$(sj chaos '{.status.regions[*].preemptions}' | tr ' ' '+')
 failures=$(sj chaos '{.status.regions[*].failures}' | tr ' ' '+')
 if ((deleted >= 1)) && (( ${pre:-0} >= deleted )); then
     ok "chaos: $deleted deletions counted as $((pre)) preemptions"
 else
     not_ok "chaos: $deleted peer pods deleted, status preemptions '$pre'"
+    echo "--- the drained operator's last lines"
+    tail -n 25 "$work/operator-drained.log"
 fi
 expect_eq "chaos: failures counted" 0 "$((${failures:-0}))"
+joined=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=${drained_region:-none},cirrus.dev/role=client" --tail=-1 2>/dev/null |
+    sed -nE 's/.*the region joins it at inner step ([0-9]+) .*/\1/p' | head -1)
+if ((drained > 0)) && [[ -n "$joined" ]]; then
+    ok "chaos: the operator's node (region $drained_region) drained ($drained job pods evicted); the region came back from nothing and joined the job at inner step $joined"
+else
+    not_ok "chaos: region '$drained_region' drained '$drained' job pods; its new client joined the job at '${joined:-never}'"
+fi
 restored=$(kubectl -n "$NS" logs -l "cirrus.dev/job=chaos,cirrus.dev/region=${swarm_region:-none},cirrus.dev/role=client" --tail=-1 2>/dev/null |
     grep -c 'the region is restored at inner step')
 if ((${restored:-0} >= 1)); then

@@ -458,6 +458,8 @@ TEST(stage_msg_state_round_trip_and_caps)
     stage_msg_put_state_get(&w, &big);
     ASSERT_EQ(dec_state_get(w.data, w.len, &c), CIRRUS_ECORRUPT);
     wire_writer_free(&w);
+    /* Nor everything at once when everything is over the slice (found by fuzz_swarm_msg). */
+    ASSERT_EQ(dec_state_get(NULL, 0, &c), CIRRUS_ECORRUPT);
 
     const float f[5] = {1, 2, 3, 4, 5};
     c.count = 5;

@@ -294,7 +294,9 @@ int stage_msg_get_state_get(wire_reader *r, uint64_t total, stage_state_get *q)
 {
     q->offset = 0;
     q->count = total;
-    if (r->len == 0) return 0; /* everything at once */
+    /* Empty: everything at once, which the slice cap bounds like any other request (a
+     * larger state would make a reply no frame can carry). */
+    if (r->len == 0) return total <= STAGE_STATE_SLICE ? 0 : CIRRUS_ECORRUPT;
     q->offset = wire_get_u64(r);
     q->count = wire_get_u64(r);
     if (done(r) || q->offset > total || q->count > total - q->offset ||

@@ -238,7 +238,7 @@ int stage_msg_get_average_ok(wire_reader *r, uint32_t *microbatches);
 
 /* STATE_GET: floats [offset, offset + count) of a state of `total` (3n) floats. Put always
  * names the slice; get takes an empty request as the whole state, and refuses a slice
- * outside it or over STAGE_STATE_SLICE. */
+ * outside it or over STAGE_STATE_SLICE (an empty one too, for a state over it). */
 typedef struct stage_state_get {
     uint64_t offset, count;
 } stage_state_get;
