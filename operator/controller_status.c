@@ -58,6 +58,8 @@ void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs)
             r->has_outer = pr.res.has_outer;
             r->outer_step = pr.res.outer.step;
             r->wan_bytes = pr.res.outer.wan_bytes;
+            r->has_live = pr.res.has_stages && pr.res.n_stages == r->n_stages;
+            if (r->has_live) memcpy(r->live, pr.res.stage_peers, (size_t)r->n_stages * sizeof(int));
         }
         r->watched_since = pr.watched ? pr.watched_s : 0;
         r->failing = pr.failing;

@@ -475,7 +475,34 @@ static void job_outer(json_t *st)
     json_object_set_new(st, "wanBytes", json_integer(bytes));
 }
 
-json_t *jobstatus_build(const job_observed *obs, const json_t *old_status, const char *now)
+static json_t *build(const job_observed *obs, const json_t *old_status, const char *now);
+
+/* obs with each region's ready peers as they stand at now: the gateway's live count while
+ * its answer is fresh (freshness(), as ProgressCurrent judges it), else the pods' count. */
+static void live_counts(job_observed *obs, const json_t *old_status, int64_t now)
+{
+    for (int i = 0; i < obs->n_regions && obs->progress_stale_s > 0 && now >= 0; i++) {
+        region_observed *r = &obs->regions[i];
+        int64_t due;
+        if (r->has_live && r->progress_time > 0 &&
+            freshness(r, old_region(old_status, r->name), now, obs->progress_stale_s, &due) == FRESH)
+            memcpy(r->ready, r->live, (size_t)r->n_stages * sizeof r->ready[0]);
+    }
+}
+
+json_t *jobstatus_build(const job_observed *obs_in, const json_t *old_status, const char *now)
+{
+    /* On the heap: a job's observations are tens of KiB. */
+    job_observed *obs = malloc(sizeof *obs);
+    if (!obs) return NULL;
+    *obs = *obs_in;
+    live_counts(obs, old_status, jobstatus_parse_time(now));
+    json_t *st = build(obs, old_status, now);
+    free(obs);
+    return st;
+}
+
+static json_t *build(const job_observed *obs, const json_t *old_status, const char *now)
 {
     const char *old_phase = json_string_value(json_object_get(old_status, "phase"));
     const char *start = json_string_value(json_object_get(old_status, "startTime"));

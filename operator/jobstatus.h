@@ -61,7 +61,7 @@
 typedef struct region_observed {
     const char *name;
     int n_stages, replicas, min;          /* from the spec */
-    int ready[JOBSTATUS_MAX_STAGES];      /* ready peers per stage */
+    int ready[JOBSTATUS_MAX_STAGES];      /* ready peer pods per stage, by their stage label */
     int unschedulable;                    /* pods pending for want of a node */
     int gateway_ready;
     int clients, clients_succeeded;
@@ -89,6 +89,12 @@ typedef struct region_observed {
     int has_outer;
     int64_t outer_step; /* >= -1; -1: the gateway has no outer step yet */
     int64_t wan_bytes;  /* >= 0 */
+    /* The live peers of each stage by that answer (progress_result.stage_peers: by the
+     * stage each serves now, which rebalancing changes; pods keep the stage label they were
+     * made with). While the answer is fresh (ProgressCurrent's rule) jobstatus_build counts
+     * these as the stage's ready peers instead of ready[]. has_live 0: none. */
+    int has_live;
+    int live[JOBSTATUS_MAX_STAGES];
 } region_observed;
 
 typedef struct job_observed {

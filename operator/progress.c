@@ -2,6 +2,7 @@
 #include "progress.h"
 
 #include <arpa/inet.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -72,6 +73,31 @@ static void parse_outer(const json_t *o, progress_result *r)
     r->outer.wan_bytes = sent + received;
 }
 
+/* The optional "stages" array into r (progress.h): has_stages 1 when it is there and valid. */
+static void parse_stages(const json_t *o, progress_result *r)
+{
+    const json_t *v = json_object_get(o, "stages");
+    if (!v || json_is_null(v)) return;
+    if (!json_is_array(v) || json_array_size(v) > PROGRESS_MAX_STAGES) {
+        r->stages_ignored = "stages is not an array of at most 64 stages";
+        return;
+    }
+    int counts[PROGRESS_MAX_STAGES];
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *st = json_array_get(v, i);
+        int64_t index = -1, peers = -1;
+        if (!json_is_object(st) || !int_at_least(st, "stage", 0, &index) || index != (int64_t)i ||
+            !int_at_least(st, "peers", 0, &peers) || peers > INT_MAX) {
+            r->stages_ignored = "stages[] is not {stage: its index, peers: an integer >= 0}";
+            return;
+        }
+        counts[i] = (int)peers;
+    }
+    r->has_stages = 1;
+    r->n_stages = (int)json_array_size(v);
+    memcpy(r->stage_peers, counts, (size_t)r->n_stages * sizeof counts[0]);
+}
+
 int progress_parse_status(const char *body, size_t len, const char *job_id, progress_result *out,
                           cirrus_error *err)
 {
@@ -101,6 +127,7 @@ int progress_parse_status(const char *body, size_t len, const char *job_id, prog
     }
     if (!rc) rc = nonneg_or_null(o, "tokens_per_s", &r.tokens_per_s, err);
     if (!rc) parse_outer(o, &r);
+    if (!rc) parse_stages(o, &r);
     json_decref(o);
     if (!rc) *out = r;
     return rc;

@@ -54,6 +54,7 @@
 #define PROGRESS_URL_MAX 512
 
 #define PROGRESS_STALE_PERIODS 3
+#define PROGRESS_MAX_STAGES 64 /* a SwarmJob's most stages (the CRD's bound) */
 
 /* The gateway's outer steps across regions (its /status "outer" object, present only when
  * the gateway runs them: a job of several regions). */
@@ -71,6 +72,13 @@ typedef struct progress_result {
                           * one not trusted (outer_ignored says why) */
     progress_outer outer;
     const char *outer_ignored; /* NULL, or a static string: why "outer" was not trusted */
+    /* The live peers of each stage as the coordinator sees them (its "stages" array: by the
+     * stage a peer serves now, which rebalancing changes, not the stage its pod was made
+     * for); has_stages 0: absent or not trusted (stages_ignored says why). */
+    int has_stages;
+    int n_stages; /* <= PROGRESS_MAX_STAGES */
+    int stage_peers[PROGRESS_MAX_STAGES];
+    const char *stages_ignored;
 } progress_result;
 
 /* Parse a gateway's /status body (len bytes) into out. 0; CIRRUS_EMISMATCH when its job_id
@@ -82,7 +90,9 @@ typedef struct progress_result {
  * fits in int64; otherwise the object is ignored as a whole (has_outer 0, outer_ignored
  * naming the field) and the rest of the answer still counts: the outer figures are an
  * addition a gateway may get wrong without making its step and loss untrue. Its other
- * members are not read. */
+ * members are not read. The "stages" array likewise: optional, at most PROGRESS_MAX_STAGES
+ * objects whose "stage" is their index and "peers" an integer in [0, INT_MAX]; anything
+ * else leaves has_stages 0 with stages_ignored saying why. */
 int progress_parse_status(const char *body, size_t len, const char *job_id, progress_result *out,
                           cirrus_error *err);
 

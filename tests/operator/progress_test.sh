@@ -7,7 +7,9 @@
 #     at good-r1-gw.NS.svc:7480 through --resolve ...:127.0.0.1: within 30 s .status.step > 0,
 #     .status.loss > 0, .status.tokensPerSecond > 0, the same per region, `kubectl get sj`
 #     shows the step; the step advances, with at most about one status write per
-#     --progress-period-s (1 s here);
+#     --progress-period-s (1 s here); readyPeersPerStage is the gateway's count of live peers
+#     (1: local's one peer) while it answers, though the job's two peer pods are Ready (kwok),
+#     and the pods' count (2) once its answer is stale;
 #   * job `wrong`'s gateway host is pinned to the same address, which answers with another
 #     job's id (good's uid; a stale or wrong endpoint): ignored, its status has no step, the
 #     log says why and /metrics counts it, and its ProgressCurrent condition is False
@@ -125,7 +127,7 @@ spec:
   image: cirrus:latest
   pipeline: {stages: 1}
   model: {preset: tiny, layers: 2}
-  regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
+  regions: [{name: r1, peers: {replicas: 2, min: 1}, clients: 1}]
 EOF
     if [[ $job == good ]]; then
         # Every status write of good, one line each, for the checks of what a write held.
@@ -177,10 +179,16 @@ check "region r1's step, loss, tokensPerSecond > 0 ($rstep $rloss $rtps)" \
 expect_eq "job figures = its one region's" "$rstep $rloss $rtps" "$step $loss $tps"
 check "step is an integer" grep -Eq '^[1-9][0-9]*$' <<<"$step"
 row=$(kn get sj good --no-headers)
-check "kubectl get sj shows the step: $row" grep -Eq '^good +Running +1/1 +1/1 +[1-9][0-9]* ' <<<"$row"
+check "kubectl get sj shows the step: $row" grep -Eq '^good +Running +1/1 +1/2 +[1-9][0-9]* ' <<<"$row"
 wide=$(kn get sj good --no-headers -o wide)
 check "kubectl get sj -o wide shows loss and tokens/s: $wide" \
-    grep -Eq '^good +Running +1/1 +1/1 +[1-9][0-9]* +[0-9.e+-]+ +[0-9.e+-]+ ' <<<"$wide"
+    grep -Eq '^good +Running +1/1 +1/2 +[1-9][0-9]* +[0-9.e+-]+ +[0-9.e+-]+ ' <<<"$wide"
+# Two peer pods are Ready (kwok), but the region's gateway counts one live peer (local's one):
+# its count is the truth while it answers (rebalancing moves peers off their pods' stage
+# labels); the other job, whose gateway's answer is not trusted, counts its pods.
+per_stage() { kn get sj "$1" -o jsonpath='{.status.regions[0].readyPeersPerStage}'; }
+expect_eq "good: readyPeersPerStage, the gateway's live peers" "[1]" "$(per_stage good)"
+expect_eq "wrong: readyPeersPerStage, its Ready pods by their stage label" "[2]" "$(per_stage wrong)"
 advanced() { (($(kn get sj good -o jsonpath='{.status.step}') > step)); }
 check "the step advances" wait_until 10 advanced
 answering="True GatewaysAnswering|every region's gateway answered within the last 6 s"
@@ -254,6 +262,7 @@ else
 fi
 check "good: step, loss, tokensPerSecond kept ($step $loss $tps)" \
     bash -c "$(declare -f positive); positive '$step' && positive '$loss' && positive '$tps'"
+expect_eq "good: readyPeersPerStage by its pods again once the gateway's answer is stale" "[2]" "$(per_stage good)"
 # The write that turned the condition False changed nothing else: the same figures and
 # progressTime as the write before it.
 transition=$(awk -F';' -v from="$n_hist" '

@@ -161,6 +161,55 @@ TEST(progress_parse_outer)
               CIRRUS_ECORRUPT);
 }
 
+TEST(progress_parse_stages)
+{
+    progress_result r;
+    /* The coordinator's live peers per stage, by the stage each serves now. */
+    ASSERT_OK(parse("{" BASE ",\"stages\":[{\"stage\":0,\"peers\":1,\"throughput\":null},"
+                    "{\"stage\":1,\"peers\":3}]}",
+                    &r));
+    ASSERT(r.has_stages && !r.stages_ignored);
+    ASSERT_EQ(r.n_stages, 2);
+    ASSERT(r.stage_peers[0] == 1 && r.stage_peers[1] == 3);
+    ASSERT_OK(parse("{" BASE ",\"stages\":[]}", &r));
+    ASSERT(r.has_stages && r.n_stages == 0);
+    ASSERT_OK(parse("{" BASE "}", &r));
+    ASSERT(!r.has_stages && !r.stages_ignored);
+    /* 64 stages is the most a SwarmJob has; 65 are not trusted. */
+    char big[8192];
+    for (int n = 64; n <= 65; n++) {
+        int len = snprintf(big, sizeof big, "{" BASE ",\"stages\":[");
+        for (int s = 0; s < n; s++)
+            len += snprintf(big + len, sizeof big - (size_t)len, "%s{\"stage\":%d,\"peers\":%d}",
+                            s ? "," : "", s, s % 3);
+        snprintf(big + len, sizeof big - (size_t)len, "]}");
+        ASSERT_OK(parse(big, &r));
+        ASSERT_EQ(r.has_stages, n == 64);
+        if (n == 64) ASSERT(r.n_stages == 64 && r.stage_peers[63] == 0 && r.stage_peers[62] == 2);
+    }
+    /* Malformed: the counts are ignored, the rest of the answer counts. */
+    static const char *const bad[] = {
+        "{" BASE ",\"stages\":[{\"stage\":1,\"peers\":1}]}",          /* not its index */
+        "{" BASE ",\"stages\":[{\"stage\":0,\"peers\":-1}]}",         /* negative */
+        "{" BASE ",\"stages\":[{\"stage\":0,\"peers\":2147483648}]}", /* over INT_MAX */
+        "{" BASE ",\"stages\":[{\"stage\":0,\"peers\":1.5}]}",
+        "{" BASE ",\"stages\":[{\"stage\":0}]}",
+        "{" BASE ",\"stages\":[{\"peers\":1}]}",
+        "{" BASE ",\"stages\":[1]}",
+        "{" BASE ",\"stages\":{\"0\":1}}",
+        "{" BASE ",\"stages\":2}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&r, 0, sizeof r);
+        r.has_stages = 1;
+        if (parse(bad[i], &r)) TEST_FAIL("'%s' refused as a whole", bad[i]);
+        if (r.has_stages || !r.stages_ignored)
+            TEST_FAIL("'%s': has_stages %d, ignored '%s'", bad[i], r.has_stages,
+                      r.stages_ignored ? r.stages_ignored : "(none)");
+        ASSERT_EQ(r.step, 40);
+    }
+}
+
 TEST(progress_resolve_values)
 {
     cirrus_error err;

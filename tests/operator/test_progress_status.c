@@ -463,3 +463,37 @@ TEST(progress_current_condition)
     json_t *all[] = {a, b, c, d, e, e2, e3, f, g, h, h2, i1, j, j2, k, k2, l, m};
     for (size_t n = 0; n < sizeof all / sizeof *all; n++) json_decref(all[n]);
 }
+
+/* ---- readyPeersPerStage: the gateway's live count while its answer is fresh -------------------- */
+
+TEST(progress_ready_peers_from_the_gateway_while_fresh)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 1, .progress_stale_s = 6};
+    region(&o, "r1");
+    region_observed *r = &o.regions[0];
+    r->n_stages = 2;
+    r->replicas = 2;
+    r->ready[0] = 2, r->ready[1] = 2; /* four Ready pods by their stage labels */
+    figures(r, 50, 2.0, 100.0);
+    r->progress_time = jobstatus_parse_time("2026-11-22T01:00:00Z");
+    /* The gateway moved a peer of stage 1 to stage 0, and one of stage 1's is gone. */
+    r->has_live = 1;
+    r->live[0] = 3, r->live[1] = 0;
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:06Z"); /* fresh: 6 s old */
+    const json_t *per = json_object_get(region_of(st, 0), "readyPeersPerStage");
+    ASSERT(json_integer_value(json_array_get(per, 0)) == 3 && json_integer_value(json_array_get(per, 1)) == 0);
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "readyPeers")), "3/4"));
+    /* A stage the moves emptied: the region no longer has every stage served. */
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "phase")), "Created"));
+    json_decref(st);
+    st = jobstatus_build(&o, NULL, "2026-11-22T01:00:07Z"); /* stale: the pods' count again */
+    per = json_object_get(region_of(st, 0), "readyPeersPerStage");
+    ASSERT(json_integer_value(json_array_get(per, 0)) == 2 && json_integer_value(json_array_get(per, 1)) == 2);
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "readyPeers")), "4/4"));
+    json_decref(st);
+    /* Without live counts (a gateway of another layout, or none): the pods' count. */
+    r->has_live = 0;
+    st = jobstatus_build(&o, NULL, "2026-11-22T01:00:01Z");
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "readyPeers")), "4/4"));
+    json_decref(st);
+}
