@@ -13,7 +13,8 @@
  *   could not allocate) and never reads past the payload;
  *   accepted: the payload is consumed exactly, the documented caps hold (B and T within
  *   the peer's, slices within their state and STAGE_STATE_SLICE, members within
- *   STAGE_AVERAGE_MAX_MEMBERS, notices within COORD_MAX_NOTICES, strings NUL-terminated
+ *   STAGE_AVERAGE_MAX_MEMBERS, notices within COORD_MAX_NOTICES, a state slice's moments
+ *   origins by increasing segment with from in [1, steps], strings NUL-terminated
  *   within their arrays), put(get(x)) is accepted again and put(get(put(get(x)))) equals
  *   put(get(x)) byte for byte; and where the format is canonical (every body but q8
  *   activations, an AVERAGE without ring_ms, an empty STATE_GET and a STEP_SYNC without
@@ -174,8 +175,20 @@ static int decode_put(int sel, uint64_t arg, const uint8_t *b, size_t len, wire_
         const uint64_t count = small_count(arg);
         stage_state_slice s;
         if (!(rc = stage_msg_get_state_slice(&r, count, &s))) {
-            FUZZ_CHECK(s.floats == b + 16 && len == 16 + 4 * count, "STATE_GET_OK floats not the payload's rest");
-            stage_msg_put_state_head(out, s.steps, s.n);
+            FUZZ_CHECK(s.n_origins <= STAGE_MAX_ORIGINS && s.origins == b + 20 &&
+                           s.floats == b + 20 + 12 * (size_t)s.n_origins &&
+                           len == 20 + 12 * (size_t)s.n_origins + 4 * count,
+                       "STATE_GET_OK origins or floats not where the head says");
+            stage_origin *o = malloc(((size_t)s.n_origins + 1) * sizeof *o);
+            FUZZ_CHECK(o, "out of memory");
+            for (uint32_t i = 0; i < s.n_origins; i++) {
+                o[i] = stage_msg_origin_at(&s, i);
+                FUZZ_CHECK(o[i].from >= 1 && o[i].from <= s.steps && (i == 0 || o[i].segment > o[i - 1].segment),
+                           "origin %u (segment %u from %llu) accepted at step %llu", i, o[i].segment,
+                           (unsigned long long)o[i].from, (unsigned long long)s.steps);
+            }
+            stage_msg_put_state_head(out, s.steps, s.n, o, s.n_origins);
+            free(o);
             wire_put_bytes(out, s.floats, count * sizeof(float));
         }
         break;

@@ -414,7 +414,8 @@ static void swarm_msg_seeds(void)
     SEED("average-ok", AVERAGE_OK, 0);
     stage_msg_put_state_get(&w, &(stage_state_get){.offset = 96, .count = 32});
     SEED("state-get", STATE_GET, 300);
-    stage_msg_put_state_head(&w, 7, 100);
+    const stage_origin origins[2] = {{2, 5}, {9, 7}};
+    stage_msg_put_state_head(&w, 7, 100, origins, 2);
     stage_msg_put_state_floats(&w, h, 6);
     SEED("state-slice", STATE_SLICE, 6);
     stage_msg_put_params_set(&w, &(stage_params_set){.steps = 7, .n = 100, .offset = 90, .count = 6}, h);

@@ -464,11 +464,35 @@ TEST(stage_msg_state_round_trip_and_caps)
     const float f[5] = {1, 2, 3, 4, 5};
     c.count = 5;
     wire_writer_init(&w, 1024);
-    stage_msg_put_state_head(&w, 17, 1000);
+    stage_msg_put_state_head(&w, 17, 1000, NULL, 0);
     stage_msg_put_state_floats(&w, f, 5);
     check_cuts(&w, dec_state_slice, &c, SIZE_MAX);
-    ASSERT(c.sl.steps == 17 && c.sl.n == 1000 && !memcmp(c.sl.floats, f, sizeof f));
+    ASSERT(c.sl.steps == 17 && c.sl.n == 1000 && c.sl.n_origins == 0 &&
+           !memcmp(c.sl.floats, f, sizeof f));
     wire_writer_free(&w);
+    /* The donor's moments origins travel with every slice, by increasing segment, each
+     * from in [1, steps]. */
+    const stage_origin o[2] = {{3, 12}, {40, 17}};
+    wire_writer_init(&w, 1024);
+    stage_msg_put_state_head(&w, 17, 1000, o, 2);
+    stage_msg_put_state_floats(&w, f, 5);
+    check_cuts(&w, dec_state_slice, &c, SIZE_MAX);
+    ASSERT_EQ(c.sl.n_origins, 2);
+    const stage_origin o0 = stage_msg_origin_at(&c.sl, 0), o1 = stage_msg_origin_at(&c.sl, 1);
+    ASSERT(o0.segment == 3 && o0.from == 12 && o1.segment == 40 && o1.from == 17);
+    ASSERT(!memcmp(c.sl.floats, f, sizeof f));
+    wire_writer_free(&w);
+    const stage_origin wrong[][2] = {{{3, 12}, {3, 13}},  /* a segment twice */
+                                   {{40, 12}, {3, 13}}, /* out of order */
+                                   {{3, 0}, {40, 13}},  /* from 0 */
+                                   {{3, 12}, {40, 18}}}; /* from past the donor's step */
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        wire_writer_init(&w, 1024);
+        stage_msg_put_state_head(&w, 17, 1000, wrong[i], 2);
+        stage_msg_put_state_floats(&w, f, 5);
+        ASSERT_EQ(dec_state_slice(w.data, w.len, &c), CIRRUS_ECORRUPT);
+        wire_writer_free(&w);
+    }
 }
 
 /* ---- rpc ---- */

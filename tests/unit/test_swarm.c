@@ -20,6 +20,7 @@
 #include "../../trainer/swarm/client/executor.h"
 #include "../../trainer/swarm/client/pipeline.h"
 #include "../../trainer/swarm/peer/stage_peer.h"
+#include "../../trainer/swarm/proto/rpc.h"
 #include "../../trainer/swarm/proto/stage_msg.h"
 #include "test.h"
 
@@ -435,13 +436,44 @@ TEST(swarm_peer_lost_in_final_evaluation)
  * microbatch runs until a state is installed, a replacement joins the empty stage without a
  * copy (it holds its seed's parameters and zero moments, while the surviving stage holds
  * its trained ones), and once a whole state is installed the step that failed completes. */
+/* A stage peer's whole state (3n floats: parameters, AdamW m, v) as STATE_GET serves it. */
+typedef struct fetched {
+    net_conn *c;
+    float *state;
+} fetched;
+
+static int fetch_call(void *ctx, const wire_writer *req, wire_reader *reply, cirrus_error *err)
+{
+    return rpc_call(((fetched *)ctx)->c, STAGE_STATE_GET, 1, req, 5000, "the peer", reply, err);
+}
+
+static void fetch_floats(void *ctx, uint64_t off, const uint8_t *floats, uint64_t count)
+{
+    memcpy(((fetched *)ctx)->state + off, floats, count * sizeof(float));
+}
+
+static void fetch_peer_state(const char *addr, uint64_t n, float *state, uint64_t *steps)
+{
+    char host[64];
+    int port;
+    cirrus_error err = {0};
+    fetched f = {NULL, state};
+    if (net_split_hostport(addr, host, sizeof host, &port, 0, &err) ||
+        net_connect(host, port, 5000, &f.c, &err) ||
+        net_hello_client(f.c, "swarm-test", STAGE_ROLE_CLIENT, 0, 5000, &err) ||
+        stage_fetch_state(fetch_call, fetch_floats, &f, n, steps, NULL, &err))
+        TEST_FAIL("the state of %s: %s", addr, err.msg);
+    net_close(f.c);
+}
+
 TEST(swarm_stage_lost_whole_is_restored)
 {
     const adamw_config ac = adamw_defaults(1e-2f, 10);
-    peer_thread peers[3];
-    pthread_t th[3];
-    char addr[3][32], ring[3][32];
+    peer_thread peers[4];
+    pthread_t th[4];
+    char addr[4][32], ring[4][32];
     const peer_spec s0 = {0, 2, B, &ac, 0, NULL, 0}, s1 = {2, 3, B, &ac, 0, NULL, 0};
+    const peer_spec s1_ring = {2, 3, B, &ac, 1, NULL, 0}; /* stage 1 of two peers */
     start_peer(&peers[0], &th[0], &s0, addr[0], ring[0]);
     start_peer(&peers[1], &th[1], &s1, addr[1], ring[1]);
     const char *addrs[2] = {addr[0], addr[1]};
@@ -467,7 +499,7 @@ TEST(swarm_stage_lost_whole_is_restored)
     ASSERT_OK(pipeline_abandon_step(p, &err));
     ASSERT(pipeline_restoring(p));
     ASSERT_EQ(pipeline_microbatch(p, 3, B, T, x, y, &loss, &err), CIRRUS_EINVAL);
-    start_peer(&peers[2], &th[2], &s1, addr[2], ring[2]);
+    start_peer(&peers[2], &th[2], &s1_ring, addr[2], ring[2]);
     if (pipeline_join(p, 1, addr[2], &err)) TEST_FAIL("join: %s", err.msg);
     ASSERT_EQ(pipeline_empty_stage(p), -1);
     ASSERT_EQ(pipeline_resume_intact(p, &err), CIRRUS_ENOENT); /* stage 1 is at step 0 */
@@ -497,10 +529,33 @@ TEST(swarm_stage_lost_whole_is_restored)
         TEST_FAIL("the step after the restore: %s", err.msg);
     ASSERT(loss > 0 && loss < 10);
     ASSERT_EQ(pipeline_steps_done(p), 3);
+    /* A second peer joins the restored stage by copying its state, moments three steps
+     * young: it takes their origin with them, so both step alike and stay one replica
+     * (counting the copy's bias correction from step 0 would move it otherwise). */
+    start_peer(&peers[3], &th[3], &s1_ring, addr[3], ring[3]);
+    if (pipeline_join(p, 1, addr[3], &err)) TEST_FAIL("join by copy: %s", err.msg);
+    for (int s = 3; s < 6; s++) {
+        batch(s, x, y);
+        if (pipeline_microbatch(p, (uint64_t)s + 1, B, T, x, y, &loss, &err) ||
+            pipeline_step(p, adamw_lr(&ac, (uint64_t)s), 1.0f, (uint64_t)s + 1, &err))
+            TEST_FAIL("step %d with two peers in stage 1: %s", s + 1, err.msg);
+    }
+    gpt_span spans[2];
+    const int n_spans = gpt_stage_state_spans(&cfg, 2, 3, spans);
+    uint64_t n1 = 0, steps2 = 0, steps3 = 0;
+    for (int i = 0; i < n_spans; i++) n1 += spans[i].count;
+    float *a = malloc(3 * n1 * sizeof(float)), *b = malloc(3 * n1 * sizeof(float));
+    ASSERT(a && b);
+    fetch_peer_state(addr[2], n1, a, &steps2);
+    fetch_peer_state(addr[3], n1, b, &steps3);
+    ASSERT(steps2 == 6 && steps3 == 6);
+    ASSERT(memcmp(a, b, 3 * n1 * sizeof(float)) == 0);
+    free(a);
+    free(b);
     gpt_model_destroy(&seed);
     free(state);
     pipeline_close(p);
-    for (int i = 0; i < 3; i++) stop_peer(&peers[i], th[i], i == 1);
+    for (int i = 0; i < 4; i++) stop_peer(&peers[i], th[i], i == 1);
 }
 
 /* Threads of this process now (/proc/self/task). */

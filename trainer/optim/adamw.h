@@ -82,11 +82,11 @@ double adamw_total_sumsq(const adamw *o, const float *grads, float scale);
 float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
                  double total_sumsq, float lr, uint64_t step);
 
-/* The state was replaced at optimizer step `steps` (a copy, a checkpoint's, a restore):
- * segments whose moments are all zero now start again there, i.e. their bias correction
- * counts the steps since, as Adam's does from its first step (with the training's count the
- * first updates of fresh moments would be several times lr). Returns how many segments
- * start again. */
+/* The state was replaced at optimizer step `steps` (a checkpoint's, a restore): segments
+ * whose moments are all zero now start again there, i.e. their bias correction counts the
+ * steps since, as Adam's does from its first step (with the training's count, about 1 by
+ * then, the first updates of fresh moments would be 0.45 lr, then up to 1.1 lr, with betas
+ * 0.9/0.95). Returns how many segments start again. */
 int adamw_restart_fresh_moments(adamw *o, uint64_t steps);
 
 #endif

@@ -68,7 +68,8 @@ static int gather_state(pipeline *p, float *params, float *adam_m, float *adam_v
                 rc = cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
                 break;
             }
-            rc = stage_fetch_state(gather_call, gather_floats, &g, n, &st, err);
+            /* Checkpoints carry no moments origins (CKPT format): not asked for. */
+            rc = stage_fetch_state(gather_call, gather_floats, &g, n, &st, NULL, err);
             if (!pipe_is_peer_fault(rc)) break;
             cirrus_error why = *err;
             if ((rc = pipe_peer_failed(p, s, g.k, &why, err))) break;

@@ -133,7 +133,6 @@ static int adopt_stage(peer *p, const coord_peer_info *donor, int to, cirrus_err
     peer_kit_swap(p, &kit);
     p->stage = to;
     p->steps = steps;
-    peer_note_moments(p, steps);
     peer_drop_gradients(p);
     collective_destroy(p->ring); /* the new stage's members are named by the next AVERAGE */
     p->ring = NULL;

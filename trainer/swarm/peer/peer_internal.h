@@ -120,9 +120,9 @@ void peer_drop_gradients(peer *p);
 
 /* ---- state.c ---- */
 
-/* After this peer's optimizer state was replaced (a copy, a checkpoint's, a restore), at
+/* After this peer's optimizer state was replaced by a checkpoint's or a restore, at
  * optimizer step `steps`: moments that are zero start again there
- * (adamw_restart_fresh_moments). */
+ * (adamw_restart_fresh_moments). A copy from a peer takes the donor's origins instead. */
 void peer_note_moments(peer *p, uint64_t steps);
 
 /* STATE_GET, PARAMS_SET, STATE_SET, SYNC (under the lock). */
@@ -134,7 +134,7 @@ int peer_sync_from(peer *p, const char *donor, const char **why);
 int peer_donor_open(peer *p, const char *host, int port, int l0, int l1, net_conn **out,
                     const char **why, cirrus_error *err);
 /* The donor's step, parameters and AdamW moments of `adam`'s layers [l0, l1), copied into
- * this peer's model and into `adam`. */
+ * this peer's model and into `adam`, with the donor's moments origins (stage_origin). */
 int peer_take_state(peer *p, net_conn *c, int l0, int l1, adamw *adam, uint64_t *steps,
                     const char **why, cirrus_error *err);
 

@@ -184,8 +184,11 @@ static int on_state_get(peer *p, const wire_header *h, wire_reader *r, wire_writ
                         const char **why)
 {
     (void)h;
-    *why = "malformed STATE_GET: a slice outside the state, or over its size limit";
-    return peer_put_state(p, r, reply);
+    int rc = peer_put_state(p, r, reply);
+    *why = rc == CIRRUS_ENOMEM
+               ? "out of memory for the STATE_GET reply"
+               : "malformed STATE_GET: a slice outside the state, or over its size limit";
+    return rc;
 }
 
 static int on_params_set(peer *p, const wire_header *h, wire_reader *r, wire_writer *reply,

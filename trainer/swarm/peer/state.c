@@ -4,6 +4,7 @@
  * stage, move.c). The floats travel in the
  * order stage_msg.h gives: the stage's spans' parameters, then AdamW m, then v. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../../common/log.h"
@@ -28,9 +29,8 @@ static int state_runs(const peer *p, int l0, int l1, const adamw *adam,
 
 void peer_note_moments(peer *p, uint64_t steps)
 {
-    /* Only moments that are zero now are known to be fresh: a copy of a donor whose
-     * moments started again recently trains on with the training's count (the origin does
-     * not travel with the state; its first updates are then larger, not wrong). */
+    /* Only moments that are zero now are known to be fresh: a checkpoint carries no
+     * origins (a copy from a peer does: peer_take_state). */
     const int n = adamw_restart_fresh_moments(&p->adam, steps);
     if (n)
         log_info("%d optimizer segment(s) start with fresh moments at step %llu (a restored "
@@ -46,7 +46,16 @@ int peer_put_state(peer *p, wire_reader *r, wire_writer *w)
     int n_params;
     if (stage_msg_get_state_get(r, 3 * (uint64_t)p->adam.state_count, &q))
         return CIRRUS_ECORRUPT;
-    stage_msg_put_state_head(w, p->steps, p->adam.state_count);
+    /* Where this peer's moments started again (a restored stage): the copy must step as
+     * this peer does, or the stage's peers would drift apart. */
+    stage_origin *origins = malloc(((size_t)p->adam.n_seg + 1) * sizeof *origins);
+    if (!origins) return CIRRUS_ENOMEM;
+    uint32_t k = 0;
+    for (int s = 0; s < p->adam.n_seg && k < STAGE_MAX_ORIGINS; s++)
+        if (p->adam.seg[s].moments_from)
+            origins[k++] = (stage_origin){(uint32_t)s, p->adam.seg[s].moments_from};
+    stage_msg_put_state_head(w, p->steps, p->adam.state_count, origins, k);
+    free(origins);
     const int n = state_runs(p, p->l0, p->l1, &p->adam, runs, &n_params);
     stage_msg_put_runs(w, runs, n, q.offset, q.count);
     return 0;
@@ -181,7 +190,25 @@ int peer_take_state(peer *p, net_conn *c, int l0, int l1, adamw *adam, uint64_t 
     state_taker t = {.c = c, .next_id = 1};
     int n_params;
     t.n_runs = state_runs(p, l0, l1, adam, t.runs, &n_params);
-    int rc = stage_fetch_state(donor_call, take_floats, &t, adam->state_count, steps, err);
+    stage_origins origins = {malloc(((size_t)adam->n_seg + 1) * sizeof(stage_origin)),
+                             (uint32_t)adam->n_seg, 0};
+    if (!origins.o) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    int rc = stage_fetch_state(donor_call, take_floats, &t, adam->state_count, steps, &origins,
+                               err);
+    /* The donor's moments origins: where its moments started again, ours do. */
+    for (uint32_t i = 0; !rc && i < origins.n; i++)
+        if (origins.o[i].segment >= (uint32_t)adam->n_seg)
+            rc = cirrus_fail(err, CIRRUS_EMISMATCH, "the donor names optimizer segment %u of %d",
+                             origins.o[i].segment, adam->n_seg);
+    if (!rc) {
+        for (int s = 0; s < adam->n_seg; s++) adam->seg[s].moments_from = 0;
+        for (uint32_t i = 0; i < origins.n; i++)
+            adam->seg[origins.o[i].segment].moments_from = origins.o[i].from;
+        if (origins.n)
+            log_info("%u optimizer segment(s) take the donor's fresh moments: their bias "
+                     "correction counts from their restart", origins.n);
+    }
+    free(origins.o);
     if (rc == CIRRUS_EMISMATCH) *why = "the donor's state does not fit this peer";
     return rc;
 }
@@ -207,7 +234,6 @@ int peer_sync_from(peer *p, const char *donor, const char **why)
         goto out;
     }
     p->steps = steps;
-    peer_note_moments(p, steps);
     peer_drop_gradients(p);
     log_info("joined the stage with the state of %s at step %llu", donor,
              (unsigned long long)steps);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../../common/le.h"
 #include "../../codec/q8.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -305,10 +306,24 @@ int stage_msg_get_state_get(wire_reader *r, uint64_t total, stage_state_get *q)
     return 0;
 }
 
-void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n)
+void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n,
+                              const stage_origin *origins, uint32_t n_origins)
 {
     wire_put_u64(w, steps);
     wire_put_u64(w, n);
+    wire_put_u32(w, n_origins);
+    for (uint32_t i = 0; i < n_origins; i++) {
+        wire_put_u32(w, origins[i].segment);
+        wire_put_u64(w, origins[i].from);
+    }
+}
+
+#define ORIGIN_BYTES 12 /* u32 segment, u64 from */
+
+stage_origin stage_msg_origin_at(const stage_state_slice *s, uint32_t i)
+{
+    const uint8_t *b = s->origins + (size_t)i * ORIGIN_BYTES;
+    return (stage_origin){(uint32_t)le_get(b, 4), le_get(b + 4, 8)};
 }
 
 void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count)
@@ -320,8 +335,18 @@ int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice 
 {
     s->steps = wire_get_u64(r);
     s->n = wire_get_u64(r);
-    s->floats = NULL;
-    if (r->failed || count > STAGE_STATE_SLICE) return CIRRUS_ECORRUPT;
+    s->n_origins = wire_get_u32(r);
+    s->origins = s->floats = NULL;
+    if (r->failed || count > STAGE_STATE_SLICE || s->n_origins > STAGE_MAX_ORIGINS)
+        return CIRRUS_ECORRUPT;
+    s->origins = wire_get_bytes(r, (size_t)s->n_origins * ORIGIN_BYTES);
+    if (!s->origins) return CIRRUS_ECORRUPT;
+    for (uint32_t i = 0; i < s->n_origins; i++) {
+        const stage_origin o = stage_msg_origin_at(s, i);
+        if (o.from < 1 || o.from > s->steps ||
+            (i > 0 && o.segment <= stage_msg_origin_at(s, i - 1).segment))
+            return CIRRUS_ECORRUPT;
+    }
     const uint8_t *f = wire_get_bytes(r, (size_t)count * sizeof(float));
     if (!f || done(r)) return CIRRUS_ECORRUPT;
     s->floats = f;
@@ -421,9 +446,11 @@ void stage_msg_take_runs(const stage_run *runs, int n, uint64_t off, const uint8
 }
 
 int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
-                      uint64_t expect_n, uint64_t *steps, cirrus_error *err)
+                      uint64_t expect_n, uint64_t *steps, stage_origins *origins,
+                      cirrus_error *err)
 {
     const uint64_t total = 3 * expect_n;
+    if (origins) origins->n = 0;
     for (int attempt = 0; attempt < 3; attempt++) {
         uint64_t first_steps = 0;
         int restart = 0;
@@ -451,6 +478,15 @@ int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
                 break;
             }
             sink(ctx, off, sl.floats, q.count);
+            if (origins && off + q.count >= total) { /* the last slice */
+                if (sl.n_origins > origins->max)
+                    return cirrus_fail(err, CIRRUS_EMISMATCH, "STATE_GET reply: %u moments "
+                                       "origins, more than the %u segments of this peer",
+                                       sl.n_origins, origins->max);
+                for (uint32_t i = 0; i < sl.n_origins; i++)
+                    origins->o[i] = stage_msg_origin_at(&sl, i);
+                origins->n = sl.n_origins;
+            }
         }
         if (!restart) {
             *steps = first_steps;

@@ -120,12 +120,32 @@ typedef int (*stage_state_call)(void *ctx, const wire_writer *req, wire_reader *
 typedef void (*stage_state_sink)(void *ctx, uint64_t offset, const uint8_t *floats,
                                  uint64_t count);
 
+/* An optimizer segment of the stage (adamw's, in buffer order) whose AdamW moments started
+ * again from zero after optimizer step `from` (adamw_segment.moments_from): its bias
+ * correction counts from there. A copy of the state carries them, so that the copy steps
+ * exactly as its donor does. */
+typedef struct stage_origin {
+    uint32_t segment;
+    uint64_t from;
+} stage_origin;
+
+#define STAGE_MAX_ORIGINS 65536u /* origins one STATE_GET_OK may list */
+
+/* The origins a fetch saw (stage_fetch_state): at most max of them into o[0..*n). */
+typedef struct stage_origins {
+    stage_origin *o;
+    uint32_t max, n;
+} stage_origins;
+
 /* Fetch a peer's whole state (3 * expect_n floats) slice by slice into sink. Every slice
  * must carry the same step (a donor that stepped in between is asked again from the start,
- * a few times at most) and n == expect_n. *steps receives the donor's step. On failure the
- * sink may have received part of the state. */
+ * a few times at most) and n == expect_n. *steps receives the donor's step, and origins
+ * (NULL: not wanted) the donor's moments origins, as its last slice listed them (more than
+ * origins->max: CIRRUS_EMISMATCH). On failure the sink may have received part of the
+ * state. */
 int stage_fetch_state(stage_state_call call, stage_state_sink sink, void *ctx,
-                      uint64_t expect_n, uint64_t *steps, cirrus_error *err);
+                      uint64_t expect_n, uint64_t *steps, stage_origins *origins,
+                      cirrus_error *err);
 
 /* ---- message bodies: a typed struct and a put/get pair for each ----
  * put appends a body to a wire_writer (a writer past its cap latches `failed`, which the
@@ -247,14 +267,20 @@ void stage_msg_put_state_get(wire_writer *w, const stage_state_get *q);
 int stage_msg_get_state_get(wire_reader *r, uint64_t total, stage_state_get *q);
 
 /* STATE_GET_OK: its head (put; the floats follow, appended by the peer), and a whole reply
- * of `count` floats (get; *floats points at them inside the payload). */
+ * of `count` floats (get; *floats points at them inside the payload). The head lists the
+ * donor's moments origins (stage_origin), by increasing segment, each from in
+ * [1, steps]; get refuses any other list. */
 typedef struct stage_state_slice {
     uint64_t steps;          /* the donor's optimizer steps */
     uint64_t n;              /* floats in each of parameters, m and v */
+    uint32_t n_origins;      /* <= STAGE_MAX_ORIGINS */
+    const uint8_t *origins;  /* n_origins x (u32 segment, u64 from): stage_msg_origin_at */
     const uint8_t *floats;   /* count f32, little-endian, possibly unaligned */
 } stage_state_slice;
 
-void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n);
+void stage_msg_put_state_head(wire_writer *w, uint64_t steps, uint64_t n,
+                              const stage_origin *origins, uint32_t n_origins);
+stage_origin stage_msg_origin_at(const stage_state_slice *s, uint32_t i);
 void stage_msg_put_state_floats(wire_writer *w, const float *x, uint64_t count);
 int stage_msg_get_state_slice(wire_reader *r, uint64_t count, stage_state_slice *s);
 
