@@ -53,7 +53,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-wan test-operator bench-train bench-collective bench-swarm clean
+.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-wan test-operator bench-train bench-collective bench-swarm bench-operator clean
 all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -196,6 +196,14 @@ bench-wan: $(BIN)/cirrus-trainer $(CORPUS)
 # Pipeline throughput: wiring vs fixed round robin, with and without a slow peer (~5 min).
 bench-swarm: $(BIN)/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/bench/swarm.sh $(BIN)/cirrus-trainer
+
+# The operator at scale on kwok nodes (issue 13's figures; not part of make test).
+$(BIN)/bench-operator: $(call obj,$(BUILD),tests/operator/bench/bench_operator.c $(filter operator/kube/%,$(OPERATOR_SRC)) $(COMMON_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(OPERATOR_LDLIBS)
+
+bench-operator: cluster-deps $(BIN)/cirrus-operator $(BIN)/bench-operator
+	bash tests/operator/bench/bench_operator.sh $(BIN)/bench-operator
 
 # Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
 # A second operator build without -march=native (valgrind cannot run AVX-512 code) is run

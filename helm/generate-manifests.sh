@@ -12,7 +12,8 @@ check=0
 HELM=${HELM:-$("$root/tests/operator/helm_install.sh")}
 
 # manifest file -> chart template
-files=(00-crd.yaml:crd.yaml 10-namespace.yaml:namespace.yaml 20-rbac.yaml:rbac.yaml 30-operator.yaml:operator.yaml)
+files=(00-crd.yaml:crd.yaml 10-namespace.yaml:namespace.yaml 20-rbac.yaml:rbac.yaml 30-operator.yaml:operator.yaml
+    40-pdb.yaml:pdb.yaml 50-metrics-service.yaml:metrics-service.yaml)
 
 render() { # template -> the rendered objects, under a header instead of helm's "# Source:" lines
     printf '%s\n' "# Generated from helm/cirrus/templates/$1 by helm/generate-manifests.sh: edit the chart," \

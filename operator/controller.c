@@ -191,7 +191,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         progress_forget(ctl->opt.progress, key);
         return 0;
     }
-    if (meta_str(job, "deletionTimestamp")) {
+    /* Being deleted, or another controller's (spec.managedBy): nothing to do here. */
+    if (meta_str(job, "deletionTimestamp") || !desired_managed_here(job)) {
         progress_forget(ctl->opt.progress, key);
         return 0;
     }
@@ -462,6 +463,9 @@ int controller_process(controller *ctl, int max_keys)
     op_metrics_queue(ctl->opt.metrics, qs.depth, qs.adds, qs.retries);
     op_metrics_pods(ctl->opt.metrics, ctl->stats.pods_created, ctl->stats.preemptions,
                     ctl->stats.failures);
+    kube_client_stats cs;
+    kube_client_get_stats(ctl->client, &cs);
+    op_metrics_api(ctl->opt.metrics, cs.transfers, cs.retries);
     return ran;
 }
 

@@ -137,6 +137,7 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
 {
     const json_t *spec = json_object_get(job, "spec");
     memset(obs, 0, sizeof *obs);
+    obs->name = meta_str(job, "name");
     obs->generation = int_at(job, "metadata", "generation", 0);
     obs->backoff_limit = int_at(spec, "runPolicy", "backoffLimit", 6);
     obs->suspended = json_is_true(json_object_get(spec, "suspend"));
@@ -151,7 +152,7 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
         ro->name = json_string_value(json_object_get(r, "name"));
         if (!ro->name) ro->name = "";
         ro->n_stages = stages;
-        ro->replicas = (int)int_at(r, "peers", "replicas", 1);
+        ro->replicas = desired_peers_per_stage(spec, r);
         ro->min = (int)int_at(r, "peers", "min", 1);
         ro->clients = (int)int_at(r, "clients", NULL, 0);
     }
@@ -205,6 +206,12 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
             int s = atoi(stage);
             if (s >= 0 && s < ro->n_stages) ro->ready[s]++;
         }
+    }
+    if (ro && want && role && !strcmp(role, CIRRUS_ROLE_PEER) && !pod_state_ended(st) &&
+        st != POD_TERMINATING) {
+        const char *stage = label(pod, CIRRUS_LABEL_STAGE);
+        int s = stage ? atoi(stage) : -1;
+        if (s >= 0 && s < ro->n_stages) ro->peers[s]++;
     }
     if (st == POD_TERMINATING) return KEEP_POD;
     if (!want) { /* scaled down, or a region/stage no longer in the spec */

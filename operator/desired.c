@@ -96,6 +96,27 @@ int desired_name_client(char *buf, size_t size, const char *job, const char *reg
     return make_name(buf, size, err, "%s-%s-c%d", job, region, index);
 }
 
+int desired_managed_here(const json_t *job)
+{
+    const json_t *by = json_object_get(json_object_get(job, "spec"), "managedBy");
+    return !by || json_is_null(by) ||
+           (json_is_string(by) && !strcmp(json_string_value(by), CIRRUS_CONTROLLER_NAME));
+}
+
+static int peer_count(const json_t *v)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 1 && json_integer_value(v) <= 256
+               ? (int)json_integer_value(v)
+               : 0;
+}
+
+int desired_peers_per_stage(const json_t *spec, const json_t *region)
+{
+    int n = peer_count(json_object_get(spec, "peersPerStage"));
+    if (!n) n = peer_count(json_object_get(json_object_get(region, "peers"), "replicas"));
+    return n ? n : 2;
+}
+
 int desired_name_secret(char *buf, size_t size, const char *job, cirrus_error *err)
 {
     return make_name(buf, size, err, "%s" SECRET_SUFFIX, job);
@@ -280,6 +301,8 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
         (rc = get_int(o, "stages", "spec.pipeline", 1, 64, 1, &x, err)))
         return rc;
     v->stages = (int)x;
+    if ((rc = get_int(spec, "peersPerStage", "spec", 1, 256, 0, &x, err))) return rc;
+    v->peers_per_stage = (int)x;
     if (v->stages > v->n_layer)
         return cirrus_fail(err, CIRRUS_EINVAL,
                            "spec.pipeline.stages (%d) exceeds the model's %d layers", v->stages,
@@ -352,7 +375,8 @@ static int read_job(const json_t *job, job_view *v, const json_t **regions, cirr
     return 0;
 }
 
-static int read_region(const json_t *regions, size_t k, region_view *r, cirrus_error *err)
+static int read_region(const job_view *v, const json_t *regions, size_t k, region_view *r,
+                       cirrus_error *err)
 {
     char path[64], sub[96];
     const json_t *reg = json_array_get(regions, k), *o;
@@ -385,6 +409,21 @@ static int read_region(const json_t *regions, size_t k, region_view *r, cirrus_e
         return cirrus_fail(err, CIRRUS_EINVAL, "%s.max (%lld) must be >= %s.replicas (%d)", sub,
                            x, sub, r->replicas);
     r->max = (int)x;
+    /* spec.peersPerStage (what `kubectl scale` and an autoscaler set) replaces the region's
+     * replicas, within its min..max (max unset: no bound). max, the gateway's rebalancing
+     * cap, stays the region's own: scaling changes no gateway (its Pod is not replaced). */
+    long long min;
+    if ((rc = get_int(o, "min", sub, 1, 256, 1, &min, err))) return rc;
+    if (v->peers_per_stage) {
+        if (v->peers_per_stage < min)
+            return cirrus_fail(err, CIRRUS_EINVAL, "spec.peersPerStage (%d) is below %s.min (%lld)",
+                               v->peers_per_stage, sub, min);
+        const json_t *max = json_object_get(o, "max");
+        if (json_is_integer(max) && v->peers_per_stage > json_integer_value(max))
+            return cirrus_fail(err, CIRRUS_EINVAL, "spec.peersPerStage (%d) exceeds %s.max (%lld)",
+                               v->peers_per_stage, sub, (long long)json_integer_value(max));
+        r->replicas = v->peers_per_stage;
+    }
     if ((rc = get_int(reg, "clients", path, 0, 256, 1, &x, err))) return rc;
     r->clients = (int)x;
 
@@ -727,7 +766,7 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     long long pods = 0;
     for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
         region_view r;
-        rc = read_region(regions, k, &r, err);
+        rc = read_region(&v, regions, k, &r, err);
         if (rc) break;
         pods += 1 + (long long)v.stages * r.replicas + r.clients;
         v.region_names[k] = r.name; /* every gateway lists every region's */
@@ -747,7 +786,7 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
                          pods, DESIRED_MAX_PODS);
     for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
         region_view r;
-        rc = read_region(regions, k, &r, err);
+        rc = read_region(&v, regions, k, &r, err);
         if (!rc) rc = build_region(&v, &r, secret, &d, err);
     }
     if (rc) {

@@ -101,6 +101,21 @@ void desired_job_free(desired_job *d);
  * job's metadata.name/namespace or the region name are missing or make an invalid name. */
 json_t *desired_gateway_dns_names(const json_t *job, const char *region);
 
+/* spec.managedBy's value for jobs this operator reconciles (also what an unset field means).
+ * Another value names another controller (e.g. Kueue's MultiKueue, which copies the job to a
+ * worker cluster and mirrors its status back): the operator then makes nothing for the job
+ * and writes none of its status. The CRD makes the field immutable. */
+#define CIRRUS_CONTROLLER_NAME "cirrus.dev/swarmjob-controller"
+
+/* Whether this operator reconciles job (its spec.managedBy is unset or CIRRUS_CONTROLLER_NAME). */
+int desired_managed_here(const json_t *job);
+
+/* Peers per stage the job asks of a region (an element of spec.regions): spec.peersPerStage
+ * when set (the scale subresource, which `kubectl scale` and a HorizontalPodAutoscaler
+ * write), else the region's peers.replicas; 2 (the CRD's default) when neither is an
+ * integer in [1, 256]. desired_build checks both against the region's peers.min..max. */
+int desired_peers_per_stage(const json_t *spec, const json_t *region);
+
 /* Child names into buf (at least CIRRUS_NAME_MAX + 1 bytes): "<job>-<region>-gw" (the
  * gateway Pod and its Service), "<job>-<region>-s<stage>-<i>" (stage peers),
  * "<job>-<region>-c<i>" (clients), "<job>-pki" (the Secret). 0, or CIRRUS_EINVAL (with a

@@ -24,6 +24,7 @@ typedef struct job_view {
     const char *preset;
     long long layers, width, heads, context; /* 0: not overridden */
     int n_layer, n_context, stages, suspend;
+    int peers_per_stage; /* spec.peersPerStage (the scale subresource); 0: unset */
     long long batch, seq, seed; /* seq 0: unset */
     const char *data_path, *data_claim;
     const char *ckpt_claim, *ckpt_subpath;
@@ -42,7 +43,9 @@ typedef struct job_view {
 
 typedef struct region_view {
     const char *name;
-    int replicas, max, clients; /* peers.replicas, peers.max (replicas when unset), clients */
+    int replicas; /* peers per stage: spec.peersPerStage, else peers.replicas */
+    int max;      /* peers.max (peers.replicas when unset), the gateway's rebalancing cap */
+    int clients;
     const char *region_label, *priority_class;
     const json_t *node_selector, *affinity, *tolerations;
     const json_t *res_peer, *res_client, *res_gateway;

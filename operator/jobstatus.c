@@ -1,5 +1,7 @@
 #include "jobstatus.h"
 
+#include "desired.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -517,6 +519,11 @@ static json_t *build(const job_observed *obs, const json_t *old_status, const ch
         desired += r->replicas * r->n_stages;
         for (int s = 0; s < r->n_stages; s++) ready += r->ready[s];
     }
+    /* The scale subresource's status.replicas: the fewest peers of any stage. */
+    int fewest = -1;
+    for (int i = 0; i < obs->n_regions; i++)
+        for (int s = 0; s < obs->regions[i].n_stages; s++)
+            if (fewest < 0 || obs->regions[i].peers[s] < fewest) fewest = obs->regions[i].peers[s];
     char rr[32], rp[32];
     snprintf(rr, sizeof rr, "%d/%d", ready_regions, obs->n_regions);
     snprintf(rp, sizeof rp, "%d/%d", ready, desired);
@@ -525,6 +532,14 @@ static json_t *build(const job_observed *obs, const json_t *old_status, const ch
                            conditions(obs, ph, old_status, now), "regions",
                            regions(obs, old_status),
                            "readyRegions", rr, "readyPeers", rp);
+    if (!st) return NULL;
+    json_object_set_new(st, "peersPerStage", json_integer(fewest < 0 ? 0 : fewest));
+    if (obs->name) {
+        char sel[320];
+        snprintf(sel, sizeof sel, "%s=%s,%s=%s", CIRRUS_LABEL_JOB, obs->name, CIRRUS_LABEL_ROLE,
+                 CIRRUS_ROLE_PEER);
+        json_object_set_new(st, "selector", json_string(sel));
+    }
     /* startTime: when pods were first made, as a Job's; cleared while suspended so that
      * runPolicy.activeDeadlineSeconds counts running time only (null removes it in a merge
      * patch). */

@@ -40,6 +40,11 @@
  * write) while nothing happens; jobstatus_progress_due() says when time alone will change
  * the condition, for the controller to look again then.
  *
+ * The scale subresource (spec.peersPerStage): status.peersPerStage is the fewest peer pods any
+ * stage of any region has (region_observed.peers; a stage being scaled up counts its new pods
+ * from their creation, as a Deployment's status.replicas does), status.selector the label
+ * selector of the job's peer pods, by which a HorizontalPodAutoscaler reads their metrics.
+ *
  * Phases: Failed once failures exceed runPolicy.backoffLimit, a pod matched a FailJob rule of
  * runPolicy.podFailurePolicy or runPolicy.activeDeadlineSeconds has passed since the job
  * started, and Succeeded once every client
@@ -62,6 +67,8 @@ typedef struct region_observed {
     const char *name;
     int n_stages, replicas, min;          /* from the spec */
     int ready[JOBSTATUS_MAX_STAGES];      /* ready peer pods per stage, by their stage label */
+    int peers[JOBSTATUS_MAX_STAGES];      /* wanted peer pods per stage that exist (any state
+                                           * but ended or terminating), by their stage label */
     int unschedulable;                    /* pods pending for want of a node */
     int gateway_ready;
     int clients, clients_succeeded;
@@ -98,6 +105,7 @@ typedef struct region_observed {
 } region_observed;
 
 typedef struct job_observed {
+    const char *name; /* metadata.name, for status.selector (NULL: left out) */
     int n_regions;
     region_observed regions[JOBSTATUS_MAX_REGIONS];
     int64_t backoff_limit;

@@ -25,6 +25,7 @@ struct op_metrics {
     uint64_t q_depth, q_adds, q_retries;
     int leader, ready;
     uint64_t pods_created, preemptions, failures;
+    uint64_t api_transfers, api_retries;
     uint64_t scrapes[OP_SCRAPE_N];
     http_server *server;
 };
@@ -93,6 +94,15 @@ void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint
     m->pods_created = created;
     m->preemptions = preemptions;
     m->failures = failures;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void op_metrics_api(op_metrics *m, uint64_t transfers, uint64_t retries)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->api_transfers = transfers;
+    m->api_retries = retries;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -191,6 +201,15 @@ char *op_metrics_render(op_metrics *m)
              "cirrus_operator_failures_total %llu\n",
          (unsigned long long)m->pods_created, (unsigned long long)m->preemptions,
          (unsigned long long)m->failures);
+    emit(&t, "# HELP cirrus_operator_api_requests_total Requests to the API server finished "
+             "(watches and retries included)\n"
+             "# TYPE cirrus_operator_api_requests_total counter\n"
+             "cirrus_operator_api_requests_total %llu\n"
+             "# HELP cirrus_operator_api_throttled_total Requests repeated after 429 Too Many "
+             "Requests\n"
+             "# TYPE cirrus_operator_api_throttled_total counter\n"
+             "cirrus_operator_api_throttled_total %llu\n",
+         (unsigned long long)m->api_transfers, (unsigned long long)m->api_retries);
     static const char *const scrape_names[] = {"ok", "error", "invalid", "wrong_job"};
     emit(&t, "# HELP cirrus_operator_progress_scrapes_total Reads of the region gateways' "
              "/status by outcome (wrong_job: the status of another job, ignored)\n"

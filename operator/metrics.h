@@ -29,6 +29,9 @@ void op_metrics_queue(op_metrics *m, uint64_t depth, uint64_t adds, uint64_t ret
 void op_metrics_leader(op_metrics *m, int is_leader);
 void op_metrics_ready(op_metrics *m, int ready);
 void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint64_t failures);
+/* The Kubernetes client's finished transfers (requests, 429 retries and watches: what the
+ * operator costs the API server) and its 429 retries, both totals. */
+void op_metrics_api(op_metrics *m, uint64_t transfers, uint64_t retries);
 
 /* One read of a gateway's /status (progress.h): answered; failed (connect, timeout, HTTP
  * error); not a valid status; the status of another job. Called from the progress thread. */

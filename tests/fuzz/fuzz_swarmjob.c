@@ -90,7 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_children(d.services, name);
         size_t n_regions = json_array_size(json_object_get(json_object_get(job, "spec"), "regions"));
         FUZZ_CHECK(n_regions >= 1 && n_regions <= 16, "%zu regions accepted", n_regions);
-        FUZZ_CHECK(json_object_size(d.pods) <= n_regions * (1 + 64 * 256 + 256), "%zu pods", json_object_size(d.pods));
+        FUZZ_CHECK(json_object_size(d.pods) <= DESIRED_MAX_PODS, "%zu pods", json_object_size(d.pods));
         size_t i;
         const json_t *r;
         json_array_foreach(json_object_get(json_object_get(job, "spec"), "regions"), i, r) {
@@ -100,6 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         desired_job_free(&d);
     }
+    (void)desired_managed_here(job);
     json_t *dn = desired_gateway_dns_names(job, "r");
     json_decref(dn);
 

@@ -25,7 +25,7 @@ eval "$("$here/nodes.sh" env)"
 kubectl get nodes -L topology.kubernetes.io/region
 "$here/nodes.sh" shape 20
 
-say "2/6 helm install cirrus helm/cirrus (the operator runs in a pod on one of the nodes)"
+say "2/6 helm install cirrus helm/cirrus (two operator replicas in pods on the nodes, one leading)"
 install_operator_chart "$CIRRUS_NODES_STATE/helm.log" ||
     ndie "helm install: $(tail -5 "$CIRRUS_NODES_STATE/helm.log")"
 kubectl -n cirrus-system get pods -o wide

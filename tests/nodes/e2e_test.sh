@@ -60,7 +60,7 @@ finish() {
     if ((fail)) && [[ -n "${KUBECONFIG:-}" ]]; then
         echo "--- state at failure"
         kubectl get sj,pods -A -o wide 2>&1 | head -40
-        kubectl -n cirrus-system logs deploy/cirrus-operator --tail 30 2>&1
+        kubectl -n cirrus-system logs -l app.kubernetes.io/component=operator --prefix --tail 30 2>&1
     fi
     if [[ "${E2E_KEEP:-0}" == 1 ]]; then
         echo "E2E_KEEP=1: the nodes stay up (tests/nodes/nodes.sh down removes them)"
@@ -94,12 +94,18 @@ else
     not_ok "helm install: $(tail -5 "$work/helm.log")"
     exit 1
 fi
-op_pod=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
-check "the operator runs in a containerd container on a real node" \
-    bash -c "kubectl -n cirrus-system get pod $op_pod -o jsonpath='{.status.containerStatuses[0].containerID}' | grep -q '^containerd://'"
-poll_until 60 bash -c "kubectl -n cirrus-system logs $op_pod | grep -q 'acquired the lease'" &&
-    ok "the operator in its pod leads (its Lease, through the kubernetes Service)" ||
-    not_ok "the operator never acquired its Lease: $(kubectl -n cirrus-system logs "$op_pod" --tail 5 2>&1)"
+# The chart runs two replicas; the one holding the Lease (its holder is the pod's name) leads.
+leader_pod() { kubectl -n cirrus-system get lease cirrus-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+leader_running() { [[ -n "$(leader_pod)" ]] && kubectl -n cirrus-system get pod "$(leader_pod)" >/dev/null 2>&1; }
+expect_eq "operator replicas ready" 2 "$(kubectl -n cirrus-system get deployment cirrus-operator -o jsonpath='{.status.readyReplicas}')"
+if poll_until 60 leader_running; then
+    op_pod=$(leader_pod)
+    ok "an operator replica in its pod leads ($op_pod: its Lease, through the kubernetes Service)"
+    check "the operator runs in a containerd container on a real node" \
+        bash -c "kubectl -n cirrus-system get pod $op_pod -o jsonpath='{.status.containerStatuses[0].containerID}' | grep -q '^containerd://'"
+else
+    not_ok "no operator replica acquired the Lease: $(kubectl -n cirrus-system logs deploy/cirrus-operator --tail 5 2>&1)"
+fi
 
 kubectl create namespace "$NS" >/dev/null
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
@@ -137,17 +143,14 @@ ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail 
 # deletion is 20 s old: first every peer of one stage of r2, then one random peer each
 # time); sets deleted (how many) and checks placement.
 deleted=0 reclaims=0 drained=0 drained_region= swarm_region=
-operator_node() {
-    kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
-        --field-selector status.phase=Running -o jsonpath='{.items[0].spec.nodeName}'
-}
-# drain_node JOB: a zone reclaimed: every pod of the node the operator runs on evicted
-# (kubectl drain, the Eviction API; the operator among them), then the node back at once
-# (uncordon), as a replacement node would be. Sets drained (pods of JOB) and drained_region.
+operator_node() { kubectl -n cirrus-system get pod "$(leader_pod)" -o jsonpath='{.spec.nodeName}'; }
+# drain_node JOB: a zone reclaimed: every pod of the node the leading operator runs on evicted
+# (kubectl drain, the Eviction API; the leader among them: the standby takes over once it
+# hands over), then the node back at once (uncordon), as a replacement node would be. Sets
+# drained (pods of JOB) and drained_region.
 drain_node() {
     local node n op
-    op=$(kubectl -n cirrus-system get pods -l app.kubernetes.io/component=operator \
-        --field-selector status.phase=Running -o jsonpath='{.items[0].metadata.name}')
+    op=$(leader_pod)
     node=$(kubectl -n cirrus-system get pod "$op" -o jsonpath='{.spec.nodeName}')
     # Its log to the end (the evicted pod's log goes with it): what it counted before handing over.
     kubectl -n cirrus-system logs -f "$op" >"$work/operator-drained.log" 2>&1 &

@@ -43,13 +43,14 @@ need_root() { [[ $(id -u) == 0 ]] || ndie "$1 needs root (containers, network na
 
 bah() { buildah --root "$BUILDAH_ROOT" --runroot "$BUILDAH_RUNROOT" --storage-driver overlay "$@"; }
 
-# The operator from the Helm chart, in a pod on one of the nodes, with the image the nodes
-# hold (no registry). Its output goes to LOG; non-zero if it is not available in 180 s.
+# The operator from the Helm chart, in pods on the nodes, with the image the nodes hold (no
+# registry; image.sh tags it latest, the chart's default tag is its appVersion). Its output goes to LOG; non-zero if it is not available in 180 s.
 install_operator_chart() { # LOG
     local helm
     helm=$("$NODES_DIR/../operator/helm_install.sh") || return 1
     "$helm" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
-        --set operator.image.pullPolicy=Never --wait --timeout 180s >"$1" 2>&1
+        --set operator.image.tag=latest --set operator.image.pullPolicy=Never \
+        --wait --timeout 180s >"$1" 2>&1
 }
 
 # A two-region SwarmJob (r1, r2) of the tiny model in 2 stages, as the tests and benchmarks

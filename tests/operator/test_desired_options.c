@@ -186,6 +186,70 @@ TEST(desired_checkpoint_and_max_peers)
     json_decref(job);
 }
 
+/* issue 13, scale subresource: spec.peersPerStage replaces every region's peers.replicas,
+ * within each region's peers.min..max; the gateways' rebalancing cap (peers.max, else
+ * peers.replicas) does not follow it, so a scaled job keeps its gateway Pods (same spec hash)
+ * and its existing peers. */
+TEST(desired_peers_per_stage_scales_every_region)
+{
+    json_t *job = sample_job(), *regions = json_object_get(spec_of(job), "regions");
+    json_t *r1 = json_array_get(regions, 0);
+    desired_job before, after;
+    cirrus_error err = {0};
+    if (desired_build(job, &before, &err)) TEST_FAIL("desired_build: %s", err.msg);
+    ASSERT(!json_object_get(before.pods, "tiny-bible-r1-s0-2"));
+    json_object_set_new(spec_of(job), "peersPerStage", json_integer(4));
+    if (desired_build(job, &after, &err)) TEST_FAIL("desired_build: %s", err.msg);
+    ASSERT(pod(&after, "tiny-bible-r1-s1-3") && pod(&after, "tiny-bible-r2-s1-3"));
+    ASSERT(!json_object_get(after.pods, "tiny-bible-r1-s0-4"));
+    ASSERT_EQ(desired_peers_per_stage(spec_of(job), r1), 4);
+    const char *same[] = {"tiny-bible-r1-gw", "tiny-bible-r2-gw", "tiny-bible-r1-s0-0",
+                          "tiny-bible-r2-c0"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        assert_str(str_at(json_object_get(json_object_get(pod(&after, same[i]), "metadata"),
+                                          "annotations"),
+                          CIRRUS_ANNOT_SPEC_HASH),
+                   str_at(json_object_get(json_object_get(pod(&before, same[i]), "metadata"),
+                                          "annotations"),
+                          CIRRUS_ANNOT_SPEC_HASH),
+                   same[i]);
+    assert_str(arg_of(pod(&after, "tiny-bible-r1-gw"), "--max-stage-peers"), "4", "r1 cap");
+    assert_str(arg_of(pod(&after, "tiny-bible-r2-gw"), "--max-stage-peers"), "2", "r2 cap");
+    desired_job_free(&before);
+    desired_job_free(&after);
+    /* Scaled down to 1: one peer per stage. */
+    json_object_set_new(spec_of(job), "peersPerStage", json_integer(1));
+    if (desired_build(job, &after, &err)) TEST_FAIL("desired_build: %s", err.msg);
+    ASSERT(pod(&after, "tiny-bible-r1-s1-0") && !json_object_get(after.pods, "tiny-bible-r1-s1-1"));
+    desired_job_free(&after);
+    /* Outside a region's bounds: refused, naming the field and the bound. */
+    json_object_set_new(spec_of(job), "peersPerStage", json_integer(5));
+    expect_invalid(json_deep_copy(job), "spec.peersPerStage (5) exceeds spec.regions[0].peers.max (4)");
+    json_object_set_new(json_object_get(r1, "peers"), "min", json_integer(2));
+    json_object_set_new(spec_of(job), "peersPerStage", json_integer(1));
+    expect_invalid(json_deep_copy(job), "spec.peersPerStage (1) is below spec.regions[0].peers.min (2)");
+    json_object_set_new(spec_of(job), "peersPerStage", json_integer(0));
+    expect_invalid(json_deep_copy(job), "spec.peersPerStage");
+    /* Unset: each region's own replicas. */
+    json_object_del(spec_of(job), "peersPerStage");
+    ASSERT_EQ(desired_peers_per_stage(spec_of(job), r1), 2);
+    json_decref(job);
+}
+
+/* spec.managedBy: unset or Cirrus's own name is this operator's job; anything else is not. */
+TEST(desired_managed_here)
+{
+    json_t *job = sample_job();
+    ASSERT(desired_managed_here(job));
+    json_object_set_new(spec_of(job), "managedBy", json_string(CIRRUS_CONTROLLER_NAME));
+    ASSERT(desired_managed_here(job));
+    json_object_set_new(spec_of(job), "managedBy", json_string("kueue.x-k8s.io/multikueue"));
+    ASSERT(!desired_managed_here(job));
+    json_object_set_new(spec_of(job), "managedBy", json_integer(1)); /* never ours to guess */
+    ASSERT(!desired_managed_here(job));
+    json_decref(job);
+}
+
 TEST(desired_errors)
 {
     json_t *j;

@@ -285,3 +285,27 @@ TEST(podstate_stuck_before_running)
     json_decref(st);
     json_decref(ok);
 }
+
+/* The scale subresource's status: peersPerStage is the fewest peer pods of any stage of any
+ * region (pods made but not ready count, as in a Deployment's status.replicas), selector the
+ * job's peer pods. */
+TEST(jobstatus_scale_status)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 1, .name = "big"};
+    region(&o, "r1", 2, 2, 1);
+    region(&o, "r2", 1, 0, 1);
+    o.regions[0].peers[0] = o.regions[0].peers[1] = 3;
+    o.regions[1].peers[0] = 3;
+    o.regions[1].peers[1] = 2;
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT_EQ(json_integer_value(json_object_get(st, "peersPerStage")), 2);
+    ASSERT(!strcmp(json_string_value(json_object_get(st, "selector")),
+                   "cirrus.dev/job=big,cirrus.dev/role=peer"));
+    json_decref(st);
+    o.n_regions = 0; /* nothing observed yet */
+    o.name = NULL;
+    st = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT_EQ(json_integer_value(json_object_get(st, "peersPerStage")), 0);
+    ASSERT(!json_object_get(st, "selector"));
+    json_decref(st);
+}

@@ -44,3 +44,27 @@ additionalProperties:
   pattern: '^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$'
   x-kubernetes-int-or-string: true
 {{- end -}}
+
+{{/* The operator's rules on SwarmJobs and their children (rbac.yaml: in a ClusterRole, or in a
+     Role of operator.watchNamespace). */}}
+{{- define "cirrus.jobRules" -}}
+- apiGroups: ["cirrus.dev"]
+  resources: ["swarmjobs"]
+  # delete: runPolicy.ttlSecondsAfterFinished removes a finished job, as the TTL-after-
+  # finished controller does for Jobs (one job at a time, by uid: no deletecollection).
+  verbs: ["get", "list", "watch", "delete"]
+- apiGroups: ["cirrus.dev"]
+  resources: ["swarmjobs/status"]
+  # get: no more than get on swarmjobs already allows; clients (kubectl included) read the
+  # subresource before patching it.
+  verbs: ["get", "update", "patch"]
+- apiGroups: ["cirrus.dev"]
+  resources: ["swarmjobs/finalizers"]
+  verbs: ["update"]
+- apiGroups: [""]
+  resources: ["pods", "services", "secrets"]
+  verbs: ["create", "get", "list", "watch", "update", "patch", "delete"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
