@@ -1,8 +1,8 @@
 /* desired_args: the `cirrus-trainer ROLE ...` command lines of a SwarmJob's Pods, a part of
- * desired.c (internal to it, pure like it).
+ * desired.c (internal to it and desired_spec.c, pure like them).
  *
- * Defines what the Pods need of the spec (job_view, region_view: desired.c reads them, with
- * the CRD's defaults applied) and builds each role's args from them: the gateway (with
+ * Defines what the Pods need of the spec (job_view, region_view: desired_spec.c reads them,
+ * with the CRD's defaults applied) and builds each role's args from them: the gateway (with
  * several regions also its end of the WAN: outer steps, the other regions' gateways, the
  * job's certificates), a stage peer and a client. Flag names come from common/role_args.h,
  * the ones the trainer's flag tables parse.
@@ -50,6 +50,17 @@ typedef struct region_view {
     const json_t *node_selector, *affinity, *tolerations;
     const json_t *res_peer, *res_client, *res_gateway;
 } region_view;
+
+/* desired_spec.c: job into *v (metadata, model, pipeline, data, checkpoint, gateway; *regions
+ * the spec's array, v->n_regions its size) and spec.regions[k] into *r. 0, or CIRRUS_EINVAL
+ * with a message naming the field. */
+int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cirrus_error *err);
+int desired_read_region(const job_view *v, const json_t *regions, size_t k, region_view *r,
+                        cirrus_error *err);
+/* A DNS-1035 label ([a-z]([-a-z0-9]*[a-z0-9])?) / a DNS-1123 label ([a-z0-9]...), at most 63
+ * characters. */
+int desired_is_dns1035(const char *s);
+int desired_is_dns1123(const char *s);
 
 /* Whether the job's gateways run outer steps: with more than one region. */
 static inline int desired_outer(const job_view *v) { return v->n_regions > 1; }
