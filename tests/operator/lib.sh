@@ -79,7 +79,8 @@ check_valgrind_clean() {
 #                                       runs the operator ($CIRRUS_OPERATOR, else
 #                                       build/bin/cirrus-operator) as its ServiceAccount
 #                                       (WORK/kubeconfig from operator_install_and_kubeconfig),
-#                                       leader-elected, watching NAMESPACE only, with any
+#                                       leader-elected, watching NAMESPACE only ("": every
+#                                       namespace), with any
 #                                       further FLAGs, its log in WORK/operator.log; sets
 #                                       op_pid (so call it outside $(...)); returns 1 unless
 #                                       it leads within 60 s
@@ -95,7 +96,7 @@ op_pid=
 test_operator_start() {
     local bin=${CIRRUS_OPERATOR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/bin/cirrus-operator}
     [[ -x "$bin" ]] || { echo "$bin is missing (make all)" >"$1/operator.log"; return 1; }
-    "$bin" --kubeconfig "$1/kubeconfig" --namespace "$2" --leader-elect \
+    "$bin" --kubeconfig "$1/kubeconfig" ${2:+--namespace "$2"} --leader-elect \
         --lease-namespace cirrus-system --metrics-port 0 "${@:3}" >>"$1/operator.log" 2>&1 &
     op_pid=$!
     poll_until 60 grep -q "acquired the lease" "$1/operator.log"

@@ -28,7 +28,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-echo "bench-operator: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, $(date -u +%Y-%m-%d)"
+cpuinfo() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'; }
+echo "bench-operator: $(cpuinfo 'model name') (family $(cpuinfo 'cpu family') model $(cpuinfo 'model\s')), $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo "bench-operator: control plane with $((4 * CLUSTER_NODES_PER_POOL)) kwok nodes (jobs: $jobs_list)"
 "$cluster" down >/dev/null 2>&1
 "$cluster" up || { echo "bench-operator: the control plane did not come up" >&2; exit 1; }
