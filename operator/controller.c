@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/clock.h"
 #include "../common/log.h"
 #include "../common/role_args.h"
 #include "controller_internal.h"
@@ -46,6 +47,52 @@ static void child_updated(void *ctx, const json_t *old_obj, const json_t *new_ob
 {
     (void)old_obj;
     child_changed(ctx, new_obj);
+}
+
+/* The key of pod's job in pods_by_job ("ns/job"), 0; -1 if it has none. */
+static int job_key_of(const json_t *pod, char *key, size_t n)
+{
+    const char *ns = meta_str(pod, "namespace"), *job = label(pod, CIRRUS_LABEL_JOB);
+    return ns && job && snprintf(key, n, "%s/%s", ns, job) < (int)n ? 0 : -1;
+}
+
+static void index_pod(controller *ctl, const json_t *pod, int present)
+{
+    char key[KEY_MAX];
+    const char *name = meta_str(pod, "name");
+    if (!name || job_key_of(pod, key, sizeof key)) return;
+    json_t *set = json_object_get(ctl->pods_by_job, key);
+    if (present) {
+        if (!set) json_object_set_new(ctl->pods_by_job, key, set = json_object());
+        json_object_set_new(set, name, json_true());
+    } else if (set) {
+        json_object_del(set, name);
+        if (!json_object_size(set)) json_object_del(ctl->pods_by_job, key);
+    }
+}
+
+static void pod_added(void *ctx, const json_t *pod)
+{
+    index_pod(ctx, pod, 1);
+    child_changed(ctx, pod);
+}
+
+static void pod_updated(void *ctx, const json_t *old_pod, const json_t *pod)
+{
+    char a[KEY_MAX], b[KEY_MAX];
+    /* Someone relabelled it to another job: it is that job's now. */
+    if (!job_key_of(old_pod, a, sizeof a) && (job_key_of(pod, b, sizeof b) || strcmp(a, b))) {
+        index_pod(ctx, old_pod, 0);
+        child_changed(ctx, old_pod);
+    }
+    index_pod(ctx, pod, 1);
+    child_changed(ctx, pod);
+}
+
+static void pod_deleted(void *ctx, const json_t *pod)
+{
+    index_pod(ctx, pod, 0);
+    child_changed(ctx, pod);
 }
 
 /* A deleted node's pods will never run again, but pod GC only removes them after 40 s: the
@@ -228,16 +275,19 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     if (!rc) rc = ctl_ensure_secret(ctl, job, d.secret, err);
     if (!rc) rc = ctl_ensure_services(ctl, job, d.services, m->services_gen, err);
     if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
-    /* Observed pods of this job (the informer caches every pod the operator manages). */
+    /* Observed pods of this job (the informer caches every pod the operator manages;
+     * pods_by_job names this job's). */
     const char *pkey;
     const json_t *pod;
-    const char *ns = meta_str(job, "namespace"), *jname = meta_str(job, "name");
+    const char *ns = meta_str(job, "namespace");
     json_t *have = json_object();
-    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), pkey, pod)
+    const json_t *mark;
+    json_object_foreach(json_object_get(ctl->pods_by_job, key), pkey, mark)
     {
-        const char *pns = meta_str(pod, "namespace"), *pj = label(pod, CIRRUS_LABEL_JOB);
-        if (pns && pj && !strcmp(pns, ns) && !strcmp(pj, jname))
-            json_object_set(have, meta_str(pod, "name"), (json_t *)pod);
+        char pod_key[KEY_MAX];
+        snprintf(pod_key, sizeof pod_key, "%s/%s", ns, pkey);
+        if ((pod = kube_informer_get(ctl->pods, pod_key)))
+            json_object_set(have, pkey, (json_t *)pod);
     }
     ctl_apply_counts(&obs, m);
     json_t *doomed = json_object(); /* pod name -> {"uid", "force", "ended"} */
@@ -274,31 +324,62 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
                                                          "ended", 0));
         }
     }
-    /* Create what is missing; one pod the API refuses does not hold up the others. */
-    const json_t *want;
+    /* Create what is missing, in batches side by side (1, 2, 4, ... CREATE_BATCH_MAX while
+     * all goes well): one pod the API refuses does not hold up the others, but after three
+     * batches with refusals (a quota, an admission webhook saying no to all) the rest wait
+     * for the retry instead of costing a request each. */
     int first = 0;
     cirrus_error first_err = {0};
     char refused[sizeof err->msg + CIRRUS_NAME_MAX + 8];
-    json_object_foreach(d.pods, pname, want)
-    {
-        if (rc || stop || !leading(ctl)) break;
-        if (json_object_get(have, pname)) continue;
+    const int64_t create_until = clock_now_ms() + CREATE_BUDGET_MS;
+    int more = 0; /* pods left to create for want of time: run again at once */
+    const char *names[CREATE_BATCH_MAX];
+    const json_t *wants[CREATE_BATCH_MAX];
+    int rcs[CREATE_BATCH_MAX];
+    cirrus_error errs[CREATE_BATCH_MAX];
+    size_t batch = 1;
+    int refused_batches = 0;
+    void *it = json_object_iter(d.pods);
+    while (!rc && !stop && leading(ctl) && refused_batches < 3) {
+        size_t n = 0;
+        for (; it && n < batch; it = json_object_iter_next(d.pods, it))
+            if (!json_object_get(have, json_object_iter_key(it))) {
+                names[n] = json_object_iter_key(it);
+                wants[n++] = json_object_iter_value(it);
+            }
+        if (!n) break;
+        if (clock_now_ms() > create_until) {
+            more = 1;
+            break;
+        }
         int ex = ctl_job_exists(ctl, job, err);
         if (ex < 0 && !first) {
             first = ex;
             first_err = *err;
         }
         if (ex <= 0) break;
-        int prc = ctl_create_pod(ctl, job, m, pname, want, err);
-        if (prc && !first) {
-            first = prc;
-            first_err = *err;
+        ctl_create_pods(ctl, job, m, names, wants, n, rcs, errs);
+        int all_made = 1;
+        for (size_t i = 0; i < n; i++) {
+            if (!rcs[i]) continue;
+            all_made = 0;
+            if (!first) {
+                first = rcs[i];
+                first_err = errs[i];
+            }
+            /* The first refusal shows in the Created condition until a reconcile makes them
+             * all. */
+            if (!obs.not_created_reason) {
+                snprintf(refused, sizeof refused, "pod %s: %s", names[i], errs[i].msg);
+                obs.not_created_reason = "PodCreateFailed";
+                obs.not_created_message = refused;
+            }
         }
-        /* The first refusal shows in the Created condition until a reconcile makes them all. */
-        if (prc && !obs.not_created_reason) {
-            snprintf(refused, sizeof refused, "pod %s: %s", pname, err->msg);
-            obs.not_created_reason = "PodCreateFailed";
-            obs.not_created_message = refused;
+        if (all_made) {
+            batch = batch * 2 > CREATE_BATCH_MAX ? CREATE_BATCH_MAX : batch * 2;
+        } else {
+            batch = 1;
+            refused_batches++;
         }
     }
     /* Pods found gone while creating them are preemptions counted just now: in this status
@@ -329,6 +410,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         rc = first;
         *err = first_err;
     }
+    if (!rc && more) *requeue_ms = 1;
     if (!rc && !leading(ctl)) *requeue_ms = 1000; /* finish when leading again */
     json_decref(have);
     if (!rc && final) *requeue_ms = ctl_expire_finished(ctl, job, err, &rc);
@@ -345,17 +427,73 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
 
 /* ---- public API -------------------------------------------------------------------------------- */
 
-static int informer(controller *ctl, const char *path, const char *query, int is_job,
+/* ---- what the caches keep: only what reconciling reads ----
+ * Every cached object drops metadata.managedFields (often the largest part of a pod); a pod
+ * keeps its metadata, spec.nodeName and status; a node its metadata and spec; a Service or
+ * Secret only its metadata (the controller only asks whether it exists: the job Secret's
+ * keys are not kept in memory). */
+static json_t *without_managed_fields(json_t *obj)
+{
+    json_object_del(json_object_get(obj, "metadata"), "managedFields");
+    return obj;
+}
+
+static void keep_only(json_t *obj, const char *const *keys, size_t n)
+{
+    const char *k;
+    json_t *v, *tmp;
+    json_object_foreach_safe(obj, tmp, k, v)
+    {
+        size_t i = 0;
+        while (i < n && strcmp(k, keys[i])) i++;
+        if (i == n) json_object_del(obj, k);
+    }
+}
+
+static void slim_job(json_t *job) { without_managed_fields(job); }
+
+static void slim_pod(json_t *pod)
+{
+    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec", "status"};
+    static const char *const spec[] = {"nodeName"};
+    keep_only(without_managed_fields(pod), top, 5);
+    json_t *sp = json_object_get(pod, "spec");
+    if (json_is_object(sp)) keep_only(sp, spec, 1);
+}
+
+static void slim_node(json_t *node)
+{
+    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec"};
+    keep_only(without_managed_fields(node), top, 4);
+}
+
+static void slim_to_metadata(json_t *obj)
+{
+    static const char *const top[] = {"apiVersion", "kind", "metadata"};
+    keep_only(without_managed_fields(obj), top, 3);
+}
+
+/* What an informer watches: its handlers. */
+enum watched { WATCH_JOBS, WATCH_PODS, WATCH_CHILDREN /* the other children */ };
+
+static int informer(controller *ctl, const char *path, const char *query, enum watched w,
                     kube_informer **out, cirrus_error *err)
 {
-    kube_informer_config ic = {
-        .path = path,
-        .query = query,
-        .on_add = is_job ? job_changed : child_changed,
-        .on_update = is_job ? job_updated : child_updated,
-        .on_delete = is_job ? job_changed : child_changed,
-        .ctx = ctl,
-    };
+    kube_informer_config ic = {.path = path, .query = query, .ctx = ctl};
+    if (w == WATCH_JOBS) {
+        ic.transform = slim_job;
+        ic.on_add = ic.on_delete = job_changed;
+        ic.on_update = job_updated;
+    } else if (w == WATCH_PODS) {
+        ic.transform = slim_pod;
+        ic.on_add = pod_added;
+        ic.on_update = pod_updated;
+        ic.on_delete = pod_deleted;
+    } else {
+        ic.transform = slim_to_metadata;
+        ic.on_add = ic.on_delete = child_changed;
+        ic.on_update = child_updated;
+    }
     return kube_informer_new(ctl->client, &ic, out, err);
 }
 
@@ -370,20 +508,24 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     snprintf(ctl->identity, sizeof ctl->identity, "%s", o->identity ? o->identity : "cirrus-operator");
     ctl->queue = kube_workqueue_new(NULL, NULL);
     ctl->gone_nodes = json_object();
+    ctl->pods_by_job = json_object();
     const char *ns = o->watch_namespace && *o->watch_namespace ? o->watch_namespace : NULL;
     char jobs[PATH_MAX_LEN], pods[PATH_MAX_LEN], svcs[PATH_MAX_LEN], secrets[PATH_MAX_LEN];
-    int rc = ctl->queue ? 0 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    int rc = ctl->queue && ctl->gone_nodes && ctl->pods_by_job
+                 ? 0
+                 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc && (kube_path(jobs, sizeof jobs, SWARMJOB_API, ns, "swarmjobs", NULL) ||
                 kube_path(pods, sizeof pods, "api/v1", ns, "pods", NULL) ||
                 kube_path(svcs, sizeof svcs, "api/v1", ns, "services", NULL) ||
                 kube_path(secrets, sizeof secrets, "api/v1", ns, "secrets", NULL)))
         rc = cirrus_fail(err, CIRRUS_EINVAL, "bad namespace %s", ns);
-    if (!rc) rc = informer(ctl, jobs, NULL, 1, &ctl->jobs, err);
-    if (!rc) rc = informer(ctl, pods, CHILD_SELECTOR, 0, &ctl->pods, err);
-    if (!rc) rc = informer(ctl, svcs, CHILD_SELECTOR, 0, &ctl->services, err);
-    if (!rc) rc = informer(ctl, secrets, CHILD_SELECTOR, 0, &ctl->secrets, err);
+    if (!rc) rc = informer(ctl, jobs, NULL, WATCH_JOBS, &ctl->jobs, err);
+    if (!rc) rc = informer(ctl, pods, CHILD_SELECTOR, WATCH_PODS, &ctl->pods, err);
+    if (!rc) rc = informer(ctl, svcs, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->services, err);
+    if (!rc) rc = informer(ctl, secrets, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->secrets, err);
     if (!rc) {
-        kube_informer_config nc = {.path = "/api/v1/nodes", .on_add = node_added,
+        kube_informer_config nc = {.path = "/api/v1/nodes", .transform = slim_node,
+                                   .on_add = node_added,
                                    .on_delete = node_deleted, .ctx = ctl};
         rc = kube_informer_new(c, &nc, &ctl->nodes, err);
     }
@@ -404,6 +546,7 @@ void controller_free(controller *ctl)
     kube_informer_free(ctl->secrets);
     kube_informer_free(ctl->nodes);
     json_decref(ctl->gone_nodes);
+    json_decref(ctl->pods_by_job);
     kube_workqueue_free(ctl->queue);
     while (ctl->mems) ctl_mem_forget(ctl, ctl->mems->key);
     free(ctl);
@@ -416,13 +559,6 @@ int controller_synced(const controller *ctl)
            kube_informer_has_synced(ctl->nodes);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int controller_process(controller *ctl, int max_keys)
 {
     int ran = 0;
@@ -430,14 +566,16 @@ int controller_process(controller *ctl, int max_keys)
     if (!controller_synced(ctl)) return 0;
     /* Jobs with new training figures: reconciled (and their status written) like any other. */
     if (leading(ctl)) progress_drain(ctl->opt.progress, ctl_progress_arrived, ctl);
-    while (ran < max_keys && leading(ctl) && kube_workqueue_get(ctl->queue, &k) == 1) {
+    const int64_t until = clock_now_ms() + PROCESS_BUDGET_MS;
+    while (ran < max_keys && leading(ctl) && (!ran || clock_now_ms() < until) &&
+           kube_workqueue_get(ctl->queue, &k) == 1) {
         char key[KEY_MAX];
         snprintf(key, sizeof key, "%s", k);
         cirrus_error err = {0};
         int64_t requeue_ms = 0;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         int rc = reconcile(ctl, key, &requeue_ms, &err);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         ctl->stats.reconciles++;
         enum op_result res = OP_RESULT_SUCCESS;
         if (rc) {

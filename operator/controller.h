@@ -59,7 +59,8 @@ void controller_free(controller *ctl);
 
 /* Every cache has been listed once: reconciling now sees the whole cluster. */
 int controller_synced(const controller *ctl);
-/* Reconcile the keys that are ready (at most max_keys). Returns how many ran. */
+/* Reconcile the keys that are ready (at most max_keys, and no more once PROCESS_BUDGET_MS has
+ * passed, so that the caller polls: the Lease is renewed from there). Returns how many ran. */
 int controller_process(controller *ctl, int max_keys);
 /* Milliseconds until a delayed key is due: 0 now, -1 none. */
 int64_t controller_next_ms(controller *ctl);

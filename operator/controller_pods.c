@@ -310,32 +310,59 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
     }
 }
 
-/* A desired pod that does not exist (any more): count it if it vanished under us, then
- * create it under the same name. */
-int ctl_create_pod(controller *ctl, const json_t *job, job_mem *m, const char *name,
-                   const json_t *want, cirrus_error *err)
+/* Desired pods that do not exist (any more): count each that vanished under us, then create
+ * them under the same names, side by side. */
+void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char *const *names,
+                     const json_t *const *wants, size_t n, int *rcs, cirrus_error *errs)
 {
-    const json_t *seen = json_object_get(m->seen, name);
-    if (seen && json_is_true(json_object_get(seen, "observed")) &&
-        !json_is_true(json_object_get(seen, "counted"))) {
-        /* It existed, nobody here deleted it and it did not end by itself: deleted by a
-         * person or by the node's loss (pod GC). That is a preemption. */
-        const char *region = label(want, CIRRUS_LABEL_REGION);
-        count(ctl, m, region, 0);
-        ctl_event(ctl, job, 1, "PodPreempted", "pod %s was deleted; replacing it in place", name);
+    kube_call calls[CREATE_BATCH_MAX];
+    char paths[CREATE_BATCH_MAX][PATH_MAX_LEN];
+    if (n > CREATE_BATCH_MAX) n = CREATE_BATCH_MAX;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = names[i];
+        const json_t *seen = json_object_get(m->seen, name);
+        if (seen && json_is_true(json_object_get(seen, "observed")) &&
+            !json_is_true(json_object_get(seen, "counted"))) {
+            /* It existed, nobody here deleted it and it did not end by itself: deleted by a
+             * person or by the node's loss (pod GC). That is a preemption. */
+            const char *region = label(wants[i], CIRRUS_LABEL_REGION);
+            count(ctl, m, region, 0);
+            ctl_event(ctl, job, 1, "PodPreempted", "pod %s was deleted; replacing it in place",
+                      name);
+        }
+        json_object_del(m->seen, name);
+        char path[PATH_MAX_LEN];
+        calls[i] = (kube_call){.method = "PATCH", .path = paths[i], .body = wants[i],
+                               .content_type = KUBE_CT_APPLY_PATCH, .want_response = 1};
+        rcs[i] = child_path(path, job, "pods", name)
+                     ? cirrus_fail(&errs[i], CIRRUS_EINVAL, "pod path too long")
+                     : kube_apply_path(paths[i], sizeof paths[i], path, CONTROLLER_FIELD_MANAGER,
+                                       &errs[i]);
     }
-    json_object_del(m->seen, name);
-    char path[PATH_MAX_LEN];
-    if (child_path(path, job, "pods", name))
-        return cirrus_fail(err, CIRRUS_EINVAL, "pod path too long");
-    json_t *out = NULL;
-    int rc = kube_apply(ctl->client, path, want, CONTROLLER_FIELD_MANAGER, &out, err);
-    if (!rc) {
-        ctl->stats.pods_created++;
-        if (meta_str(out, "uid")) ctl_mark_seen(m, name, meta_str(out, "uid"), 0, 0);
+    /* Those whose path could not be made are left out of the requests. */
+    kube_call *todo[CREATE_BATCH_MAX];
+    kube_call batch[CREATE_BATCH_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!rcs[i]) {
+            todo[i] = &batch[k];
+            batch[k++] = calls[i];
+        } else {
+            todo[i] = NULL;
+        }
+    kube_request_all(ctl->client, batch, k);
+    for (size_t i = 0; i < n; i++) {
+        if (!todo[i]) continue;
+        rcs[i] = todo[i]->rc;
+        if (rcs[i]) {
+            errs[i] = todo[i]->err;
+        } else {
+            ctl->stats.pods_created++;
+            const char *uid = meta_str(todo[i]->response, "uid");
+            if (uid) ctl_mark_seen(m, names[i], uid, 0, 0);
+        }
+        json_decref(todo[i]->response);
     }
-    json_decref(out);
-    return rc;
 }
 
 /* The remembered counts into obs, for the status. */

@@ -47,17 +47,24 @@ int kube_patch_merge(kube_client *c, const char *path, const json_t *patch, json
     return kube_request(c, "PATCH", path, patch, KUBE_CT_MERGE_PATCH, NULL, out, err);
 }
 
-int kube_apply(kube_client *c, const char *path, const json_t *obj, const char *field_manager,
-               json_t **out, cirrus_error *err)
+int kube_apply_path(char *buf, size_t size, const char *path, const char *field_manager,
+                    cirrus_error *err)
 {
     if (!field_manager || !*field_manager)
         return cirrus_fail(err, CIRRUS_EINVAL, "server-side apply needs a field manager");
     char *fm = curl_easy_escape(NULL, field_manager, 0);
     if (!fm) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    char q[512], p[2048];
+    char q[512];
     snprintf(q, sizeof q, "%cfieldManager=%s&force=true", strchr(path, '?') ? '&' : '?', fm);
     curl_free(fm);
-    int rc = path_with(p, sizeof p, path, q, err);
+    return path_with(buf, size, path, q, err);
+}
+
+int kube_apply(kube_client *c, const char *path, const json_t *obj, const char *field_manager,
+               json_t **out, cirrus_error *err)
+{
+    char p[2048];
+    int rc = kube_apply_path(p, sizeof p, path, field_manager, err);
     /* JSON is YAML, so the object goes as is under the apply content type. */
     return rc ? rc : kube_request(c, "PATCH", p, obj, KUBE_CT_APPLY_PATCH, NULL, out, err);
 }

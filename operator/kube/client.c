@@ -385,6 +385,66 @@ int kube_request(kube_client *c, const char *method, const char *path, const jso
     return rc;
 }
 
+void kube_request_all(kube_client *c, kube_call *calls, size_t n)
+{
+    struct kube_xfer *x = calloc(n ? n : 1, sizeof *x);
+    char **text = calloc(n ? n : 1, sizeof *text);
+    for (size_t i = 0; i < n; i++) {
+        kube_call *k = &calls[i];
+        k->rc = 0;
+        k->response = NULL;
+        k->err.msg[0] = 0;
+        if (!x || !text) {
+            k->rc = cirrus_fail(&k->err, CIRRUS_ENOMEM, "%s %s: out of memory", k->method, k->path);
+            continue;
+        }
+        if (k->body && !(text[i] = json_dumps(k->body, JSON_COMPACT | JSON_ENCODE_ANY))) {
+            k->rc = cirrus_fail(&k->err, CIRRUS_ENOMEM, "%s %s: cannot encode the body",
+                                k->method, k->path);
+            continue;
+        }
+        k->rc = kube_xfer_init(c, &x[i], k->method, k->path, text[i], k->content_type,
+                               KUBE_RESPONSE_MAX, c->timeout_ms, &k->err);
+        if (!k->rc) k->rc = kube_xfer_start(&x[i], &k->err);
+        if (k->rc) x[i].done = 1;
+    }
+    for (size_t i = 0; x && text && i < n; i++) run_sync(c, &x[i]); /* all move meanwhile */
+    for (size_t i = 0; x && text && i < n; i++) {
+        kube_call *k = &calls[i];
+        if (k->rc) {
+            kube_xfer_cleanup(&x[i]);
+            continue;
+        }
+        long http = x[i].result == CURLE_OK ? kube_xfer_http_status(&x[i]) : 0;
+        curl_off_t retry_after = 0;
+        curl_easy_getinfo(x[i].easy, CURLINFO_RETRY_AFTER, &retry_after);
+        json_t *resp = NULL;
+        if (x[i].result == CURLE_OK && x[i].in.len > 0 && (k->want_response || http >= 300)) {
+            json_error_t je;
+            resp = json_loadb(x[i].in.data, x[i].in.len, 0, &je);
+            if (!resp && http < 300)
+                k->rc = cirrus_fail(&k->err, CIRRUS_ECORRUPT, "%s %s: invalid JSON response: %s",
+                                    k->method, k->path, je.text);
+        }
+        if (x[i].result != CURLE_OK || http >= 300)
+            k->rc = kube_xfer_error(&x[i], k->method, k->path, resp, http, &k->err);
+        kube_xfer_cleanup(&x[i]);
+        if (http == 429 || (http >= 500 && retry_after > 0)) { /* the server did not act */
+            json_decref(resp);
+            resp = NULL;
+            k->rc = kube_request(c, k->method, k->path, k->body, k->content_type, NULL,
+                                 k->want_response ? &resp : NULL, &k->err);
+        }
+        if (k->want_response && !k->rc)
+            k->response = resp;
+        else
+            json_decref(resp);
+    }
+    for (size_t i = 0; text && i < n; i++) free(text[i]);
+    free(text);
+    free(x);
+}
+
 int kube_client_poll(kube_client *c, int timeout_ms)
 {
     if (c->depth) return CIRRUS_EINVAL;

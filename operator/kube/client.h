@@ -78,6 +78,10 @@ int kube_patch_merge(kube_client *c, const char *path, const json_t *patch, json
  * forcing ownership of conflicting fields (controllers own what they apply). */
 int kube_apply(kube_client *c, const char *path, const json_t *obj, const char *field_manager,
                json_t **out, cirrus_error *err);
+/* The PATCH path kube_apply sends to for path (the field manager and force in its query),
+ * for a server-side apply among kube_request_all's calls. */
+int kube_apply_path(char *buf, size_t size, const char *path, const char *field_manager,
+                    cirrus_error *err);
 /* options: a DeleteOptions body (e.g. {"propagationPolicy":"Foreground"}) or NULL.
  * A missing object gives CIRRUS_ENOENT, which callers cleaning up usually ignore. */
 int kube_delete(kube_client *c, const char *path, const json_t *options, cirrus_error *err);
@@ -89,6 +93,21 @@ int kube_path(char *buf, size_t size, const char *api, const char *ns, const cha
               const char *name);
 /* "namespace/name" (or "name" when cluster-scoped): the informer cache and workqueue key. */
 int kube_object_key(const json_t *obj, char *buf, size_t size);
+/* Several requests side by side: each of calls[0..n) (method, path, body, content_type in;
+ * rc, err, response out, as kube_request would give them) runs on the client's connections
+ * at once (HTTP/2 streams: one round trip for all instead of one each), and this returns
+ * when all are done. A call the server answers 429 (or 5xx with Retry-After) is then
+ * repeated alone with kube_request's retries. response is left NULL unless want_response. */
+typedef struct kube_call {
+    const char *method, *path, *content_type;
+    const json_t *body;
+    int want_response;
+    int rc;
+    cirrus_error err;
+    json_t *response; /* a new reference when want_response and the answer was JSON */
+} kube_call;
+void kube_request_all(kube_client *c, kube_call *calls, size_t n);
+
 /* Fields of an API Status object; "" when absent. */
 const char *kube_status_reason(const json_t *status);
 const char *kube_status_message(const json_t *status);

@@ -55,6 +55,7 @@ static void replace(kube_informer *inf, json_t *items)
     if (!cache) return;
     json_array_foreach(items, i, obj)
     {
+        if (inf->h.transform) inf->h.transform(obj);
         if (kube_object_key(obj, key, sizeof key) == 0) json_object_set(cache, key, obj);
     }
     inf->cache = cache;
@@ -134,6 +135,7 @@ static void on_event(void *ctx, kube_watch *w, enum kube_event_type type, json_t
     snprintf(inf->rv, sizeof inf->rv, "%s", kube_watch_resource_version(w));
     inf->watch_events++;
     if (type == KUBE_EVENT_BOOKMARK) return; /* only moves the resourceVersion */
+    if (inf->h.transform) inf->h.transform(obj);
     if (kube_object_key(obj, key, sizeof key)) {
         log_warn("kube: %s: watch event for an object without a name", inf->path);
         return;

@@ -31,6 +31,11 @@ typedef struct kube_informer_config {
     const char *path;   /* the collection: "/api/v1/namespaces/NS/configmaps", "/apis/G/V/R" */
     const char *query;  /* extra escaped parameters ("labelSelector=a%3Db") or NULL */
     int page_limit;     /* objects per LIST page; 0: KUBE_LIST_PAGE */
+    /* Called on every object from the server (listed or watched) before it is cached or
+     * handed to a handler, to drop what no handler reads (client-go's TransformFunc): the
+     * cache is the operator's memory. It must keep metadata's name, namespace and
+     * resourceVersion. NULL: objects are cached whole. */
+    void (*transform)(json_t *obj);
     /* Objects are borrowed for the call (json_incref to keep them). Any may be NULL. */
     void (*on_add)(void *ctx, const json_t *obj);
     void (*on_update)(void *ctx, const json_t *old_obj, const json_t *new_obj);

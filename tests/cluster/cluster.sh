@@ -13,7 +13,8 @@
 # State (certificates, kubeconfigs, etcd data, logs, PIDs) lives in CLUSTER_STATE_DIR
 # (default: <repo>/build/cluster). Ports are free random ones unless set with
 # CLUSTER_ETCD_PORT, CLUSTER_ETCD_PEER_PORT, CLUSTER_API_PORT, CLUSTER_KCM_PORT,
-# CLUSTER_SCHED_PORT, CLUSTER_KWOK_PORT. CLUSTER_NODES_PER_POOL (default 1) fake nodes are
+# CLUSTER_SCHED_PORT, CLUSTER_KWOK_PORT; CLUSTER_SERVICE_CIDR the Services' addresses (default
+# 10.0.0.0/24). CLUSTER_NODES_PER_POOL (default 1) fake nodes are
 # created for each region (r1, r2) and pool (on-demand, spot); 0 makes none (tests/nodes/
 # adds real ones). CLUSTER_API_ADDRESS (default 127.0.0.1) is the address kube-apiserver
 # binds and advertises: one that pods can reach gives the `kubernetes` Service endpoints.
@@ -34,7 +35,10 @@ ADMIN_KUBECONFIG="$STATE/kubeconfig"
 REGIONS=(r1 r2)
 POOLS=(on-demand spot)
 NODES_PER_POOL=${CLUSTER_NODES_PER_POOL:-1}
-SERVICE_CIDR=10.0.0.0/24
+# 254 Service addresses by default; CLUSTER_SERVICE_CIDR widens it (bench-operator's 1,000
+# jobs have 2,000 gateway Services). It must start at 10.0.0.0 (the certificate names
+# SERVICE_IP) and must not overlap the real nodes' pod network (tests/nodes: 10.89.0.0/16).
+SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.0.0.0/24}
 SERVICE_IP=10.0.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 START_TIMEOUT=${CLUSTER_START_TIMEOUT:-90}
 API_ADDRESS=${CLUSTER_API_ADDRESS:-127.0.0.1}

@@ -127,6 +127,53 @@ TEST(kube_apply_idempotent)
     tk_client_free(c, cfg);
 }
 
+/* kube_request_all: server-side applies side by side, one of them refused (an invalid
+ * name): each call gets its own result, the others are made, their responses returned. */
+TEST(kube_request_all_side_by_side)
+{
+    kube_config *cfg;
+    kube_client *c = tk_client(&cfg);
+    char ns[64], path[5][320], apply[5][400];
+    cirrus_error err;
+    tk_namespace(c, "many", ns, sizeof ns);
+    const char *names[5] = {"m0", "m1", "Not_Valid", "m3", "m4"};
+    json_t *cms[5];
+    kube_call calls[5];
+    for (int i = 0; i < 5; i++) {
+        cms[i] = tk_configmap(ns, names[i], "k", names[i]);
+        ASSERT_OK(kube_path(path[i], sizeof path[i], "api/v1", ns, "configmaps",
+                            i == 2 ? "not-valid" : names[i]));
+        ASSERT_OK(kube_apply_path(apply[i], sizeof apply[i], path[i], "cirrus-test", &err));
+        calls[i] = (kube_call){.method = "PATCH", .path = apply[i], .body = cms[i],
+                               .content_type = KUBE_CT_APPLY_PATCH, .want_response = i != 4};
+    }
+    kube_client_stats before, after;
+    kube_client_get_stats(c, &before);
+    kube_request_all(c, calls, 5);
+    kube_client_get_stats(c, &after);
+    ASSERT_EQ(after.transfers - before.transfers, 5);
+    for (int i = 0; i < 5; i++) {
+        if (i == 2) {
+            ASSERT(calls[i].rc != 0 && calls[i].err.msg[0]);
+            ASSERT(!calls[i].response);
+            continue;
+        }
+        if (calls[i].rc) TEST_FAIL("call %d: %s", i, calls[i].err.msg);
+        if (i == 4) {
+            ASSERT(!calls[i].response); /* not asked for */
+        } else {
+            ASSERT(!strcmp(data_of(calls[i].response, "k"), names[i]));
+            json_decref(calls[i].response);
+        }
+        json_t *got = NULL;
+        ASSERT_OK(kube_get(c, path[i], &got, &err));
+        json_decref(got);
+    }
+    for (int i = 0; i < 5; i++) json_decref(cms[i]);
+    kube_request_all(c, calls, 0); /* nothing to do */
+    tk_client_free(c, cfg);
+}
+
 TEST(kube_status_error_message)
 {
     kube_config *cfg;

@@ -125,6 +125,60 @@ TEST(kube_informer_configmaps_in_order)
     tk_client_free(c, cfg);
 }
 
+/* A transform runs on every object, listed or watched, before the cache and the handlers
+ * see it: here it drops metadata.managedFields and a data key, as the controller's slim_*
+ * functions drop what reconciling never reads. */
+static void drop_secret_and_managed_fields(json_t *obj)
+{
+    json_object_del(json_object_get(obj, "metadata"), "managedFields");
+    json_object_del(json_object_get(obj, "data"), "secret");
+}
+
+static void expect_slim(const json_t *obj)
+{
+    ASSERT(obj);
+    ASSERT(!json_object_get(json_object_get(obj, "metadata"), "managedFields"));
+    ASSERT(!json_object_get(json_object_get(obj, "data"), "secret"));
+    ASSERT(json_object_get(json_object_get(obj, "data"), "k"));
+}
+
+static void on_add_slim(void *ctx, const json_t *o)
+{
+    expect_slim(o);
+    on_add(ctx, o);
+}
+
+TEST(kube_informer_transform)
+{
+    kube_config *cfg;
+    kube_client *c = tk_client(&cfg);
+    char ns[64], coll[256], key[128];
+    cirrus_error err;
+    tk_namespace(c, "transform", ns, sizeof ns);
+    ASSERT_OK(kube_path(coll, sizeof coll, "api/v1", ns, "configmaps", NULL));
+    json_t *cm = tk_configmap(ns, "listed", "k", "1");
+    json_object_set_new(json_object_get(cm, "data"), "secret", json_string("s"));
+    ASSERT_OK(kube_create(c, coll, cm, NULL, &err));
+    json_decref(cm);
+    struct log l = {0};
+    kube_informer_config ic = {.path = coll, .query = "labelSelector=cirrus-test%3Dyes",
+                               .transform = drop_secret_and_managed_fields,
+                               .on_add = on_add_slim, .ctx = &l};
+    ASSERT_OK(kube_informer_new(c, &ic, &l.inf, &err));
+    ASSERT(tk_poll_until(c, synced, &l, 10000));
+    cm = tk_configmap(ns, "watched", "k", "2");
+    json_object_set_new(json_object_get(cm, "data"), "secret", json_string("s"));
+    ASSERT_OK(kube_create(c, coll, cm, NULL, &err));
+    json_decref(cm);
+    wait_events(c, &l, 2);
+    snprintf(key, sizeof key, "%s/listed", ns);
+    expect_slim(kube_informer_get(l.inf, key));
+    snprintf(key, sizeof key, "%s/watched", ns);
+    expect_slim(kube_informer_get(l.inf, key));
+    kube_informer_free(l.inf);
+    tk_client_free(c, cfg);
+}
+
 /* LIST in pages (limit 2 here, 500 in production) with continue tokens. */
 TEST(kube_informer_paging)
 {

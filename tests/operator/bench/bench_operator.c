@@ -235,7 +235,7 @@ static int delete_peer(int j, int r, int stage, int i)
     cirrus_error err = {0};
     json_t *opts = json_pack("{s:s, s:s, s:i}", "kind", "DeleteOptions", "apiVersion", "v1",
                              "gracePeriodSeconds", 0);
-    kube_path(path, sizeof path, "/api/v1", ns, "pods", name);
+    kube_path(path, sizeof path, "api/v1", ns, "pods", name);
     p->deleted_s = now_s();
     int rc = kube_delete(kc, path, opts, &err);
     json_decref(opts);
@@ -331,10 +331,11 @@ int main(int argc, char **argv)
     double *lat = calloc((size_t)samples, sizeof *lat);
     for (int s = 0; s < samples; s++) {
         n_waiting = 0;
-        int rc;
+        int rc, tries = 0;
         do
             rc = delete_peer(rand() % n_jobs, 1 + rand() % 2, rand() % 2, rand() % 4);
-        while (rc == 1);
+        while (rc == 1 && ++tries < 1000);
+        if (rc == 1) fprintf(stderr, "bench-operator: no peer pod found to delete\n");
         if (rc || wait_for(all_replaced, 60, "a replacement")) return 1;
         lat[s] = waiting[0].replaced_s - waiting[0].deleted_s;
     }
@@ -346,11 +347,14 @@ int main(int argc, char **argv)
     n_waiting = 0;
     double tm = now_s();
     for (int j = 0; j < mass; j++) {
-        int rc;
+        int rc, tries = 0;
         do
             rc = delete_peer(j, 1 + rand() % 2, rand() % 2, rand() % 4);
-        while (rc == 1);
-        if (rc) return 1;
+        while (rc == 1 && ++tries < 1000);
+        if (rc) {
+            fprintf(stderr, "bench-operator: no peer of job %d to delete\n", j);
+            return 1;
+        }
     }
     double t_sent = now_s() - tm;
     if (wait_for(all_replaced, timeout_s, "the mass replacement")) return 1;

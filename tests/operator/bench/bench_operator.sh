@@ -20,6 +20,8 @@ for n in $jobs_list; do ((n > largest)) && largest=$n; done
 # 20 pods a job, half per region; each region has 2 pools of nodes with 110 pods each.
 export CLUSTER_NODES_PER_POOL=$(((largest * 10 + 2 * 110 - 1) / (2 * 110) + 1))
 export CLUSTER_STATE_DIR=$root/build/bench-cluster
+# Two gateway Services a job: more than the default /24 holds.
+export CLUSTER_SERVICE_CIDR=10.0.0.0/20
 cluster=$root/tests/cluster/cluster.sh
 work=$(mktemp -d)
 cleanup() {
