@@ -13,6 +13,7 @@
 #include "../common/clock.h"
 #include "../common/log.h"
 #include "../common/role_args.h"
+#include "cache_slim.h"
 #include "controller_internal.h"
 #include "podstate.h"
 
@@ -427,52 +428,6 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
 
 /* ---- public API -------------------------------------------------------------------------------- */
 
-/* ---- what the caches keep: only what reconciling reads ----
- * Every cached object drops metadata.managedFields (often the largest part of a pod); a pod
- * keeps its metadata, spec.nodeName and status; a node its metadata and spec; a Service or
- * Secret only its metadata (the controller only asks whether it exists: the job Secret's
- * keys are not kept in memory). */
-static json_t *without_managed_fields(json_t *obj)
-{
-    json_object_del(json_object_get(obj, "metadata"), "managedFields");
-    return obj;
-}
-
-static void keep_only(json_t *obj, const char *const *keys, size_t n)
-{
-    const char *k;
-    json_t *v, *tmp;
-    json_object_foreach_safe(obj, tmp, k, v)
-    {
-        size_t i = 0;
-        while (i < n && strcmp(k, keys[i])) i++;
-        if (i == n) json_object_del(obj, k);
-    }
-}
-
-static void slim_job(json_t *job) { without_managed_fields(job); }
-
-static void slim_pod(json_t *pod)
-{
-    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec", "status"};
-    static const char *const spec[] = {"nodeName"};
-    keep_only(without_managed_fields(pod), top, 5);
-    json_t *sp = json_object_get(pod, "spec");
-    if (json_is_object(sp)) keep_only(sp, spec, 1);
-}
-
-static void slim_node(json_t *node)
-{
-    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec"};
-    keep_only(without_managed_fields(node), top, 4);
-}
-
-static void slim_to_metadata(json_t *obj)
-{
-    static const char *const top[] = {"apiVersion", "kind", "metadata"};
-    keep_only(without_managed_fields(obj), top, 3);
-}
-
 /* What an informer watches: its handlers. */
 enum watched { WATCH_JOBS, WATCH_PODS, WATCH_CHILDREN /* the other children */ };
 
@@ -481,16 +436,16 @@ static int informer(controller *ctl, const char *path, const char *query, enum w
 {
     kube_informer_config ic = {.path = path, .query = query, .ctx = ctl};
     if (w == WATCH_JOBS) {
-        ic.transform = slim_job;
+        ic.transform = cache_slim_job;
         ic.on_add = ic.on_delete = job_changed;
         ic.on_update = job_updated;
     } else if (w == WATCH_PODS) {
-        ic.transform = slim_pod;
+        ic.transform = cache_slim_pod;
         ic.on_add = pod_added;
         ic.on_update = pod_updated;
         ic.on_delete = pod_deleted;
     } else {
-        ic.transform = slim_to_metadata;
+        ic.transform = cache_slim_to_metadata;
         ic.on_add = ic.on_delete = child_changed;
         ic.on_update = child_updated;
     }
@@ -524,7 +479,7 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     if (!rc) rc = informer(ctl, svcs, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->services, err);
     if (!rc) rc = informer(ctl, secrets, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->secrets, err);
     if (!rc) {
-        kube_informer_config nc = {.path = "/api/v1/nodes", .transform = slim_node,
+        kube_informer_config nc = {.path = "/api/v1/nodes", .transform = cache_slim_node,
                                    .on_add = node_added,
                                    .on_delete = node_deleted, .ctx = ctl};
         rc = kube_informer_new(c, &nc, &ctl->nodes, err);

@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include "../../operator/cache_slim.h"
 #include "../../operator/failpolicy.h"
 #include "../../operator/jobstatus.h"
 #include "../../operator/kube/yamljson.h"
@@ -50,8 +51,14 @@ static json_t *failed_pod(int code, const char *reason, const char *condition)
 static failpolicy_action judge(const failpolicy *p, int code, const char *reason,
                                const char *condition, int *rule)
 {
-    json_t *pod = failed_pod(code, reason, condition);
+    json_t *pod = failed_pod(code, reason, condition), *slim = json_deep_copy(pod);
     failpolicy_action a = failpolicy_judge(p, pod, rule);
+    /* The same judgement from what the operator's cache keeps of the pod (cache_slim.h). */
+    int slim_rule = -2;
+    cache_slim_pod(slim);
+    if (failpolicy_judge(p, slim, &slim_rule) != a || (rule && slim_rule != *rule))
+        TEST_FAIL("the cache's slimmed pod is judged otherwise");
+    json_decref(slim);
     json_decref(pod);
     return a;
 }
