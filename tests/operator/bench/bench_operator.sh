@@ -53,7 +53,8 @@ for n in $jobs_list; do
     fi
     echo "bench-operator: $n jobs in namespace $ns"
     "$tool" --namespace "$ns" --jobs "$n" --operator-pid "$op_pid" \
-        --metrics-url "http://127.0.0.1:$port/metrics" --samples 100 --mass $((n < 100 ? n : 100)) || status=1
+        --metrics-url "http://127.0.0.1:$port/metrics" --samples 100 --mass $((n < 100 ? n : 100)) \
+        --timeout-s $((900 + 2 * n)) || status=1
     if grep -q "not leading any more" "$work/operator.log"; then
         echo "bench-operator: the operator lost its lease during the run:"
         grep "not leading any more" "$work/operator.log" | head -3
