@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/clock.h"
 #include "../common/http_server.h"
 
 #define CONTROLLER "swarmjob"
@@ -24,6 +25,7 @@ struct op_metrics {
     double hist_sum;
     uint64_t q_depth, q_adds, q_retries;
     int leader, ready;
+    int64_t last_turn_ms; /* clock_now_ms() of the loop's latest turn; 0: none yet */
     uint64_t pods_created, preemptions, failures;
     uint64_t api_transfers, api_retries;
     uint64_t scrapes[OP_SCRAPE_N];
@@ -84,7 +86,13 @@ void op_metrics_ready(op_metrics *m, int ready)
     if (!m) return;
     pthread_mutex_lock(&m->mu);
     m->ready = ready;
+    m->last_turn_ms = clock_now_ms();
     pthread_mutex_unlock(&m->mu);
+}
+
+int op_metrics_loop_healthy(int64_t last_turn_ms, int64_t now_ms)
+{
+    return last_turn_ms == 0 || now_ms - last_turn_ms < OP_HEALTHZ_STALL_MS;
 }
 
 void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint64_t failures)
@@ -229,8 +237,17 @@ static void on_metrics(void *ctx, http_reply *r)
 
 static void on_healthz(void *ctx, http_reply *r)
 {
-    (void)ctx;
-    http_reply_text(r, 200, "ok\n");
+    op_metrics *m = ctx;
+    pthread_mutex_lock(&m->mu);
+    int64_t last = m->last_turn_ms, now = clock_now_ms();
+    pthread_mutex_unlock(&m->mu);
+    if (op_metrics_loop_healthy(last, now)) {
+        http_reply_text(r, 200, "ok\n");
+        return;
+    }
+    char msg[96];
+    snprintf(msg, sizeof msg, "event loop stalled for %lld s\n", (long long)((now - last) / 1000));
+    http_reply_text(r, 500, msg);
 }
 
 static void on_readyz(void *ctx, http_reply *r)

@@ -5,7 +5,9 @@
  *                 leader_election_master_status) so existing dashboards work, plus Cirrus's
  *                 own (pods created, preemptions, failures, reads of the gateways' /status
  *                 by outcome)
- *   GET /healthz  200 while the process runs its loop
+ *   GET /healthz  200 while the event loop turns: 500 once it has not come round for
+ *                 OP_HEALTHZ_STALL_MS (a wedged request, a deadlock), so that the liveness
+ *                 probe restarts a process that only looks alive
  *   GET /readyz   200 once the caches have synced (or while standing by as a non-leader)
  *
  * Served by common/http_server. The event loop writes, the HTTP thread reads: one mutex.
@@ -27,7 +29,16 @@ void op_metrics_free(op_metrics *m); /* stops the server too */
 void op_metrics_reconciled(op_metrics *m, enum op_result r, double seconds);
 void op_metrics_queue(op_metrics *m, uint64_t depth, uint64_t adds, uint64_t retries);
 void op_metrics_leader(op_metrics *m, int is_leader);
+/* Called every turn of the event loop: the caches' state for /readyz, and the time of the
+ * turn for /healthz. */
 void op_metrics_ready(op_metrics *m, int ready);
+
+/* Longest a turn of the loop may take before /healthz fails: one synchronous request's
+ * 30 s limit and its 429 retries (at most as long again), with room to spare. */
+#define OP_HEALTHZ_STALL_MS 90000
+/* Whether a loop last seen turning at last_turn_ms (monotonic; 0: not yet) is healthy at
+ * now_ms. Pure, for the unit tests. */
+int op_metrics_loop_healthy(int64_t last_turn_ms, int64_t now_ms);
 void op_metrics_pods(op_metrics *m, uint64_t created, uint64_t preemptions, uint64_t failures);
 /* The Kubernetes client's finished transfers (requests, 429 retries and watches: what the
  * operator costs the API server) and its 429 retries, both totals. */
