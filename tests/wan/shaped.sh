@@ -20,6 +20,9 @@
 #      r1's late message of round 20 is refused and r1 takes r0's result instead of finishing
 #      the round with both regions' deltas (a model no other region has, with no later round
 #      to repair it): both end with one model
+#   g. as f, and r1's gateway killed and started again while its client is held up: the
+#      fresh gateway joins at round 19, is refused as late in round 20 and takes r0's result;
+#      r1 ends within 60 s with r0's model
 # Skips (exit 0, a "skip:" line) where network namespaces cannot be made (not root, ...).
 # Usage: tests/wan/shaped.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
@@ -220,16 +223,21 @@ for p in problems:
 sys.exit(1 if problems else 0)
 PY
 
+# start_gateway I LOG: region I's gateway alone (gw_pid[I]), as start_region starts it.
+start_gateway() {
+    wan_spawn "$1" "$bin" gateway --job "$job" --listen 127.0.0.1:7400 --http-port 7480 \
+        --stages 2 "${model[@]}" --region "r$1" --regions "$regions" --sync-every "$sync" \
+        --rebalance-period-s 0 "${gw_flags[@]}" 2>"$2"
+    gw_pid[$1]=$WAN_PID
+}
+
 # start_region I DIR: region I's gateway, stage peers (stage 0: layer 0, stage 1: the rest)
 # and client, in its namespace, from the settings job, model, batch, steps, sync, gw_flags;
 # their logs in DIR. Every region on the same ports: each has its own loopback.
 start_region() {
     local i=$1 d=$2 s serve
     mkdir -p "$d"
-    wan_spawn "$i" "$bin" gateway --job "$job" --listen 127.0.0.1:7400 --http-port 7480 \
-        --stages 2 "${model[@]}" --region "r$i" --regions "$regions" --sync-every "$sync" \
-        --rebalance-period-s 0 "${gw_flags[@]}" 2>"$d/gw$i.err"
-    gw_pid[i]=$WAN_PID
+    start_gateway "$i" "$d/gw$i.err"
     for s in 0 1; do
         serve=$([ "$s" = 0 ] && echo 0:1 || echo "1:$layers")
         OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" stage --serve "$serve" "${model[@]}" \
@@ -559,6 +567,43 @@ if timeout 120 bash -c "until grep -q 'outer round 19 done' '$tmp/f/gw1.err'; do
     fi
 else
     bad "$name"; tail -3 "$tmp/f/gw1.err"
+fi
+stop_regions
+
+# ---- g: as f, and r1's gateway restarted meanwhile ----
+job=job-g
+"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-g" >/dev/null || bad certs_made
+for i in 0 1; do wan_shape "$i" 20mbit; done
+for i in 0 1; do
+    gw_flags=(--tls-dir "$tmp/certs-g/r$i")
+    start_region "$i" "$tmp/g"
+done
+name=g_restarted_gateway_refused_as_late_takes_the_result_at_once
+if timeout 120 bash -c "until grep -q 'outer round 19 done' '$tmp/g/gw1.err'; do sleep 0.02; done"; then
+    kill -STOP "${client_pid[1]}"
+    kill -KILL "${gw_pid[1]}"
+    wait "${gw_pid[1]}" 2>/dev/null
+    gw_flags=(--tls-dir "$tmp/certs-g/r1")
+    start_gateway 1 "$tmp/g/gw1-again.err"
+    wait_for "${client_pid[0]}" 120
+    rc0=$?
+    t0=$SECONDS
+    kill -CONT "${client_pid[1]}"
+    wait_for "${client_pid[1]}" 120
+    rc1=$? took_s=$((SECONDS - t0))
+    g0=$(grep '"final":true' "$tmp/g/c0.json") g1=$(grep '"final":true' "$tmp/g/c1.json")
+    took=$(grep -c 'outer step 20 from region r0 (it completed this round without this region)' "$tmp/g/gw1-again.err")
+    echo "    r1 finished ${took_s} s after it went on; took r0's result of round 20: $took; final digests r0 $(field digest "$g0"), r1 $(field digest "$g1")"
+    if [ "$rc0" = 0 ] && [ "$rc1" = 0 ] && [ -n "$(field digest "$g0")" ] &&
+        [ "$(field digest "$g0")" = "$(field digest "$g1")" ] &&
+        [ "$(field outer_step "$g1")" = 20 ] && [ "$took" = 1 ] && [ "$took_s" -lt 60 ]; then
+        ok "$name"
+    else
+        bad "$name"; echo "    client exits r0 $rc0, r1 $rc1"
+        tail -n 4 "$tmp/g/c1.err" "$tmp/g/gw1-again.err" "$tmp/g/gw0.err"
+    fi
+else
+    bad "$name"; tail -3 "$tmp/g/gw1.err"
 fi
 stop_regions
 

@@ -268,6 +268,16 @@ static int others_past(const outer_sync *os, uint64_t k)
     return 0;
 }
 
+/* Whether some region completed round k without this one and refused our message of it
+ * (send_main: WAN_LEFT_OUT): its result is the job's, and no other region's message of k
+ * is worth waiting for. Under mu. */
+static int left_out_of(const outer_sync *os, uint64_t k)
+{
+    for (int r = 0; r < os->o.n_regions; r++)
+        if (r != os->o.region_index && os->peer[r].left_us_out >= (int64_t)k) return 1;
+    return 0;
+}
+
 /* One round, from the region's push to the new global state. Called and returns under mu. */
 static void run_round(outer_sync *os, float *delta, float *residual, float *avg, float *dec)
 {
@@ -322,7 +332,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     const int64_t span = deadline - t0, hard = t0 + os->o.round_timeout_ms;
     while (!atomic_load(&os->stopping) && !round_ready(os, k, t0) &&
            (net_now_ms() <= deadline || (net_now_ms() <= hard && still_arriving(os, k, span))) &&
-           os->round < (int64_t)k && !others_past(os, k))
+           os->round < (int64_t)k && !others_past(os, k) && !left_out_of(os, k))
         wait_a_while(os);
     if (!atomic_load(&os->stopping) && os->round < (int64_t)k && others_past(os, k)) {
         /* This gateway is behind the job (it restarted and its region pushed before it
