@@ -12,7 +12,8 @@
  * summary (podstate.c: pod_client_summary, the termination message of a finished client)
  * is read (1) only from a trainer container that exited 0, with every field in range, and
  * otherwise leaves its output untouched (0, or CIRRUS_ECORRUPT with a reason); the pod JSON
- * is not modified (compared with a copy).
+ * is not modified (compared with a copy); and what the operator's cache keeps of the pod
+ * (operator/cache_slim.c) gets the same state, reason, judgement and summary.
  */
 #include "fuzz.h"
 
@@ -20,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "../../operator/cache_slim.h"
 #include "../../operator/failpolicy.h"
 #include "../../operator/podstate.h"
 
@@ -75,6 +77,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FUZZ_CHECK(json_equal(pod, copy), "pod_state_of, failpolicy_judge or pod_client_summary "
                                       "modified the pod");
+    /* What the operator's cache keeps of the pod (cache_slim.h) is classified, judged and
+     * summarised as the whole pod is. */
+    json_t *slim = json_deep_copy(pod);
+    cache_slim_pod(slim);
+    char slim_why[128];
+    FUZZ_CHECK(pod_state_of(slim, slim_why, sizeof slim_why) == s && !strcmp(slim_why, why),
+               "the slimmed pod's state or reason differs");
+    int slim_rule = -2;
+    FUZZ_CHECK(failpolicy_judge(&defaults, slim, &slim_rule) == a && slim_rule == rule,
+               "the slimmed pod is judged otherwise");
+    client_summary slim_sum = {.step = -7};
+    FUZZ_CHECK(pod_client_summary(slim, 300, &slim_sum, &serr) == got &&
+                   (got != 1 || (slim_sum.step == sum.step && slim_sum.tokens == sum.tokens)),
+               "the slimmed pod's summary differs");
+    json_decref(slim);
     json_decref(copy);
     json_decref(pod);
     return 0;

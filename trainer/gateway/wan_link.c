@@ -183,6 +183,14 @@ static int take_done(outer_sync *os, int from, const wan_done *d, uint64_t *rece
         return cirrus_fail(err, WAN_LEFT_OUT, "outer step %llu was done here without region "
                            "%s's delta: it takes this gateway's result",
                            (unsigned long long)base, os->names[from]);
+    /* A message of a round done here and since passed: its sender fell behind (its gateway
+     * restarted, its region rejoined) and waits for the others' messages of that round,
+     * which were sent long ago or, while it was away, not at all. It takes this gateway's
+     * state instead (WAN_LEFT_OUT): the job's, whether or not its delta was in. */
+    if (os->round >= 0 && d->round < base)
+        return cirrus_fail(err, WAN_LEFT_OUT, "outer step %llu is past here (this gateway is "
+                           "at %llu): it takes this gateway's result",
+                           (unsigned long long)d->round, (unsigned long long)base);
     if (d->round <= base) return 0;
     if (d->round > base + 2)
         return cirrus_fail(err, CIRRUS_ECONFLICT, "this gateway is at outer step %llu, behind "
