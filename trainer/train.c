@@ -352,7 +352,7 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
 
     double t0 = clock_now_s(), t_last = t0;
     uint64_t last_step = step;
-    int ran = 0;
+    int ran = 0, joined_at_end = 0;
     for (; step < (uint64_t)o->steps; step++) {
         data_loader_next(train, x, y);
         float loss = 0.0f, lr = adamw_lr(&ac, step);
@@ -361,11 +361,27 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
             if (!ex->step(ex->ctx, step + 1, B, T, x, y, lr, step + 1, &loss, &failure)) break;
             int reread;
             if ((rc = recover(o, ex, train, &step, x, y, &reread, &failure, err))) goto out;
-            if (step >= (uint64_t)o->steps) break;
+            if (step >= (uint64_t)o->steps) {
+                joined_at_end = 1; /* the job's state is already past the last step */
+                break;
+            }
             if (reread) data_loader_next(train, x, y);
             lr = adamw_lr(&ac, step);
         }
-        if (step >= (uint64_t)o->steps) break;
+        if (step >= (uint64_t)o->steps) {
+            /* The region joined the job at its end: say where the model is, as the last
+             * progress line would (its digest is the job's final one). */
+            char where[512] = "";
+            if (joined_at_end && !o->quiet && ex->describe)
+                ex->describe(ex->ctx, o->json, where, sizeof where);
+            if (joined_at_end && !o->quiet && o->json)
+                printf("{\"step\":%d,\"joined_the_job_at_its_end\":true%s}\n", o->steps, where);
+            else if (joined_at_end && !o->quiet)
+                printf("step %6d/%d | the region took the job's final state%s\n", o->steps,
+                       o->steps, where);
+            fflush(stdout);
+            break;
+        }
         res->loss = loss;
         if (res->losses && step < (uint64_t)res->losses_cap) res->losses[step] = loss;
         res->tokens += (double)B * T;
