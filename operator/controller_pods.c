@@ -316,7 +316,9 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
                      const json_t *const *wants, size_t n, int *rcs, cirrus_error *errs)
 {
     kube_call calls[CREATE_BATCH_MAX];
+    size_t at[CREATE_BATCH_MAX]; /* calls[c] creates names[at[c]] */
     char paths[CREATE_BATCH_MAX][PATH_MAX_LEN];
+    size_t k = 0;
     if (n > CREATE_BATCH_MAX) n = CREATE_BATCH_MAX;
     for (size_t i = 0; i < n; i++) {
         const char *name = names[i];
@@ -332,36 +334,27 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
         }
         json_object_del(m->seen, name);
         char path[PATH_MAX_LEN];
-        calls[i] = (kube_call){.method = "PATCH", .path = paths[i], .body = wants[i],
-                               .content_type = KUBE_CT_APPLY_PATCH, .want_response = 1};
         rcs[i] = child_path(path, job, "pods", name)
                      ? cirrus_fail(&errs[i], CIRRUS_EINVAL, "pod path too long")
-                     : kube_apply_path(paths[i], sizeof paths[i], path, CONTROLLER_FIELD_MANAGER,
+                     : kube_apply_path(paths[k], sizeof paths[k], path, CONTROLLER_FIELD_MANAGER,
                                        &errs[i]);
+        if (rcs[i]) continue; /* left out of the requests */
+        calls[k] = (kube_call){.method = "PATCH", .path = paths[k], .body = wants[i],
+                               .content_type = KUBE_CT_APPLY_PATCH, .want_response = 1};
+        at[k++] = i;
     }
-    /* Those whose path could not be made are left out of the requests. */
-    kube_call *todo[CREATE_BATCH_MAX];
-    kube_call batch[CREATE_BATCH_MAX];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!rcs[i]) {
-            todo[i] = &batch[k];
-            batch[k++] = calls[i];
-        } else {
-            todo[i] = NULL;
-        }
-    kube_request_all(ctl->client, batch, k);
-    for (size_t i = 0; i < n; i++) {
-        if (!todo[i]) continue;
-        rcs[i] = todo[i]->rc;
+    kube_request_all(ctl->client, calls, k);
+    for (size_t c = 0; c < k; c++) {
+        const size_t i = at[c];
+        rcs[i] = calls[c].rc;
         if (rcs[i]) {
-            errs[i] = todo[i]->err;
+            errs[i] = calls[c].err;
         } else {
             ctl->stats.pods_created++;
-            const char *uid = meta_str(todo[i]->response, "uid");
+            const char *uid = meta_str(calls[c].response, "uid");
             if (uid) ctl_mark_seen(m, names[i], uid, 0, 0);
         }
-        json_decref(todo[i]->response);
+        json_decref(calls[c].response);
     }
 }
 
