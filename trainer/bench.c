@@ -103,13 +103,13 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     gpt_stage *st = NULL;
     adamw opt = {0};
     int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T), *y = malloc(sizeof(int32_t) * (size_t)B * T);
-    int rc = gpt_model_create(&m, cfg, err);
+    int rc = gpt_model_init(&m, cfg, err);
     if (rc) goto out_nomodel;
-    gpt_model_init(&m, 1);
-    if ((rc = gpt_stage_create(&st, &m, 0, cfg->n_layer, B, T, err))) goto out;
+    gpt_model_seed(&m, 1);
+    if ((rc = gpt_stage_new(&st, &m, 0, cfg->n_layer, B, T, err))) goto out;
     adamw_config ac = adamw_defaults(1e-3f, steps + 2);
     gpt_span all = {0, m.n_params};
-    if ((rc = adamw_create(&opt, cfg, &all, 1, &ac, err))) goto out;
+    if ((rc = adamw_init(&opt, cfg, &all, 1, &ac, err))) goto out;
     if (!x || !y) {
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a batch");
         goto out;
@@ -149,9 +149,9 @@ int bench_train(const gpt_config *cfg, int B, int T, int steps, bench_result *r,
     r->tiled_gflops = gpu ? r->sgemm_gflops : sgemm_ceiling(cfg, B * T, 5, 1, NULL);
     if (gpu && (rc = gpu->status(err))) goto out;
 out:
-    adamw_destroy(&opt);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    adamw_free(&opt);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 out_nomodel:
     free(x);
     free(y);

@@ -25,7 +25,7 @@ static int run_rank(int rank, const bench_collective_options *o, const int *fds,
     collective *c = NULL;
     ring_options ro = {.job_id = "bench-collective", .timeout_ms = 60000,
                        .chunk_bytes = o->chunk_bytes};
-    if (ring_create(&c, rank, o->world, fds[rank], hosts, ports, &ro, &err)) {
+    if (ring_new(&c, rank, o->world, fds[rank], hosts, ports, &ro, &err)) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         return 1;
     }
@@ -62,12 +62,12 @@ static int run_rank(int rank, const bench_collective_options *o, const int *fds,
         }
     }
     free(buf);
-    collective_destroy(c);
+    collective_free(c);
     return 0;
 fail:
     fprintf(stderr, "rank %d: %s\n", rank, err.msg);
     free(buf);
-    collective_destroy(c);
+    collective_free(c);
     return 1;
 }
 

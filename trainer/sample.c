@@ -43,7 +43,7 @@ int sample_generate(gpt_model *m, const char *prompt, int n_tokens, float temper
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate the sampling context");
         goto out;
     }
-    if ((rc = gpt_stage_create(&st, m, 0, m->cfg.n_layer, 1, Tmax, err))) goto out;
+    if ((rc = gpt_stage_new(&st, m, 0, m->cfg.n_layer, 1, Tmax, err))) goto out;
     size_t len = 0;
     if (plen == 0) ctx[len++] = '\n'; /* an empty prompt starts a new line */
     for (size_t i = 0; i < plen; i++) ctx[len++] = (unsigned char)prompt[i];
@@ -64,7 +64,7 @@ int sample_generate(gpt_model *m, const char *prompt, int n_tokens, float temper
     fputc('\n', out);
     fflush(out);
 out:
-    gpt_stage_destroy(st);
+    gpt_stage_free(st);
     free(ctx);
     free(logits);
     return rc;

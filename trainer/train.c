@@ -34,7 +34,7 @@ static float evaluate(const train_executor *ex, const data_corpus *corpus, int B
                       uint64_t seed, int32_t *x, int32_t *y)
 {
     data_loader *val = NULL;
-    if (!ex->eval || data_loader_create(&val, corpus, DATA_VAL, B, T, 0, 1, seed, NULL))
+    if (!ex->eval || data_loader_new(&val, corpus, DATA_VAL, B, T, 0, 1, seed, NULL))
         return -1.0f;
     uint64_t avail = data_loader_batches_per_epoch(val);
     if ((uint64_t)n > avail) n = (int)avail;
@@ -51,7 +51,7 @@ static float evaluate(const train_executor *ex, const data_corpus *corpus, int B
         }
         sum += loss;
     }
-    data_loader_destroy(val);
+    data_loader_free(val);
     return n > 0 ? (float)(sum / n) : -1.0f;
 }
 
@@ -213,10 +213,10 @@ static int restart_from_seed(const train_options *o, const train_executor *ex,
     const size_t n = gpt_num_params(&o->model);
     gpt_model m = {0};
     float *moments = calloc(2 * n, sizeof(float));
-    int rc = moments ? gpt_model_create(&m, &o->model, err)
+    int rc = moments ? gpt_model_init(&m, &o->model, err)
                      : cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate the seed's state");
     if (!rc) {
-        gpt_model_init(&m, o->seed);
+        gpt_model_seed(&m, o->seed);
         rc = ex->install(ex->ctx, m.params, moments, moments + n, 0, err);
     }
     if (!rc) rc = data_loader_seek(train, (data_position){0, 0}, err);
@@ -224,7 +224,7 @@ static int restart_from_seed(const train_options *o, const train_executor *ex,
         *step = 0;
         log_warn("no checkpoint written yet: training starts again from the seed");
     }
-    gpt_model_destroy(&m);
+    gpt_model_free(&m);
     free(moments);
     return rc;
 }
@@ -308,13 +308,13 @@ int train_run(const train_options *o, train_result *res, cirrus_error *err)
     train_executor local_ex = {.ctx = &local, .step = local_step, .eval = local_eval};
     const train_executor *ex = o->executor ? o->executor : &local_ex;
     if (!o->executor) {
-        if ((rc = gpt_model_create(&model, &o->model, err))) goto out;
-        gpt_model_init(&model, o->seed);
-        if ((rc = gpt_stage_create(&st, &model, 0, o->model.n_layer, B, T, err))) goto out;
+        if ((rc = gpt_model_init(&model, &o->model, err))) goto out;
+        gpt_model_seed(&model, o->seed);
+        if ((rc = gpt_stage_new(&st, &model, 0, o->model.n_layer, B, T, err))) goto out;
         local.stage = st;
-        if ((rc = adamw_create(&opt, &o->model, &all, 1, &ac, err))) goto out;
+        if ((rc = adamw_init(&opt, &o->model, &all, 1, &ac, err))) goto out;
     }
-    if ((rc = data_loader_create(&train, &corpus, DATA_TRAIN, B, T, o->data_rank,
+    if ((rc = data_loader_new(&train, &corpus, DATA_TRAIN, B, T, o->data_rank,
                                  o->data_world > 0 ? o->data_world : 1, o->seed, err)))
         goto out;
     x = malloc(sizeof(int32_t) * (size_t)B * T);
@@ -478,10 +478,10 @@ out:
     if (metrics) fclose(metrics);
     free(x);
     free(y);
-    data_loader_destroy(train);
-    adamw_destroy(&opt);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&model);
+    data_loader_free(train);
+    adamw_free(&opt);
+    gpt_stage_free(st);
+    gpt_model_free(&model);
     data_corpus_free(&corpus);
     return rc;
 }

@@ -81,7 +81,7 @@ void kube_client_free(kube_client *c)
     while (c->streams) {
         struct kube_stream *s = c->streams;
         c->streams = s->next;
-        if (s->zombie) s->destroy(s);
+        if (s->zombie) s->free(s);
     }
     curl_multi_cleanup(c->multi);
     free(c);
@@ -475,7 +475,7 @@ int kube_client_poll(kube_client *c, int timeout_ms)
         struct kube_stream *s = *sp;
         if (s->zombie) {
             *sp = s->next;
-            s->destroy(s);
+            s->free(s);
         } else {
             sp = &s->next;
         }
@@ -508,7 +508,7 @@ void kube_client_remove_stream(kube_client *c, struct kube_stream *s)
             *sp = s->next;
             break;
         }
-    s->destroy(s);
+    s->free(s);
 }
 
 kube_ticker *kube_ticker_new(kube_client *c, kube_tick_fn fn, void *ctx)

@@ -152,7 +152,7 @@ static void watch_dispatch(struct kube_stream *s)
     }
 }
 
-static void watch_destroy(struct kube_stream *s)
+static void watch_free(struct kube_stream *s)
 {
     kube_watch *w = (kube_watch *)s;
     kube_xfer_cleanup(&w->x);
@@ -187,7 +187,7 @@ int kube_watch_start(kube_client *c, const char *path, const char *extra_query,
     w->ctx = ctx;
     snprintf(w->rv, sizeof w->rv, "%s", resource_version ? resource_version : "");
     w->stream.dispatch = watch_dispatch;
-    w->stream.destroy = watch_destroy;
+    w->stream.free = watch_free;
     /* The server ends the watch at timeoutSeconds; a transfer still open a minute later
      * is talking to a dead peer. */
     rc = kube_xfer_init(c, &w->x, "GET", url, NULL, NULL, KUBE_RESPONSE_MAX,
@@ -201,7 +201,7 @@ int kube_watch_start(kube_client *c, const char *path, const char *extra_query,
 out:
     curl_free(rv);
     free(url);
-    if (rc && w) watch_destroy(&w->stream);
+    if (rc && w) watch_free(&w->stream);
     return rc;
 }
 

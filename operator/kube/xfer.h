@@ -44,7 +44,7 @@ int kube_xfer_error(const struct kube_xfer *x, const char *method, const char *p
 struct kube_stream {
     struct kube_stream *next;
     void (*dispatch)(struct kube_stream *s);
-    void (*destroy)(struct kube_stream *s);
+    void (*free)(struct kube_stream *s);
     int zombie;
 };
 void kube_client_add_stream(kube_client *c, struct kube_stream *s);

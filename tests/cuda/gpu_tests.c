@@ -345,11 +345,11 @@ enum { MB = 3, MT = 32, STEPS = 3 };
 static void model_on(gpt_model *m, const char *backend)
 {
     cirrus_error err = {0};
-    if (ops_select(backend, &err) || gpt_model_create(m, &mcfg, &err)) {
+    if (ops_select(backend, &err) || gpt_model_init(m, &mcfg, &err)) {
         fprintf(stderr, "gpu-tests: %s\n", err.msg);
         exit(1);
     }
-    gpt_model_init(m, 7);
+    gpt_model_seed(m, 7);
 }
 
 static void batch(int step, int32_t *x, int32_t *y)
@@ -372,7 +372,7 @@ static int run_stages(gpt_model *m, const int *bounds, int n_stages, const int32
     const size_t hid = (size_t)MB * MT * mcfg.n_embd;
     int rc = 0;
     for (int i = 0; i < n_stages && !rc; i++)
-        rc = gpt_stage_create(&st[i], m, bounds[i], bounds[i + 1], MB, MT, NULL);
+        rc = gpt_stage_new(&st[i], m, bounds[i], bounds[i + 1], MB, MT, NULL);
     for (int i = 1; i < n_stages; i++) h[i] = calloc(hid, sizeof(float));
     float *g = calloc(hid, sizeof(float)), *g2 = calloc(hid, sizeof(float));
     for (int i = 0; i < n_stages && !rc; i++) {
@@ -388,7 +388,7 @@ static int run_stages(gpt_model *m, const int *bounds, int n_stages, const int32
         g = g2, g2 = t;
     }
     if (!rc) gpt_fold_tied_grads(m);
-    for (int i = 0; i < n_stages; i++) gpt_stage_destroy(st[i]), free(h[i + 1]);
+    for (int i = 0; i < n_stages; i++) gpt_stage_free(st[i]), free(h[i + 1]);
     free(g), free(g2);
     return rc;
 }
@@ -413,8 +413,8 @@ static void test_model(const int *bounds, int n_stages, const char *what)
         expect_close(name, mg.grads, mc.grads, mc.n_params, TOL_MODEL);
     }
     ops_select("cpu", NULL);
-    gpt_model_destroy(&mc);
-    gpt_model_destroy(&mg);
+    gpt_model_free(&mc);
+    gpt_model_free(&mg);
 }
 
 static void test_training(void)
@@ -431,7 +431,7 @@ static void test_training(void)
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         ops_select(k ? gpu_name : "cpu", NULL); /* the optimizer binds the selected backend */
-        rc = adamw_create(&opt[k], &mcfg, &all, 1, &ac, NULL);
+        rc = adamw_init(&opt[k], &mcfg, &all, 1, &ac, NULL);
         for (int s = 0; s < STEPS && !rc; s++) {
             int32_t x[MB * MT], y[MB * MT];
             batch(s, x, y);
@@ -450,11 +450,11 @@ static void test_training(void)
          * rounding noise on both sides (a true zero) moves by +-lr on either, and such
          * elements legitimately differ. The losses are what must agree. */
     }
-    adamw_destroy(&opt[0]);
-    adamw_destroy(&opt[1]);
+    adamw_free(&opt[0]);
+    adamw_free(&opt[1]);
     ops_select("cpu", NULL);
-    gpt_model_destroy(&m[0]);
-    gpt_model_destroy(&m[1]);
+    gpt_model_free(&m[0]);
+    gpt_model_free(&m[1]);
 }
 
 static int run_all(void)

@@ -48,8 +48,8 @@ static data_loader *make_loader(const data_corpus *c, enum data_split split, int
 {
     data_loader *l = NULL;
     cirrus_error err = {0};
-    int rc = data_loader_create(&l, c, split, B, T, rank, world, seed, &err);
-    if (rc != 0) TEST_FAIL("data_loader_create: %s", err.msg);
+    int rc = data_loader_new(&l, c, split, B, T, rank, world, seed, &err);
+    if (rc != 0) TEST_FAIL("data_loader_new: %s", err.msg);
     return l;
 }
 
@@ -68,7 +68,7 @@ TEST(data_targets_are_inputs_shifted)
             ASSERT(k >= 0); /* a real window of the train split, starting at a multiple of T */
         }
     }
-    data_loader_destroy(l);
+    data_loader_free(l);
     data_corpus_free(&c);
 }
 
@@ -104,8 +104,8 @@ static void check_sharding(int world)
         ASSERT_EQ(a.cursor, b.cursor);
     }
     ASSERT_EQ(data_loader_tell(whole).epoch, 2);
-    for (int r = 0; r < world; r++) data_loader_destroy(ranks[r]);
-    data_loader_destroy(whole);
+    for (int r = 0; r < world; r++) data_loader_free(ranks[r]);
+    data_loader_free(whole);
     data_corpus_free(&c);
 }
 
@@ -156,7 +156,7 @@ TEST(data_epoch_visits_each_window_once)
         same &= window_of(&c, 0, c.train_len, T, in + b * T, tg + b * T) == first_rows[b];
     ASSERT(!same);
     free(hit);
-    data_loader_destroy(l);
+    data_loader_free(l);
     data_corpus_free(&c);
 }
 
@@ -178,9 +178,9 @@ TEST(data_seed_is_deterministic)
         differs += memcmp(ia, id, sizeof ia) != 0;
     }
     ASSERT(differs > 90); /* another seed gives another order, not the same one shifted */
-    data_loader_destroy(a);
-    data_loader_destroy(b);
-    data_loader_destroy(d);
+    data_loader_free(a);
+    data_loader_free(b);
+    data_loader_free(d);
     data_corpus_free(&c);
 }
 
@@ -219,9 +219,9 @@ TEST(data_tell_seek_reproduces_batches)
     ASSERT_OK(data_loader_seek(d, e1, &err));
     data_loader_next(d, in, tg);
     ASSERT(memcmp(in, ref_in[3], sizeof in) == 0);
-    data_loader_destroy(a);
-    data_loader_destroy(b);
-    data_loader_destroy(d);
+    data_loader_free(a);
+    data_loader_free(b);
+    data_loader_free(d);
     data_corpus_free(&c);
 }
 
@@ -246,7 +246,7 @@ TEST(data_val_split_is_tail_in_order)
             }
         }
     }
-    data_loader_destroy(l);
+    data_loader_free(l);
     data_corpus_free(&c);
 }
 
@@ -268,26 +268,26 @@ TEST(data_bad_args_rejected)
     cirrus_error err = {0};
     char path[512];
     load_corpus(&c, 1000, 0.1); /* 900 train bytes: 112 windows of 8+1 */
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 0, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 4, 0, 0, 1, 1, &err), CIRRUS_EINVAL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, -1, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 4, 8, -1, 2, 1, &err), CIRRUS_EINVAL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 4, 8, 2, 2, 1, &err), CIRRUS_EINVAL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 4, 8, 0, 0, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 0, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 4, 0, 0, 1, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, -1, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 4, 8, -1, 2, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 4, 8, 2, 2, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 4, 8, 0, 0, 1, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "rank") != NULL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_TRAIN, 113, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_TRAIN, 113, 8, 0, 1, 1, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "windows") != NULL);
-    ASSERT_EQ(data_loader_create(&l, &c, DATA_VAL, 4, 8, 0, 4, 1, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(data_loader_new(&l, &c, DATA_VAL, 4, 8, 0, 4, 1, &err), CIRRUS_EINVAL);
     ASSERT(l == NULL);
     /* Exactly enough windows is fine: 112 = 2 ranks x 56. */
-    ASSERT_OK(data_loader_create(&l, &c, DATA_TRAIN, 56, 8, 1, 2, 1, &err));
+    ASSERT_OK(data_loader_new(&l, &c, DATA_TRAIN, 56, 8, 1, 2, 1, &err));
     ASSERT_EQ(data_loader_batches_per_epoch(l), 1);
     data_position past = {0, 113}, end = {0, 112};
     ASSERT_EQ(data_loader_seek(l, past, &err), CIRRUS_EINVAL);
     ASSERT_OK(data_loader_seek(l, end, &err)); /* the end of epoch 0 is epoch 1's start */
     ASSERT_EQ(data_loader_tell(l).epoch, 1);
     ASSERT_EQ(data_loader_tell(l).cursor, 0);
-    data_loader_destroy(l);
+    data_loader_free(l);
     data_corpus_free(&c);
 
     snprintf(path, sizeof path, "%s/corpus.txt", test_tmpdir());
@@ -321,6 +321,6 @@ TEST(data_real_corpus_if_present)
         ASSERT(in[i] >= 0 && in[i] < 256);
         if (i % 64 != 63) ASSERT_EQ(tg[i], in[i + 1]);
     }
-    data_loader_destroy(l);
+    data_loader_free(l);
     data_corpus_free(&c);
 }

@@ -15,7 +15,7 @@ static deadline_estimator *make(int window, int min_samples)
     c.window = window;
     c.min_samples = min_samples;
     deadline_estimator *d;
-    ASSERT_OK(deadline_estimator_create(&d, &c));
+    ASSERT_OK(deadline_estimator_new(&d, &c));
     return d;
 }
 
@@ -44,14 +44,14 @@ TEST(deadline_median_mad_known_data)
     feed(d, odd, 5);
     ASSERT_EQ(deadline_stats(d, &med, &mad), 5);
     ASSERT(med == 3.0 && mad == 1.0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 
     d = make(64, 1);
     const double even[4] = {4, 2, 1, 3}; /* median 2.5, deviations 1.5 .5 .5 1.5 -> 1 */
     feed(d, even, 4);
     ASSERT_EQ(deadline_stats(d, &med, &mad), 4);
     ASSERT(med == 2.5 && mad == 1.0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 
     /* The deadline itself: median 1, MAD 0.1875 (all values exact in binary). */
     d = make(64, 8);
@@ -60,7 +60,7 @@ TEST(deadline_median_mad_known_data)
     ASSERT_EQ(deadline_stats(d, &med, &mad), 8);
     ASSERT(med == 1.0 && mad == 0.1875);
     ASSERT_NEAR(deadline_get(d), 1.0 + 6 * 1.4826 * 0.1875, 1e-12);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 }
 
 /* Selection against sorting, on random windows with many duplicates, through the ring's
@@ -87,7 +87,7 @@ TEST(deadline_matches_sorted_reference)
         ASSERT_EQ(deadline_stats(d, &med, &mad), m);
         ASSERT(med == want_med);
         ASSERT(mad == want_mad);
-        deadline_estimator_destroy(d);
+        deadline_estimator_free(d);
     }
 }
 
@@ -101,13 +101,13 @@ TEST(deadline_initial_until_min_samples)
     }
     ASSERT_OK(deadline_observe(d, 0.2));
     ASSERT_LT(deadline_get(d), 1.0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
     /* An initial deadline above the ceiling is clamped to it. */
     deadline_config c = deadline_config_default();
     c.ceiling_s = 10;
-    ASSERT_OK(deadline_estimator_create(&d, &c));
+    ASSERT_OK(deadline_estimator_new(&d, &c));
     ASSERT(deadline_get(d) == 10.0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 }
 
 TEST(deadline_clamps_and_min_ratio)
@@ -115,16 +115,16 @@ TEST(deadline_clamps_and_min_ratio)
     deadline_estimator *d = make(64, 8);
     for (int i = 0; i < 20; i++) ASSERT_OK(deadline_observe(d, 0.001 + 0.0001 * (i % 3)));
     ASSERT(deadline_get(d) == 0.05); /* floor */
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
     d = make(64, 8);
     for (int i = 0; i < 20; i++) ASSERT_OK(deadline_observe(d, 100 + 20 * (i % 5)));
     ASSERT(deadline_get(d) == 120.0); /* ceiling */
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
     /* Constant latencies: MAD 0, the deadline keeps 50% above the median. */
     d = make(64, 8);
     for (int i = 0; i < 20; i++) ASSERT_OK(deadline_observe(d, 2.0));
     ASSERT(deadline_get(d) == 3.0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 }
 
 TEST(deadline_robust_to_an_outlier)
@@ -148,7 +148,7 @@ TEST(deadline_robust_to_an_outlier)
     ASSERT_LT(fabs(after - before) / before, 0.05);
     ASSERT_LT(after, 2.0);
     ASSERT_LT(100.0, mean + 6 * sd); /* what a mean/stddev rule would have done */
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 }
 
 /* Latencies jump from ~1 s to 10 s (all peers at once): timeouts must raise the deadline
@@ -183,7 +183,7 @@ TEST(deadline_timeouts_grow_it)
     /* And back down: fast latencies end the back-off at once. */
     for (int i = 0; i < 64; i++) ASSERT_OK(deadline_observe(d, 1.0));
     ASSERT(deadline_get(d) == 1.5);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
 }
 
 TEST(deadline_rejects_bad_input)
@@ -194,20 +194,20 @@ TEST(deadline_rejects_bad_input)
     ASSERT_EQ(deadline_observe(d, INFINITY), CIRRUS_EINVAL);
     ASSERT_EQ(deadline_observe_timeout(d, NAN), CIRRUS_EINVAL);
     ASSERT_EQ(deadline_stats(d, NULL, NULL), 0);
-    deadline_estimator_destroy(d);
+    deadline_estimator_free(d);
     deadline_config c = deadline_config_default();
     deadline_estimator *e = (deadline_estimator *)&c;
     c.window = 0;
-    ASSERT_EQ(deadline_estimator_create(&e, &c), CIRRUS_EINVAL);
+    ASSERT_EQ(deadline_estimator_new(&e, &c), CIRRUS_EINVAL);
     ASSERT(e == NULL);
     c = deadline_config_default();
     c.min_samples = 65;
-    ASSERT_EQ(deadline_estimator_create(&e, &c), CIRRUS_EINVAL);
+    ASSERT_EQ(deadline_estimator_new(&e, &c), CIRRUS_EINVAL);
     c = deadline_config_default();
     c.floor_s = 200; /* above the ceiling */
-    ASSERT_EQ(deadline_estimator_create(&e, &c), CIRRUS_EINVAL);
+    ASSERT_EQ(deadline_estimator_new(&e, &c), CIRRUS_EINVAL);
     c = deadline_config_default();
     c.min_ratio = 0.5;
-    ASSERT_EQ(deadline_estimator_create(&e, &c), CIRRUS_EINVAL);
-    deadline_estimator_destroy(NULL);
+    ASSERT_EQ(deadline_estimator_new(&e, &c), CIRRUS_EINVAL);
+    deadline_estimator_free(NULL);
 }

@@ -13,8 +13,8 @@ static void make_model(gpt_model *m, int n_layer, uint64_t seed)
 {
     gpt_config cfg = {.n_layer = n_layer, .n_embd = 16, .n_head = 2, .seq_len = 8,
                       .vocab = GPT_VOCAB};
-    ASSERT_OK(gpt_model_create(m, &cfg, NULL));
-    gpt_model_init(m, seed);
+    ASSERT_OK(gpt_model_init(m, &cfg, NULL));
+    gpt_model_seed(m, seed);
     rng_state r;
     rng_seed(&r, seed + 1);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] += 0.05f * rng_normal(&r);
@@ -60,7 +60,7 @@ TEST(model_gradient_check_every_tensor)
     gpt_model m;
     make_model(&m, 2, 11);
     gpt_stage *st;
-    ASSERT_OK(gpt_stage_create(&st, &m, 0, 2, B, T, NULL));
+    ASSERT_OK(gpt_stage_new(&st, &m, 0, 2, B, T, NULL));
     int32_t x[B * T], y[B * T];
     make_batch(x, y, B * T, 5);
     full_loss(&m, st, x, y, 1);
@@ -110,8 +110,8 @@ TEST(model_gradient_check_every_tensor)
     }
     free(tab);
     free(grad);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 /* The input gradient a middle stage returns, checked the same way: the stage's output
@@ -122,7 +122,7 @@ TEST(model_gradient_check_stage_input)
     make_model(&m, 3, 21);
     const int C = m.cfg.n_embd, N = B * T;
     gpt_stage *st;
-    ASSERT_OK(gpt_stage_create(&st, &m, 1, 2, B, T, NULL));
+    ASSERT_OK(gpt_stage_new(&st, &m, 1, 2, B, T, NULL));
     float *hin = malloc(sizeof(float) * N * C), *gout = malloc(sizeof(float) * N * C);
     float *out = malloc(sizeof(float) * N * C), *gin = malloc(sizeof(float) * N * C);
     float *d = malloc(sizeof(float) * N * C), *hp = malloc(sizeof(float) * N * C);
@@ -160,8 +160,8 @@ TEST(model_gradient_check_stage_input)
      * than the loss's (~1e-5 absolute); the tolerance scales accordingly. */
     ASSERT_NEAR(numeric, expect, 2e-3 + 1e-3 * fabs(expect));
     free(hin), free(gout), free(out), free(gin), free(d), free(hp);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 /* Run the model as consecutive stage slices; return the loss. Gradients land in m. */
@@ -172,7 +172,7 @@ static float run_split(gpt_model *m, const int *bounds, int nstages, const int32
     gpt_stage *st[8];
     float *act[9] = {0}, *grad[9] = {0};
     for (int s = 0; s < nstages; s++) {
-        ASSERT_OK(gpt_stage_create(&st[s], m, bounds[s], bounds[s + 1], B, T, NULL));
+        ASSERT_OK(gpt_stage_new(&st[s], m, bounds[s], bounds[s + 1], B, T, NULL));
         act[s + 1] = malloc(sizeof(float) * N * C);
         grad[s + 1] = malloc(sizeof(float) * N * C);
     }
@@ -188,7 +188,7 @@ static float run_split(gpt_model *m, const int *bounds, int nstages, const int32
         ASSERT_OK(gpt_stage_backward(st[s], &in[s], grad[s + 1], grad[s]));
     gpt_fold_tied_grads(m);
     for (int s = 0; s < nstages; s++) {
-        gpt_stage_destroy(st[s]);
+        gpt_stage_free(st[s]);
         free(act[s + 1]);
         free(grad[s + 1]);
     }
@@ -216,7 +216,7 @@ TEST(model_stage_split_bit_identical)
     ASSERT(memcmp(&l1, &l4, sizeof l1) == 0);
     ASSERT(memcmp(g1, m.grads, sizeof(float) * m.n_params) == 0);
     free(g1);
-    gpt_model_destroy(&m);
+    gpt_model_free(&m);
 }
 
 /* A backward for another microbatch than the kept one must recompute, not reuse. */
@@ -225,7 +225,7 @@ TEST(model_backward_recomputes_for_other_input)
     gpt_model m;
     make_model(&m, 2, 41);
     gpt_stage *st;
-    ASSERT_OK(gpt_stage_create(&st, &m, 0, 2, B, T, NULL));
+    ASSERT_OK(gpt_stage_new(&st, &m, 0, 2, B, T, NULL));
     int32_t x1[B * T], y1[B * T], x2[B * T], y2[B * T];
     make_batch(x1, y1, B * T, 1);
     make_batch(x2, y2, B * T, 2);
@@ -241,8 +241,8 @@ TEST(model_backward_recomputes_for_other_input)
     ASSERT_OK(gpt_stage_backward(st, &b, NULL, NULL)); /* must not use a's */
     ASSERT(memcmp(ref, m.grads, sizeof(float) * m.n_params) == 0);
     free(ref);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 TEST(model_rejects_bad_input)
@@ -251,10 +251,10 @@ TEST(model_rejects_bad_input)
     make_model(&m, 2, 51);
     gpt_stage *st;
     cirrus_error err = {0};
-    ASSERT_EQ(gpt_stage_create(&st, &m, 1, 5, B, T, &err), CIRRUS_EINVAL);
+    ASSERT_EQ(gpt_stage_new(&st, &m, 1, 5, B, T, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "outside") != NULL);
-    ASSERT_EQ(gpt_stage_create(&st, &m, 0, 2, B, 9, &err), CIRRUS_EINVAL);
-    ASSERT_OK(gpt_stage_create(&st, &m, 0, 2, B, T, NULL));
+    ASSERT_EQ(gpt_stage_new(&st, &m, 0, 2, B, 9, &err), CIRRUS_EINVAL);
+    ASSERT_OK(gpt_stage_new(&st, &m, 0, 2, B, T, NULL));
     int32_t x[B * T], y[B * T];
     make_batch(x, y, B * T, 1);
     float loss;
@@ -264,8 +264,8 @@ TEST(model_rejects_bad_input)
     x[3] = 0;
     in.B = B + 1; /* more than the stage was sized for */
     ASSERT_EQ(gpt_stage_forward(st, &in, NULL, &loss, 0), CIRRUS_EINVAL);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 TEST(model_config_validation)

@@ -16,7 +16,7 @@ static rebalance_state *make(int n_stages, double min_gain, int min_peers, int h
     if (min_gain >= 0) c.min_gain = min_gain;
     if (min_peers >= 0) c.min_peers = min_peers;
     if (hold >= 0) c.hold_periods = hold;
-    rebalance_state *s = rebalance_create(n_stages, &c);
+    rebalance_state *s = rebalance_new(n_stages, &c);
     ASSERT(s != NULL);
     return s;
 }
@@ -46,7 +46,7 @@ TEST(rebalance_moves_to_bottleneck)
     ASSERT_NEAR(t, 2.0, 1e-12);
     rebalance_next_period(s);
     ASSERT_EQ(rebalance_decide(s, &m), 0); /* 2-2: balanced */
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_balanced_no_move)
@@ -58,7 +58,7 @@ TEST(rebalance_balanced_no_move)
     /* Unmeasured peers count as their stage's average: still balanced. */
     put(s, 0, 0, 0);
     ASSERT_EQ(rebalance_decide(s, &m), 0);
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_small_gain_no_move)
@@ -69,7 +69,7 @@ TEST(rebalance_small_gain_no_move)
     put(s, 4, 1, 1), put(s, 5, 1, 1);
     rebalance_move m;
     ASSERT_EQ(rebalance_decide(s, &m), 0);
-    rebalance_destroy(s);
+    rebalance_free(s);
     /* With a 4% margin it moves -- the slow peer, which leaves the donor best provided. */
     s = make(2, 0.04, -1, -1);
     put(s, 0, 0, 1), put(s, 1, 0, 1), put(s, 2, 0, 1), put(s, 3, 0, 0.1);
@@ -77,7 +77,7 @@ TEST(rebalance_small_gain_no_move)
     ASSERT_EQ(rebalance_decide(s, &m), 1);
     ASSERT_EQ(m.peer_id, 3);
     ASSERT_NEAR(m.min_after, 2.1, 1e-9);
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_peer_moves_once_per_period)
@@ -102,7 +102,7 @@ TEST(rebalance_peer_moves_once_per_period)
     ASSERT_EQ(m.peer_id, 1);
     ASSERT_EQ(m.from_stage, 0);
     ASSERT_EQ(m.to_stage, 1);
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_min_peers_floor)
@@ -112,19 +112,19 @@ TEST(rebalance_min_peers_floor)
     put(s, 0, 0, 5), put(s, 1, 0, 5), put(s, 2, 1, 0.5), put(s, 3, 1, 0.5);
     rebalance_move m;
     ASSERT_EQ(rebalance_decide(s, &m), 0);
-    rebalance_destroy(s);
+    rebalance_free(s);
     s = make(2, -1, 1, -1);
     put(s, 0, 0, 5), put(s, 1, 0, 5), put(s, 2, 1, 0.5), put(s, 3, 1, 0.5);
     ASSERT_EQ(rebalance_decide(s, &m), 1);
     ASSERT_EQ(m.from_stage, 0);
-    rebalance_destroy(s);
+    rebalance_free(s);
     /* A stage that lost its last peer is filled first, from a stage that can spare one. */
     s = make(3, -1, 1, -1);
     put(s, 0, 0, 1), put(s, 1, 1, 1), put(s, 2, 1, 1);
     ASSERT_EQ(rebalance_decide(s, &m), 1);
     ASSERT_EQ(m.from_stage, 1);
     ASSERT_EQ(m.to_stage, 2);
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 /* max_peers (the operator's peers.max): no stage is given a peer when it has that many,
@@ -135,7 +135,7 @@ static int settle(int max_peers)
     rebalance_config c = rebalance_config_default();
     c.hold_periods = 0;
     c.max_peers = max_peers;
-    rebalance_state *s = rebalance_create(2, &c);
+    rebalance_state *s = rebalance_new(2, &c);
     ASSERT(s != NULL);
     for (uint32_t i = 0; i < 6; i++) put(s, i, 0, 1.0);
     put(s, 6, 1, 0.2); /* stage 1: one slow peer */
@@ -147,7 +147,7 @@ static int settle(int max_peers)
     int n;
     double t;
     ASSERT_OK(rebalance_stage_info(s, 1, &n, &t));
-    rebalance_destroy(s);
+    rebalance_free(s);
     return n;
 }
 
@@ -158,7 +158,7 @@ TEST(rebalance_max_peers_bound)
     ASSERT(settle(0) > 3);
     rebalance_config c = rebalance_config_default();
     c.max_peers = -1;
-    ASSERT(rebalance_create(2, &c) == NULL);
+    ASSERT(rebalance_new(2, &c) == NULL);
 }
 
 TEST(rebalance_scales_by_stage_work)
@@ -177,7 +177,7 @@ TEST(rebalance_scales_by_stage_work)
     ASSERT_NEAR(t, 2.0, 1e-12);
     rebalance_next_period(s);
     ASSERT_EQ(rebalance_decide(s, &m), 0); /* 2 vs 3 would be no better */
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_reverse_needs_more)
@@ -198,7 +198,7 @@ TEST(rebalance_reverse_needs_more)
     put(s, 4, 1, 1.3); /* +30%: a real change, x may go back */
     ASSERT_EQ(rebalance_decide(s, &m), 1);
     ASSERT_EQ(m.peer_id, x);
-    rebalance_destroy(s);
+    rebalance_free(s);
 }
 
 TEST(rebalance_rejects_bad_input)
@@ -212,13 +212,13 @@ TEST(rebalance_rejects_bad_input)
     ASSERT_EQ(rebalance_peer_set(s, 1, 0, NAN), CIRRUS_EINVAL);
     ASSERT_EQ(rebalance_peer_remove(s, 77), CIRRUS_ENOENT);
     ASSERT_EQ(rebalance_stage_work(s, 0, 0), CIRRUS_EINVAL);
-    ASSERT(rebalance_create(0, NULL) == NULL);
+    ASSERT(rebalance_new(0, NULL) == NULL);
     rebalance_config c = rebalance_config_default();
     c.min_gain = -1;
-    ASSERT(rebalance_create(2, &c) == NULL);
+    ASSERT(rebalance_new(2, &c) == NULL);
     ASSERT_EQ(rebalance_decide(s, &m), 0); /* one empty stage, one lone peer: nothing */
-    rebalance_destroy(s);
-    rebalance_destroy(NULL);
+    rebalance_free(s);
+    rebalance_free(NULL);
 }
 
 /* ---- simulation: lopsided starts, noisy estimates, one decision per period ---- */
@@ -280,7 +280,7 @@ static int simulate(int n_stages, int n, const double *tput, const int *start, d
     for (int k = 0; k < n_stages; k++) mn = fmin(mn, t[k]);
     ASSERT_NEAR(mn, best_min(tput, n, n_stages, 1), 1e-9); /* the best assignment */
     ASSERT(last_move_period < PERIODS - 5);                  /* settled, not wandering */
-    rebalance_destroy(s);
+    rebalance_free(s);
     *last = last_move_period;
     return moves;
 }

@@ -20,7 +20,7 @@ typedef struct rank_ctx {
     size_t n;
     int calls;        /* all-reduces to run */
     int die_after;    /* > 0: this rank destroys its ring before the call, simulating death */
-    int rc_create, rc_reduce;
+    int rc_new, rc_reduce;
     cirrus_error err;
 } rank_ctx;
 
@@ -28,14 +28,14 @@ static void *rank_main(void *arg)
 {
     rank_ctx *c = arg;
     collective *coll = NULL;
-    c->rc_create = ring_create(&coll, c->rank, c->world, c->listen_fd, c->hosts, c->ports,
+    c->rc_new = ring_new(&coll, c->rank, c->world, c->listen_fd, c->hosts, c->ports,
                                &c->opt, &c->err);
-    if (c->rc_create) return NULL;
+    if (c->rc_new) return NULL;
     for (int i = 0; i < c->calls && !c->rc_reduce; i++) {
         if (c->die_after && i == c->die_after) break;
         c->rc_reduce = collective_allreduce_sum(coll, c->data, c->n, &c->err);
     }
-    collective_destroy(coll);
+    collective_free(coll);
     return NULL;
 }
 
@@ -74,7 +74,7 @@ static void check_exact_sums(int world, size_t n, size_t chunk_bytes)
     rank_ctx ctx[MAX_RANKS];
     run_ring(world, data, n, 1, chunk_bytes, -1, ctx);
     for (int r = 0; r < world; r++) {
-        ASSERT_OK(ctx[r].rc_create);
+        ASSERT_OK(ctx[r].rc_new);
         if (ctx[r].rc_reduce) TEST_FAIL("rank %d: %s", r, ctx[r].err.msg);
         for (size_t i = 0; i < n; i++) {
             float want = (float)(world * (i % 97) + 1000 * world * (world - 1) / 2);
@@ -148,7 +148,7 @@ TEST(ring_dead_rank_fails_fast)
     run_ring(WORLD, data, n, 2, 65536, 1, ctx); /* rank 1 leaves after one call */
     int failed = 0;
     for (int r = 0; r < WORLD; r++) {
-        ASSERT_OK(ctx[r].rc_create);
+        ASSERT_OK(ctx[r].rc_new);
         if (r != 1 && ctx[r].rc_reduce) failed++;
     }
     ASSERT_EQ(failed, 2);
@@ -214,7 +214,7 @@ TEST(ring_bad_peer_fails_within_deadline)
         }
         pthread_join(th, NULL);
         double dt = now_s() - t0;
-        ASSERT_OK(ctx.rc_create);
+        ASSERT_OK(ctx.rc_new);
         if (ctx.rc_reduce == 0) TEST_FAIL("mode %d: the all-reduce succeeded", mode);
         if (want[mode] && ctx.rc_reduce != want[mode])
             TEST_FAIL("mode %d: error %d (%s), expected %d", mode, ctx.rc_reduce, ctx.err.msg,

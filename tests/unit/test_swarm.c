@@ -107,13 +107,13 @@ TEST(swarm_two_peers_equal_one_process)
     const adamw_config ac = adamw_defaults(1e-2f, STEPS);
     /* Reference: the whole model in this process, the same steps as train.c takes. */
     gpt_model m;
-    ASSERT_OK(gpt_model_create(&m, &cfg, NULL));
-    gpt_model_init(&m, 5);
+    ASSERT_OK(gpt_model_init(&m, &cfg, NULL));
+    gpt_model_seed(&m, 5);
     gpt_stage *st;
-    ASSERT_OK(gpt_stage_create(&st, &m, 0, cfg.n_layer, B, T, NULL));
+    ASSERT_OK(gpt_stage_new(&st, &m, 0, cfg.n_layer, B, T, NULL));
     adamw opt;
     gpt_span all = {0, m.n_params};
-    ASSERT_OK(adamw_create(&opt, &cfg, &all, 1, &ac, NULL));
+    ASSERT_OK(adamw_init(&opt, &cfg, &all, 1, &ac, NULL));
     float ref_loss[STEPS];
     int32_t x[B * T], y[B * T];
     for (int s = 0; s < STEPS; s++) {
@@ -158,9 +158,9 @@ TEST(swarm_two_peers_equal_one_process)
     ASSERT(memcmp(&loss, &want, sizeof loss) == 0);
     pipeline_close(p);
     for (int i = 0; i < 2; i++) stop_peer(&peers[i], th[i], 0);
-    adamw_destroy(&opt);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    adamw_free(&opt);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 /* The losses of in-process training with gradient accumulation over m microbatches per step
@@ -169,13 +169,13 @@ static void accumulation_losses(int msteps, int m_micro, float *ref)
 {
     const adamw_config ac = adamw_defaults(1e-3f, msteps);
     gpt_model m;
-    ASSERT_OK(gpt_model_create(&m, &cfg, NULL));
-    gpt_model_init(&m, 5);
+    ASSERT_OK(gpt_model_init(&m, &cfg, NULL));
+    gpt_model_seed(&m, 5);
     gpt_stage *st;
-    ASSERT_OK(gpt_stage_create(&st, &m, 0, cfg.n_layer, B, T, NULL));
+    ASSERT_OK(gpt_stage_new(&st, &m, 0, cfg.n_layer, B, T, NULL));
     adamw opt;
     gpt_span all = {0, m.n_params};
-    ASSERT_OK(adamw_create(&opt, &cfg, &all, 1, &ac, NULL));
+    ASSERT_OK(adamw_init(&opt, &cfg, &all, 1, &ac, NULL));
     int32_t x[B * T], y[B * T];
     for (int s = 0; s < msteps; s++) {
         for (int i = 0; i < m_micro; i++) {
@@ -190,9 +190,9 @@ static void accumulation_losses(int msteps, int m_micro, float *ref)
                    adamw_total_sumsq(&opt, m.grads, 1.0f / m_micro), adamw_lr(&ac, (uint64_t)s),
                    (uint64_t)s + 1);
     }
-    adamw_destroy(&opt);
-    gpt_stage_destroy(st);
-    gpt_model_destroy(&m);
+    adamw_free(&opt);
+    gpt_stage_free(st);
+    gpt_model_free(&m);
 }
 
 /* Several microbatches in flight over a stage of two peers, one of them three times slower
@@ -509,8 +509,8 @@ TEST(swarm_stage_lost_whole_is_restored)
     if (pipeline_gather_state_as_is(p, state, state + n, state + 2 * n, &err))
         TEST_FAIL("gather: %s", err.msg);
     gpt_model seed;
-    ASSERT_OK(gpt_model_create(&seed, &cfg, NULL));
-    gpt_model_init(&seed, 5);
+    ASSERT_OK(gpt_model_init(&seed, &cfg, NULL));
+    gpt_model_seed(&seed, 5);
     gpt_span own[2], first[2];
     /* Stage 1's last span is its layers (the one before, if any, its copy of the tied wte,
      * which the gather takes from stage 0); stage 0's first holds the embeddings. */
@@ -552,7 +552,7 @@ TEST(swarm_stage_lost_whole_is_restored)
     ASSERT(memcmp(a, b, 3 * n1 * sizeof(float)) == 0);
     free(a);
     free(b);
-    gpt_model_destroy(&seed);
+    gpt_model_free(&seed);
     free(state);
     pipeline_close(p);
     for (int i = 0; i < 4; i++) stop_peer(&peers[i], th[i], i == 1);

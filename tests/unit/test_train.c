@@ -138,7 +138,7 @@ TEST(adamw_schedule_and_clipping)
     gpt_span span = {off, 2}; /* the first 2 floats of layer0.ln1b: a vector, not decayed */
     ASSERT(!tab[3].decay);
     adamw o;
-    ASSERT_OK(adamw_create(&o, &cfg, &span, 1, &c, NULL));
+    ASSERT_OK(adamw_init(&o, &cfg, &span, 1, &c, NULL));
     ASSERT_EQ(o.n_seg, 1);
     ASSERT_EQ(o.state_count, 2);
     size_t n = gpt_num_params(&cfg);
@@ -157,7 +157,7 @@ TEST(adamw_schedule_and_clipping)
     ASSERT(g[off + 2] == 7.0f && p[off + 2] == 0.0f);
     free(p);
     free(g);
-    adamw_destroy(&o);
+    adamw_free(&o);
     free(tab);
 }
 
@@ -178,7 +178,7 @@ TEST(adamw_fresh_moments_count_from_their_restart)
     float *p[2], *g = calloc(n, sizeof(float));
     adamw o[2];
     for (int k = 0; k < 2; k++) {
-        ASSERT_OK(adamw_create(&o[k], &cfg, &span, 1, &c, NULL));
+        ASSERT_OK(adamw_init(&o[k], &cfg, &span, 1, &c, NULL));
         ASSERT_EQ(o[k].n_seg, 2);
         p[k] = calloc(n, sizeof(float));
         for (uint64_t step = 1; step <= 10; step++) { /* both segments' moments trained */
@@ -201,7 +201,7 @@ TEST(adamw_fresh_moments_count_from_their_restart)
     ASSERT_NEAR(p[0][at] - before[0], 1e-3, 1e-6);      /* Adam's first step: lr * sign */
     ASSERT(fabsf(p[1][at] - before[1] - 1e-3f) > 1e-4f); /* the training's count: not */
     for (int k = 0; k < 2; k++) {
-        adamw_destroy(&o[k]);
+        adamw_free(&o[k]);
         free(p[k]);
     }
     free(g);

@@ -11,7 +11,7 @@
 
 static wiring *make(enum wiring_policy pol, int n_peers, uint64_t seed)
 {
-    wiring *w = wiring_create(1, pol, seed);
+    wiring *w = wiring_new(1, pol, seed);
     ASSERT(w != NULL);
     for (int i = 0; i < n_peers; i++) ASSERT_OK(wiring_peer_add(w, 0, (uint32_t)i));
     return w;
@@ -46,7 +46,7 @@ TEST(wiring_shares_follow_throughput)
     ASSERT_NEAR((double)count[1] / N, 0.2, 0.05);
     ASSERT_NEAR((double)count[2] / N, 0.6, 0.05);
     ASSERT_NEAR(wiring_throughput(w, 0, 2), 3.0, 0.3);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_backward_costs_2_5x)
@@ -69,7 +69,7 @@ TEST(wiring_backward_costs_2_5x)
      * 4 samples/s, so the estimate does not move. */
     ASSERT_OK(wiring_report(w, 0, 0, WIRING_BACKWARD, 4, 2.5, WIRING_OK));
     ASSERT_NEAR(wiring_throughput(w, 0, 0), 4.0, 1e-12);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_new_peer_tried_at_once)
@@ -90,7 +90,7 @@ TEST(wiring_new_peer_tried_at_once)
     ASSERT_OK(wiring_peer_stats_get(w, 0, 42, &ps));
     ASSERT_EQ(ps.n_measured, 0);
     ASSERT_EQ(wiring_throughput(w, 0, 42), 0);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 /* Real latencies are milliseconds, far from the 1 s per sample an unmeasured stage is priced
@@ -120,7 +120,7 @@ TEST(wiring_first_price_rescaled_to_measurements)
         ASSERT_OK(wiring_report(w, 0, id, WIRING_FORWARD, 1.0, 0.002, WIRING_OK));
     }
     ASSERT(later[2] >= 45 && later[3] >= 45);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_refresh_keeps_clock)
@@ -134,7 +134,7 @@ TEST(wiring_refresh_keeps_clock)
     ASSERT_OK(wiring_peer_add(w, 0, 1)); /* the periodic re-announcement */
     ASSERT_OK(wiring_peer_stats_get(w, 0, 1, &after));
     ASSERT_EQ(memcmp(&before, &after, sizeof before), 0);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_banned_until_readded)
@@ -156,8 +156,8 @@ TEST(wiring_banned_until_readded)
     wiring *rr = make(WIRING_ROUND_ROBIN, 3, 9);
     ASSERT_OK(wiring_report(rr, 0, 0, WIRING_FORWARD, 1, 0.1, WIRING_ERROR));
     for (int i = 0; i < 10; i++) ASSERT_EQ(pick(rr, WIRING_FORWARD, WIRING_NONE), 1 + i % 2);
-    wiring_destroy(rr);
-    wiring_destroy(w);
+    wiring_free(rr);
+    wiring_free(w);
 }
 
 TEST(wiring_timeout_not_banned)
@@ -174,7 +174,7 @@ TEST(wiring_timeout_not_banned)
     int seen0 = 0;
     for (int i = 0; i < 100; i++) seen0 += pick(w, WIRING_FORWARD, WIRING_NONE) == 0;
     ASSERT(seen0 > 0 && seen0 < 50);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_exclude_and_enoent)
@@ -201,9 +201,9 @@ TEST(wiring_exclude_and_enoent)
     ASSERT_OK(wiring_peer_add(w, 0, 3));
     ASSERT_EQ(wiring_report(w, 0, 3, WIRING_FORWARD, 1, -1, WIRING_OK), CIRRUS_EINVAL);
     ASSERT_EQ(wiring_report(w, 0, 3, WIRING_FORWARD, 1, NAN, WIRING_OK), CIRRUS_EINVAL);
-    ASSERT(wiring_create(0, WIRING_LEAST_LOADED, 1) == NULL);
-    wiring_destroy(w);
-    wiring_destroy(NULL);
+    ASSERT(wiring_new(0, WIRING_LEAST_LOADED, 1) == NULL);
+    wiring_free(w);
+    wiring_free(NULL);
 }
 
 TEST(wiring_ema_bias_correction)
@@ -220,7 +220,7 @@ TEST(wiring_ema_bias_correction)
     for (int i = 0; i < 300; i++)
         ASSERT_OK(wiring_report(w, 0, 0, WIRING_FORWARD, 10, 2.0, WIRING_OK));
     ASSERT_NEAR(wiring_throughput(w, 0, 0), 5.0, 1e-6);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_round_robin_cycles)
@@ -235,7 +235,7 @@ TEST(wiring_round_robin_cycles)
     ASSERT_EQ(pick(w, WIRING_FORWARD, WIRING_NONE), 2);
     ASSERT_OK(wiring_peer_remove(w, 0, 3));
     for (int i = 0; i < 9; i++) ASSERT_EQ(pick(w, WIRING_FORWARD, WIRING_NONE), i % 3);
-    wiring_destroy(w);
+    wiring_free(w);
 }
 
 TEST(wiring_same_seed_same_choices)
@@ -249,8 +249,8 @@ TEST(wiring_same_seed_same_choices)
             ASSERT_OK(wiring_report(b, 0, y, WIRING_FORWARD, 1, 1.0, WIRING_OK));
         }
     }
-    wiring_destroy(a);
-    wiring_destroy(b);
+    wiring_free(a);
+    wiring_free(b);
 }
 
 /* A closed-loop client keeps `window` microbatches in flight on one stage. Each peer is a
@@ -285,7 +285,7 @@ static double simulate(enum wiring_policy pol, const double *rate, int n_peers, 
         busy--;
         done_at[k] = done_at[busy], sent_at[k] = sent_at[busy], who[k] = who[busy];
     }
-    wiring_destroy(w);
+    wiring_free(w);
     return end;
 }
 

@@ -88,14 +88,14 @@ static int cmd_sample(int argc, char **argv)
     ckpt_meta meta;
     if (ckpt_read_meta(dir, &meta, &err)) return cli_fail_input("sample", &err);
     gpt_model m;
-    if (gpt_model_create(&m, &meta.cfg, &err)) return cli_fail_input("sample", &err);
+    if (gpt_model_init(&m, &meta.cfg, &err)) return cli_fail_input("sample", &err);
     gpt_span all = {0, m.n_params};
     if (ckpt_load(dir, &meta.cfg, &all, &meta, m.params, NULL, NULL, &err)) {
-        gpt_model_destroy(&m);
+        gpt_model_free(&m);
         return cli_fail_input("sample", &err);
     }
     int rc = sample_generate(&m, prompt, tokens, temperature, seed, stdout, &err);
-    gpt_model_destroy(&m);
+    gpt_model_free(&m);
     if (rc) {
         fprintf(stderr, "cirrus-trainer sample: %s\n", err.msg);
         return 1;

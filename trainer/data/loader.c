@@ -121,7 +121,7 @@ void data_corpus_free(data_corpus *c)
     memset(c, 0, sizeof *c);
 }
 
-int data_loader_create(data_loader **out, const data_corpus *c, enum data_split split,
+int data_loader_new(data_loader **out, const data_corpus *c, enum data_split split,
                        int B, int T, int rank, int world, uint64_t seed, cirrus_error *err)
 {
     int rc = 0;
@@ -184,11 +184,11 @@ int data_loader_create(data_loader **out, const data_corpus *c, enum data_split 
     *out = l;
     l = NULL;
 out:
-    data_loader_destroy(l);
+    data_loader_free(l);
     return rc;
 }
 
-void data_loader_destroy(data_loader *l)
+void data_loader_free(data_loader *l)
 {
     if (!l) return;
     free(l->order);

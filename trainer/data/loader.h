@@ -39,9 +39,9 @@ void data_corpus_free(data_corpus *c);
 
 /* A loader over one split for batch B x T, as rank `rank` of `world`. Fails if the split
  * holds fewer than world*B windows. */
-int data_loader_create(data_loader **out, const data_corpus *c, enum data_split split,
+int data_loader_new(data_loader **out, const data_corpus *c, enum data_split split,
                        int B, int T, int rank, int world, uint64_t seed, cirrus_error *err);
-void data_loader_destroy(data_loader *l);
+void data_loader_free(data_loader *l);
 
 /* Fill inputs and targets (B*T each, row-major (B,T)) with this rank's next batch. */
 void data_loader_next(data_loader *l, int32_t *inputs, int32_t *targets);

@@ -176,7 +176,7 @@ int gpt_stage_state_spans(const gpt_config *cfg, int l0, int l1, gpt_span out[2]
     return n;
 }
 
-int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
+int gpt_model_init(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
 {
     memset(m, 0, sizeof *m);
     int rc = gpt_config_validate(cfg, err);
@@ -191,7 +191,7 @@ int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
     m->w.layer = calloc((size_t)cfg->n_layer, sizeof(gpt_layer_tensors));
     m->g.layer = calloc((size_t)cfg->n_layer, sizeof(gpt_layer_tensors));
     if (!m->params || !m->grads || !m->grad_head || !m->w.layer || !m->g.layer) {
-        gpt_model_destroy(m);
+        gpt_model_free(m);
         return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate a model of %zu parameters",
                            gpt_num_params(cfg));
     }
@@ -200,7 +200,7 @@ int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err)
     return 0;
 }
 
-void gpt_model_destroy(gpt_model *m)
+void gpt_model_free(gpt_model *m)
 {
     if (m->ops) {
         m->ops->free(m->params);
@@ -222,7 +222,7 @@ static void fill_const(float *x, size_t n, float v)
     for (size_t i = 0; i < n; i++) x[i] = v;
 }
 
-void gpt_model_init(gpt_model *m, uint64_t seed)
+void gpt_model_seed(gpt_model *m, uint64_t seed)
 {
     const gpt_config *cfg = &m->cfg;
     const size_t C = (size_t)cfg->n_embd;

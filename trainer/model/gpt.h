@@ -126,11 +126,11 @@ typedef struct gpt_model {
 } gpt_model;
 
 /* Allocates with, and binds, the selected backend (ops_select()). */
-int gpt_model_create(gpt_model *m, const gpt_config *cfg, cirrus_error *err);
-void gpt_model_destroy(gpt_model *m);
+int gpt_model_init(gpt_model *m, const gpt_config *cfg, cirrus_error *err);
+void gpt_model_free(gpt_model *m);
 /* GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
  * LayerNorm gains 1, biases 0. Deterministic in seed. */
-void gpt_model_init(gpt_model *m, uint64_t seed);
+void gpt_model_seed(gpt_model *m, uint64_t seed);
 void gpt_zero_grads(gpt_model *m);
 /* grads.wte += grad_head; grad_head = 0. Called once per optimizer step. */
 void gpt_fold_tied_grads(gpt_model *m);

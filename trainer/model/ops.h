@@ -5,7 +5,7 @@
  * through the table its model was created with, so the same model table and stage code run
  * on the CPU (ops_backend_cpu: the ops_* functions declared here, the reference) or on a GPU
  * (trainer/model/cuda/, in the binary `make cuda` builds). The process picks one at start-up
- * with ops_select() (`--backend cpu|cuda`); gpt_model_create() binds the selected one.
+ * with ops_select() (`--backend cpu|cuda`); gpt_model_init() binds the selected one.
  *
  * N = B*T rows of a (B,T,C) activation. Forward kernels write their outputs; backward
  * kernels ADD parameter gradients (dw, db) and either add to or overwrite input gradients as

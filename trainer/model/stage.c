@@ -58,7 +58,7 @@ static float *stage_alloc(gpt_stage *s, size_t n, int *failed)
     return p;
 }
 
-int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, int max_T,
+int gpt_stage_new(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, int max_T,
                      cirrus_error *err)
 {
     const gpt_config *cfg = &m->cfg;
@@ -119,7 +119,7 @@ int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, i
     s->d4C = stage_alloc(s, N * 4 * C, &failed);
     s->datt = stage_alloc(s, att, &failed);
     if (failed) {
-        gpt_stage_destroy(s);
+        gpt_stage_free(s);
         return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate activations for batch %d x %d",
                            max_B, max_T);
     }
@@ -127,7 +127,7 @@ int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, i
     return 0;
 }
 
-void gpt_stage_destroy(gpt_stage *s)
+void gpt_stage_free(gpt_stage *s)
 {
     if (!s) return;
     for (int i = 0; i < s->n_allocs; i++) s->ops->free(s->allocs[i]);

@@ -33,9 +33,9 @@ typedef struct gpt_stage_input {
 } gpt_stage_input;
 
 /* A stage over layers [l0, l1) of m, with activation memory for up to max_B x max_T. */
-int gpt_stage_create(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, int max_T,
+int gpt_stage_new(gpt_stage **out, gpt_model *m, int l0, int l1, int max_B, int max_T,
                      cirrus_error *err);
-void gpt_stage_destroy(gpt_stage *s);
+void gpt_stage_free(gpt_stage *s);
 
 int gpt_stage_is_first(const gpt_stage *s);
 int gpt_stage_is_last(const gpt_stage *s);

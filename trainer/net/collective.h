@@ -18,7 +18,7 @@ typedef struct collective_ops {
     const char *name;
     /* In place: data[i] = sum over ranks of data[i]. Every rank passes the same n. */
     int (*allreduce_sum)(collective *c, float *data, size_t n, cirrus_error *err);
-    void (*destroy)(collective *c);
+    void (*free)(collective *c);
 } collective_ops;
 
 struct collective {
@@ -32,8 +32,8 @@ static inline int collective_allreduce_sum(collective *c, float *data, size_t n,
     return c->ops->allreduce_sum(c, data, n, err);
 }
 
-static inline void collective_destroy(collective *c)
+static inline void collective_free(collective *c)
 {
-    if (c) c->ops->destroy(c);
+    if (c) c->ops->free(c);
 }
 #endif

@@ -267,7 +267,7 @@ out:
     return rc;
 }
 
-static void ring_destroy(collective *base)
+static void ring_free(collective *base)
 {
     ring *r = (ring *)base;
     if (r->sender_started) {
@@ -293,7 +293,7 @@ void ring_set_timeout(collective *base, int timeout_ms)
 static const collective_ops ring_ops = {
     .name = "tcp-ring",
     .allreduce_sum = ring_allreduce_sum,
-    .destroy = ring_destroy,
+    .free = ring_free,
 };
 
 /* ---- building the ring ---- */
@@ -348,7 +348,7 @@ static void *ring_dial_right(void *arg)
     return NULL;
 }
 
-int ring_create(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
+int ring_new(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
                 const int *ports, const ring_options *opt, cirrus_error *err)
 {
     *out = NULL;
@@ -373,7 +373,7 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
                    .timeout_ms = r->opt.timeout_ms, .job_id = opt->job_id};
     pthread_t dialer;
     if (pthread_create(&dialer, NULL, ring_dial_right, &d) != 0) {
-        ring_destroy(&r->base);
+        ring_free(&r->base);
         return cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the dialer thread");
     }
     int rc = 0;
@@ -405,7 +405,7 @@ int ring_create(collective **out, int rank, int world, int listen_fd, const char
     }
     r->right = d.conn;
     if (rc) {
-        ring_destroy(&r->base);
+        ring_free(&r->base);
         return rc;
     }
     ring_tune_links(r);

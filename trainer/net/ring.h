@@ -17,7 +17,7 @@ typedef struct ring_options {
 /* Build rank `rank` of a ring of `world` ranks. listen_fd is this rank's listening socket
  * (bound before the ranks learn each other's addresses); hosts/ports give every rank's
  * address. Rank r connects to rank (r+1) % world and accepts from (r-1+world) % world. */
-int ring_create(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
+int ring_new(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
                 const int *ports, const ring_options *opt, cirrus_error *err);
 /* From the next all-reduce on: give up after timeout_ms without progress (ring_options'
  * timeout_ms at creation). The stage's client learns the right figure as training goes. */

@@ -23,7 +23,7 @@ adamw_config adamw_defaults(float lr, int total_steps)
     return c;
 }
 
-int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
+int adamw_init(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
                  const adamw_config *cfg, cirrus_error *err)
 {
     memset(o, 0, sizeof *o);
@@ -53,11 +53,11 @@ int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n
     return 0;
 nomem:
     free(table);
-    adamw_destroy(o);
+    adamw_free(o);
     return cirrus_fail(err, CIRRUS_ENOMEM, "cannot allocate optimizer state");
 }
 
-void adamw_destroy(adamw *o)
+void adamw_free(adamw *o)
 {
     if (o->ops) {
         o->ops->free(o->m);

@@ -42,7 +42,7 @@ struct ops_backend;
 
 typedef struct adamw {
     adamw_config cfg;
-    /* The backend (ops_selected() at adamw_create) that holds m and v and runs the update;
+    /* The backend (ops_selected() at adamw_init) that holds m and v and runs the update;
      * params and grads must be that backend's memory too (the model's). */
     const struct ops_backend *ops;
     size_t state_count; /* floats of m (and of v): the spans' total */
@@ -54,9 +54,9 @@ typedef struct adamw {
 /* Optimizer state for the parameters inside `spans` (in buffer order, not overlapping): a
  * whole model is one span; a pipeline stage is its own span, plus wte for the last stage,
  * which applies the tied LM head's update to its copy of the embedding. */
-int adamw_create(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
+int adamw_init(adamw *o, const gpt_config *model, const gpt_span *spans, int n_spans,
                  const adamw_config *cfg, cirrus_error *err);
-void adamw_destroy(adamw *o);
+void adamw_free(adamw *o);
 
 /* Learning rate at step (0-based): linear warmup, then cosine decay to min_lr_ratio * lr. */
 float adamw_lr(const adamw_config *cfg, uint64_t step);

@@ -43,13 +43,13 @@ int pipeline_connect(pipeline **out, const char *job_id, int n, const int *peers
     ac.floor_s = 2.0;
     for (int s = 0; s < n; s++)
         for (int kind = 0; kind < 3; kind++)
-            if (deadline_estimator_create(kind < 2 ? &p->deadline[s][kind] : &p->avg_deadline[s],
+            if (deadline_estimator_new(kind < 2 ? &p->deadline[s][kind] : &p->avg_deadline[s],
                                           kind < 2 ? &dc : &ac) != 0) {
                 pipeline_close(p);
                 return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
             }
     p->policy = WIRING_LEAST_LOADED;
-    if (!(p->wiring = wiring_create(n, p->policy, 0))) {
+    if (!(p->wiring = wiring_new(n, p->policy, 0))) {
         pipeline_close(p);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     }
@@ -157,15 +157,15 @@ int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, u
         return cirrus_fail(err, CIRRUS_EINVAL, "microbatches in flight must be in [0, %d], got %d",
                            PIPE_MAX_MICRO, inflight);
     p->inflight = inflight;
-    wiring *w = wiring_create(p->n, policy, seed);
+    wiring *w = wiring_new(p->n, policy, seed);
     if (!w) return cirrus_fail(err, CIRRUS_EINVAL, "bad routing policy %d", (int)policy);
     for (int s = 0; s < p->n; s++)
         for (int k = 0; k < p->link[s].n; k++)
             if (pipe_peer_alive(p, s, k) && wiring_peer_add(w, s, p->link[s].peer[k].wid)) {
-                wiring_destroy(w);
+                wiring_free(w);
                 return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
             }
-    wiring_destroy(p->wiring);
+    wiring_free(p->wiring);
     p->wiring = w;
     p->policy = policy;
     return 0;
@@ -174,10 +174,10 @@ int pipeline_set_routing(pipeline *p, enum wiring_policy policy, int inflight, u
 void pipeline_close(pipeline *p)
 {
     if (!p) return;
-    wiring_destroy(p->wiring);
+    wiring_free(p->wiring);
     for (int s = 0; s < p->n; s++) {
-        for (int kind = 0; kind < 2; kind++) deadline_estimator_destroy(p->deadline[s][kind]);
-        deadline_estimator_destroy(p->avg_deadline[s]);
+        for (int kind = 0; kind < 2; kind++) deadline_estimator_free(p->deadline[s][kind]);
+        deadline_estimator_free(p->avg_deadline[s]);
     }
     for (int s = 0; s < p->n; s++)
         for (int k = 0; k < p->link[s].n; k++) net_close(p->link[s].peer[k].c);

@@ -117,7 +117,7 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
         rebalance_config rc_cfg = rebalance_config_default();
         /* More than the table holds is no bound at all. */
         rc_cfg.max_peers = f.max_stage_peers > COORD_MAX_PEERS ? 0 : (int)f.max_stage_peers;
-        co->rb = rebalance_create((int)f.n_stages, &rc_cfg);
+        co->rb = rebalance_new((int)f.n_stages, &rc_cfg);
         co->rb_ids = calloc(f.max_peers, sizeof *co->rb_ids);
         /* The first period starts now: peers measure their capacity meanwhile. */
         co->next_rebalance_ms = co->start_ms + f.rebalance_period_ms;
@@ -150,7 +150,7 @@ void coordinator_stop(coordinator *co)
     pthread_mutex_destroy(&co->mu);
     free(co->members);
     free(co->moved);
-    rebalance_destroy(co->rb);
+    rebalance_free(co->rb);
     free(co->rb_ids);
     free(co);
 }

@@ -83,7 +83,7 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
      * build a new ring, as every member of the repeat does. */
     peer_unsum_gradients(p);
     if (round == p->last_round && p->ring) {
-        collective_destroy(p->ring);
+        collective_free(p->ring);
         p->ring = NULL;
     }
     p->last_round = round;
@@ -91,7 +91,7 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
     pack_gradients(p, p->pack, 0);
     memcpy(p->backup, p->pack, sizeof(float) * p->pack_count);
     if (p->ring && strcmp(members, p->ring_members) != 0) {
-        collective_destroy(p->ring);
+        collective_free(p->ring);
         p->ring = NULL;
     }
     cirrus_error err = {0};
@@ -102,7 +102,7 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
                  (unsigned long long)attempt);
         ring_options ro = {.job_id = ring_job, .timeout_ms = (int)ring_ms,
                            .chunk_bytes = 1 << 20};
-        int rc = ring_create(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
+        int rc = ring_new(&p->ring, rank, (int)n, o->ring_listen_fd, host_ptr, ports, &ro,
                              &err);
         if (rc) {
             log_warn("averaging: %s", err.msg);
@@ -122,7 +122,7 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
         /* A member left: drop the ring (the gradients are untouched); the client repeats
          * the round with the survivors. */
         log_warn("averaging: %s", err.msg);
-        collective_destroy(p->ring);
+        collective_free(p->ring);
         p->ring = NULL;
         return CIRRUS_EIO;
     }

@@ -15,8 +15,8 @@
 
 void peer_kit_free(stage_kit *k)
 {
-    for (int i = 0; i < STAGE_PEER_MAX_SLOTS; i++) gpt_stage_destroy(k->slot[i]);
-    adamw_destroy(&k->adam);
+    for (int i = 0; i < STAGE_PEER_MAX_SLOTS; i++) gpt_stage_free(k->slot[i]);
+    adamw_free(&k->adam);
     free(k->pack);
     free(k->backup);
     memset(k, 0, sizeof *k);
@@ -30,10 +30,10 @@ int peer_kit_build(peer *p, int l0, int l1, stage_kit *k, cirrus_error *err)
     k->l0 = l0;
     k->l1 = l1;
     for (int i = 0; i < p->n_slots && !rc; i++)
-        rc = gpt_stage_create(&k->slot[i], &p->model, l0, l1, o->max_B, o->max_T, err);
+        rc = gpt_stage_new(&k->slot[i], &p->model, l0, l1, o->max_B, o->max_T, err);
     gpt_span spans[2];
     const int n = gpt_stage_state_spans(&o->model, l0, l1, spans);
-    if (!rc) rc = adamw_create(&k->adam, &o->model, spans, n, &o->adam, err);
+    if (!rc) rc = adamw_init(&k->adam, &o->model, spans, n, &o->adam, err);
     if (!rc) {
         const int last = l1 == o->model.n_layer; /* also packs the LM head's d(wte) share */
         k->pack_count = k->adam.state_count + (last ? p->V * p->C : 0);
@@ -134,7 +134,7 @@ static int adopt_stage(peer *p, const coord_peer_info *donor, int to, cirrus_err
     p->stage = to;
     p->steps = steps;
     peer_drop_gradients(p);
-    collective_destroy(p->ring); /* the new stage's members are named by the next AVERAGE */
+    collective_free(p->ring); /* the new stage's members are named by the next AVERAGE */
     p->ring = NULL;
     p->ring_members[0] = '\0';
     p->last_round = 0;

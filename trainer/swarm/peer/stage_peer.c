@@ -94,8 +94,8 @@ out:
 static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
 {
     int rc;
-    if ((rc = gpt_model_create(&p->model, &o->model, err))) return rc;
-    gpt_model_init(&p->model, o->seed);
+    if ((rc = gpt_model_init(&p->model, &o->model, err))) return rc;
+    gpt_model_seed(&p->model, o->seed);
     p->n_slots = o->act_slots > 0 ? o->act_slots : STAGE_PEER_DEFAULT_SLOTS;
     if (p->n_slots > STAGE_PEER_MAX_SLOTS)
         return cirrus_fail(err, CIRRUS_EINVAL, "%d activation slots: at most %d", p->n_slots,
@@ -128,7 +128,7 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
 
 static void peer_teardown(peer *p)
 {
-    collective_destroy(p->ring);
+    collective_free(p->ring);
     free(p->tokens);
     free(p->targets);
     free(p->in);
@@ -137,7 +137,7 @@ static void peer_teardown(peer *p)
     stage_kit kit = {0};
     peer_kit_swap(p, &kit); /* the peer's kit, to free */
     peer_kit_free(&kit);
-    gpt_model_destroy(&p->model);
+    gpt_model_free(&p->model);
 }
 
 int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cirrus_error *err)

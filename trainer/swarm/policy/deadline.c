@@ -49,7 +49,7 @@ static double clamp(double x, double lo, double hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
-int deadline_estimator_create(deadline_estimator **out, const deadline_config *cfg)
+int deadline_estimator_new(deadline_estimator **out, const deadline_config *cfg)
 {
     if (!out) return CIRRUS_EINVAL;
     *out = NULL;
@@ -60,7 +60,7 @@ int deadline_estimator_create(deadline_estimator **out, const deadline_config *c
     d->ring = malloc((size_t)c.window * sizeof *d->ring);
     d->scratch = malloc((size_t)c.window * sizeof *d->scratch);
     if (!d->ring || !d->scratch) {
-        deadline_estimator_destroy(d);
+        deadline_estimator_free(d);
         return CIRRUS_ENOMEM;
     }
     d->cfg = c;
@@ -71,7 +71,7 @@ int deadline_estimator_create(deadline_estimator **out, const deadline_config *c
     return CIRRUS_OK;
 }
 
-void deadline_estimator_destroy(deadline_estimator *d)
+void deadline_estimator_free(deadline_estimator *d)
 {
     if (!d) return;
     free(d->ring);

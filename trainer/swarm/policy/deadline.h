@@ -43,8 +43,8 @@ typedef struct deadline_estimator deadline_estimator;
 
 deadline_config deadline_config_default(void);
 /* cfg NULL = defaults. CIRRUS_EINVAL on an out-of-range field, CIRRUS_ENOMEM. */
-int deadline_estimator_create(deadline_estimator **out, const deadline_config *cfg);
-void deadline_estimator_destroy(deadline_estimator *d);
+int deadline_estimator_new(deadline_estimator **out, const deadline_config *cfg);
+void deadline_estimator_free(deadline_estimator *d);
 
 /* One successful request's latency (seconds from request to response). CIRRUS_EINVAL
  * (and nothing recorded) for a negative, NaN or infinite value. */

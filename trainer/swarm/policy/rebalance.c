@@ -48,7 +48,7 @@ rebalance_config rebalance_config_default(void)
     return c;
 }
 
-rebalance_state *rebalance_create(int n_stages, const rebalance_config *cfg)
+rebalance_state *rebalance_new(int n_stages, const rebalance_config *cfg)
 {
     rebalance_config c = cfg ? *cfg : rebalance_config_default();
     if (n_stages < 1 || !(c.min_gain >= 0) || isinf(c.min_gain) || !(c.reverse_gain >= 0) ||
@@ -60,7 +60,7 @@ rebalance_state *rebalance_create(int n_stages, const rebalance_config *cfg)
     s->stages = calloc((size_t)n_stages, sizeof *s->stages);
     s->flow = malloc((size_t)n_stages * (size_t)n_stages * sizeof *s->flow);
     if (!s->stages || !s->flow) {
-        rebalance_destroy(s);
+        rebalance_free(s);
         return NULL;
     }
     s->cfg = c;
@@ -73,7 +73,7 @@ rebalance_state *rebalance_create(int n_stages, const rebalance_config *cfg)
     return s;
 }
 
-void rebalance_destroy(rebalance_state *s)
+void rebalance_free(rebalance_state *s)
 {
     if (!s) return;
     free(s->stages);

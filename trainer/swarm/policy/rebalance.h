@@ -67,8 +67,8 @@ typedef struct rebalance_state rebalance_state;
 rebalance_config rebalance_config_default(void);
 /* cfg NULL = defaults; 1 <= n_stages <= 4096. NULL on bad arguments or allocation
  * failure. */
-rebalance_state *rebalance_create(int n_stages, const rebalance_config *cfg);
-void rebalance_destroy(rebalance_state *s);
+rebalance_state *rebalance_new(int n_stages, const rebalance_config *cfg);
+void rebalance_free(rebalance_state *s);
 
 /* Relative compute per sample of a stage (default 1 for all). A peer's throughput moves
  * with it scaled by work[from] / work[to]: stages of unequal depth differ in cost. */

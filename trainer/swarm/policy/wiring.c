@@ -46,7 +46,7 @@ struct wiring {
     wiring_stage *stages;
 };
 
-wiring *wiring_create(int n_stages, enum wiring_policy policy, uint64_t seed)
+wiring *wiring_new(int n_stages, enum wiring_policy policy, uint64_t seed)
 {
     if (n_stages < 1 || (policy != WIRING_LEAST_LOADED && policy != WIRING_ROUND_ROBIN))
         return NULL;
@@ -63,7 +63,7 @@ wiring *wiring_create(int n_stages, enum wiring_policy policy, uint64_t seed)
     return w;
 }
 
-void wiring_destroy(wiring *w)
+void wiring_free(wiring *w)
 {
     if (!w) return;
     for (int s = 0; s < w->n_stages; s++) free(w->stages[s].peers);

@@ -64,8 +64,8 @@ typedef struct wiring_stage_stats {
 
 /* NULL if n_stages < 1 or on allocation failure. seed makes tie-breaks reproducible; each
  * stage draws from its own sub-stream (rng_derive(seed, stage)). */
-wiring *wiring_create(int n_stages, enum wiring_policy policy, uint64_t seed);
-void wiring_destroy(wiring *w);
+wiring *wiring_new(int n_stages, enum wiring_policy policy, uint64_t seed);
+void wiring_free(wiring *w);
 
 /* Register peer_id on stage. A new peer starts at the stage's current minimum virtual time
  * (tried at once). Adding a peer that is already registered and not banned changes nothing
