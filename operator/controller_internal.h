@@ -139,7 +139,10 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
                                 const json_t *want, job_observed *obs);
 /* Create pods names[0..n) (n <= CREATE_BATCH_MAX) from wants[] by server-side apply, side by
  * side (kube_request_all); a name observed before and gone without being ended or deleted
- * here is counted as a preemption first. rcs[i], errs[i]: each one's result. */
+ * here is counted as a preemption first. One made here (or perhaps made: its answer was
+ * lost) but never seen in the cache is looked up first: still there, it is left alone; gone
+ * (when its uid was known), it was preempted unseen and is counted. rcs[i], errs[i]: each
+ * one's result. */
 void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char *const *names,
                      const json_t *const *wants, size_t n, int *rcs, cirrus_error *errs);
 int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,

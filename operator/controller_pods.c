@@ -310,6 +310,54 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
     }
 }
 
+/* Of the desired pods names[0..n) missing from the cache, those this process created and
+ * never saw there (observed 0, counted 0): either the cache has not caught up with the
+ * creation yet, or the pod came and went while the pod watch was down (cut, 410 and a
+ * re-list, the loop held up) and nobody will ever tell us. Asked of the API server side by
+ * side: found[i] = 1 it exists (not to be made again), 0 it is gone (a preemption), 2 it is
+ * absent but was never known to exist (a create whose answer was lost), or rcs[i] the
+ * error (it waits for the retry). Costs what re-applying them did before: one request
+ * each. */
+enum { NOT_ASKED = -1, GONE = 0, EXISTS = 1, NEVER_KNOWN = 2 };
+static void confirm_unseen(controller *ctl, const json_t *job, job_mem *m,
+                           const char *const *names, size_t n, int *found, int *rcs,
+                           cirrus_error *errs)
+{
+    kube_call calls[CREATE_BATCH_MAX];
+    size_t at[CREATE_BATCH_MAX];
+    char paths[CREATE_BATCH_MAX][PATH_MAX_LEN];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        found[i] = NOT_ASKED;
+        const json_t *seen = json_object_get(m->seen, names[i]);
+        if (!seen || json_is_true(json_object_get(seen, "observed")) ||
+            json_is_true(json_object_get(seen, "counted")))
+            continue;
+        if (child_path(paths[k], job, "pods", names[i])) continue; /* refused below */
+        calls[k] = (kube_call){.method = "GET", .path = paths[k], .want_response = 1};
+        at[k++] = i;
+    }
+    if (!k) return;
+    kube_request_all(ctl->client, calls, k);
+    for (size_t c = 0; c < k; c++) {
+        const size_t i = at[c];
+        const char *uid =
+            json_string_value(json_object_get(json_object_get(m->seen, names[i]), "uid"));
+        const char *got = meta_str(calls[c].response, "uid");
+        if (!calls[c].rc) {
+            found[i] = EXISTS;
+            /* A create whose answer was lost did make it: now its uid is known. */
+            if (uid && !*uid && got) ctl_mark_seen(m, names[i], got, 0, 0);
+        } else if (calls[c].rc == CIRRUS_ENOENT) {
+            found[i] = uid && *uid ? GONE : NEVER_KNOWN;
+        } else {
+            rcs[i] = calls[c].rc;
+            errs[i] = calls[c].err;
+        }
+        json_decref(calls[c].response);
+    }
+}
+
 /* Desired pods that do not exist (any more): count each that vanished under us, then create
  * them under the same names, side by side. */
 void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char *const *names,
@@ -318,13 +366,17 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
     kube_call calls[CREATE_BATCH_MAX];
     size_t at[CREATE_BATCH_MAX]; /* calls[c] creates names[at[c]] */
     char paths[CREATE_BATCH_MAX][PATH_MAX_LEN];
+    int found[CREATE_BATCH_MAX];
     size_t k = 0;
     if (n > CREATE_BATCH_MAX) n = CREATE_BATCH_MAX;
+    for (size_t i = 0; i < n; i++) rcs[i] = 0;
+    confirm_unseen(ctl, job, m, names, n, found, rcs, errs);
     for (size_t i = 0; i < n; i++) {
         const char *name = names[i];
+        if (rcs[i] || found[i] == EXISTS) continue; /* unknown yet, or only not cached yet */
         const json_t *seen = json_object_get(m->seen, name);
-        if (seen && json_is_true(json_object_get(seen, "observed")) &&
-            !json_is_true(json_object_get(seen, "counted"))) {
+        if (found[i] == GONE || (found[i] == NOT_ASKED && seen && json_is_true(json_object_get(seen, "observed")) &&
+                              !json_is_true(json_object_get(seen, "counted")))) {
             /* It existed, nobody here deleted it and it did not end by itself: deleted by a
              * person or by the node's loss (pod GC). That is a preemption. */
             const char *region = label(wants[i], CIRRUS_LABEL_REGION);
@@ -349,6 +401,12 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
         rcs[i] = calls[c].rc;
         if (rcs[i]) {
             errs[i] = calls[c].err;
+            /* Perhaps made with its answer lost (no answer: a timeout, a cut connection; a
+             * 5xx; a 2xx body cut short): the next reconcile asks whether it exists before
+             * making it again, so that a pod made here and deleted before the cache showed
+             * it is still counted. A refusal (4xx) made nothing. */
+            long http = calls[c].http_status;
+            if (http == 0 || http >= 500 || http < 300) ctl_mark_seen(m, names[i], "", 0, 0);
         } else {
             ctl->stats.pods_created++;
             const char *uid = meta_str(calls[c].response, "uid");

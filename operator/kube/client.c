@@ -392,6 +392,7 @@ void kube_request_all(kube_client *c, kube_call *calls, size_t n)
     for (size_t i = 0; i < n; i++) {
         kube_call *k = &calls[i];
         k->rc = 0;
+        k->http_status = 0;
         k->response = NULL;
         k->err.msg[0] = 0;
         if (!x || !text) {
@@ -416,6 +417,7 @@ void kube_request_all(kube_client *c, kube_call *calls, size_t n)
             continue;
         }
         long http = x[i].result == CURLE_OK ? kube_xfer_http_status(&x[i]) : 0;
+        k->http_status = http;
         curl_off_t retry_after = 0;
         curl_easy_getinfo(x[i].easy, CURLINFO_RETRY_AFTER, &retry_after);
         json_t *resp = NULL;
@@ -432,8 +434,8 @@ void kube_request_all(kube_client *c, kube_call *calls, size_t n)
         if (http == 429 || (http >= 500 && retry_after > 0)) { /* the server did not act */
             json_decref(resp);
             resp = NULL;
-            k->rc = kube_request(c, k->method, k->path, k->body, k->content_type, NULL,
-                                 k->want_response ? &resp : NULL, &k->err);
+            k->rc = kube_request(c, k->method, k->path, k->body, k->content_type,
+                                 &k->http_status, k->want_response ? &resp : NULL, &k->err);
         }
         if (k->want_response && !k->rc)
             k->response = resp;

@@ -94,8 +94,9 @@ int kube_path(char *buf, size_t size, const char *api, const char *ns, const cha
 /* "namespace/name" (or "name" when cluster-scoped): the informer cache and workqueue key. */
 int kube_object_key(const json_t *obj, char *buf, size_t size);
 /* Several requests side by side: each of calls[0..n) (method, path, body, content_type in;
- * rc, err, response out, as kube_request would give them) runs on the client's connections
- * at once (HTTP/2 streams: one round trip for all instead of one each), and this returns
+ * rc, err, http_status, response out, as kube_request would give them) runs on the
+ * client's connections at once (HTTP/2 streams: one round trip for all instead of one
+ * each), and this returns
  * when all are done. A call the server answers 429 (or 5xx with Retry-After) is then
  * repeated alone with kube_request's retries. response is left NULL unless want_response. */
 typedef struct kube_call {
@@ -104,6 +105,7 @@ typedef struct kube_call {
     int want_response;
     int rc;
     cirrus_error err;
+    long http_status; /* the answer's (0: none came: a transport error or a timeout) */
     json_t *response; /* a new reference when want_response and the answer was JSON */
 } kube_call;
 void kube_request_all(kube_client *c, kube_call *calls, size_t n);
