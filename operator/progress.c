@@ -13,6 +13,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "../common/clock.h"
 #include "../common/log.h"
 #include "kube/buf.h"
 
@@ -246,12 +247,7 @@ typedef struct scrape {
     cirrus_error err;
 } scrape;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return clock_now_ms(); }
 
 static int stopping(progress *p) { return __atomic_load_n(&p->stop, __ATOMIC_ACQUIRE); }
 

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../../common/clock.h"
 #include "../../common/log.h"
 #include "xfer.h"
 
@@ -34,12 +34,7 @@ struct kube_client {
     kube_client_stats stats;
 };
 
-int64_t kube_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+int64_t kube_now_ms(void) { return clock_now_ms(); }
 
 int kube_client_new(kube_config *cfg, kube_client **out, cirrus_error *err)
 {

@@ -2,9 +2,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../../common/cerr.h"
+#include "../../common/clock.h"
 
 /* Everything the queue knows about one key; freed when it knows nothing worth keeping. */
 struct wq_item {
@@ -38,9 +38,7 @@ struct kube_workqueue {
 static int64_t mono_ns(void *ctx)
 {
     (void)ctx;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    return clock_now_ns();
 }
 
 static uint64_t hash_key(const char *s)
