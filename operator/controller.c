@@ -586,9 +586,9 @@ int controller_settled(controller *ctl, const char *own_node)
 
 void controller_get_stats(const controller *ctl, controller_stats *st) { *st = ctl->stats; }
 
-void controller_resync(controller *ctl)
+void controller_resync(controller *ctl, int forget)
 {
-    while (ctl->mems) ctl_mem_forget(ctl, ctl->mems->key);
+    while (forget && ctl->mems) ctl_mem_forget(ctl, ctl->mems->key);
     const char *key;
     const json_t *job;
     json_object_foreach((json_t *)kube_informer_objects(ctl->jobs), key, job)

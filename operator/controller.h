@@ -76,10 +76,12 @@ typedef struct controller_stats {
 } controller_stats;
 void controller_get_stats(const controller *ctl, controller_stats *st);
 
-/* Forget what was remembered between reconciles (counters re-read from the statuses) and
- * queue every job: for a replica that has just become leader, whose memory may predate
- * another leader's work. */
-void controller_resync(controller *ctl);
+/* Queue every job, for a replica that has just become leader; with forget, first forget
+ * what was remembered between reconciles (counters re-read from the statuses), which may
+ * predate another leader's work. A leader that won its own lease back with nobody leading
+ * in between keeps its memory (forget 0): it holds preemptions counted but not yet
+ * written, and its cache's statuses may lag its own last writes. */
+void controller_resync(controller *ctl, int forget);
 
 /* This replica stopped leading: stop reading the gateways (the leader reads them). */
 void controller_standby(controller *ctl);

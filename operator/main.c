@@ -56,13 +56,19 @@ static void on_rewatch(int sig)
 typedef struct run_state {
     op_metrics *metrics;
     controller *ctl;
+    kube_lease *lease;
 } run_state;
 
 static void started_leading(void *ctx)
 {
     run_state *rs = ctx;
     op_metrics_leader(rs->metrics, 1);
-    if (rs->ctl) controller_resync(rs->ctl);
+    /* Won back with nobody leading in between (the loop was held past the renew deadline):
+     * what it remembers is still the latest, and forgetting it would lose the preemptions
+     * it counted but had not written yet. */
+    int resumed = rs->lease && kube_lease_resumed(rs->lease);
+    if (resumed) log_info("leading again, nobody led meanwhile: what was counted is kept");
+    if (rs->ctl) controller_resync(rs->ctl, !resumed);
 }
 
 static void stopped_leading(void *ctx)
@@ -147,7 +153,7 @@ int main(int argc, char **argv)
     controller *ctl = NULL;
     kube_lease *lease = NULL;
     progress *prog = NULL;
-    run_state rs = {op_metrics_new(), NULL};
+    run_state rs = {op_metrics_new(), NULL, NULL};
     if (!rs.metrics || kube_client_new(cfg, &client, &err)) goto out;
     /* After kube_client_new (libcurl's global set-up happens before any thread starts). */
     progress_options po = {.period_s = progress_period_s, .resolve = resolves.items,
@@ -163,6 +169,7 @@ int main(int argc, char **argv)
                                 .on_started_leading = started_leading,
                                 .on_stopped_leading = stopped_leading, .ctx = &rs};
         if (kube_lease_new(client, &lc, &lease, &err)) goto out;
+        rs.lease = lease;
     } else {
         op_metrics_leader(rs.metrics, 1);
     }

@@ -23,6 +23,7 @@ struct kube_lease {
     json_t *lease;       /* the Lease as last seen on the server (GET or our own write) */
     int64_t observed_ms; /* local time when that record was first seen */
     int leader, released, failing;
+    int resumed; /* the last acquisition took over our own record (kube_lease_resumed) */
     int64_t renew_ok_ms; /* local time the last successful acquire/renew was sent */
     kube_lease_stats stats;
 };
@@ -185,6 +186,7 @@ static int try_acquire_or_renew(kube_lease *l)
         json_decref(obj);
         if (rc == 0) {
             observe(l, out);
+            l->resumed = 0;
             return 1;
         }
         json_decref(out);
@@ -202,8 +204,12 @@ static int try_acquire_or_renew(kube_lease *l)
     if (*holder && strcmp(holder, l->identity) &&
         kube_now_ms() - l->observed_ms < valid_ms(l))
         return 0; /* held by another and not expired on our clock */
+    /* Only this identity writes itself as holder: a record still naming us means nobody
+     * else has led since we last did. */
+    int own = !strcmp(holder, l->identity);
     rc = put(l, our_record(l, l->lease));
     if (rc == CIRRUS_ECONFLICT || rc == CIRRUS_ENOENT) return 0;
+    if (!rc) l->resumed = own;
     return rc ? rc : 1;
 }
 
@@ -326,6 +332,8 @@ int kube_lease_is_leader(const kube_lease *l)
 }
 
 const char *kube_lease_holder(const kube_lease *l) { return holder_of(l->lease); }
+
+int kube_lease_resumed(const kube_lease *l) { return l->resumed; }
 
 void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st) { *st = l->stats; }
 

@@ -68,6 +68,10 @@ int kube_lease_new(kube_client *c, const kube_lease_config *cfg, kube_lease **ou
 int kube_lease_is_leader(const kube_lease *l);
 /* The holderIdentity last seen on the Lease ("" if none or not seen yet), borrowed. */
 const char *kube_lease_holder(const kube_lease *l);
+/* Whether the last acquisition took over a record that still named this identity: nobody
+ * else led since this elector last did (e.g. it missed its renew deadline while its loop
+ * was held up, and won its own lease back). 0 after creating the Lease or a takeover. */
+int kube_lease_resumed(const kube_lease *l);
 void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st);
 /* Give the lease up now (on SIGTERM): if leader, update the Lease with holderIdentity
  * cleared and leaseDurationSeconds 1 so a successor takes over at once (client-go

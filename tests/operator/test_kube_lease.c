@@ -1,9 +1,11 @@
 /* Leader election against the real API server: acquiring a fresh Lease, a second candidate
  * held off while the leader renews, takeover after the leader stops renewing, release on
- * shutdown, and a leader noticing its Lease was taken. Durations are short but the checks
+ * shutdown, a leader noticing its Lease was taken, and one held up past its renew deadline
+ * winning its own Lease back (a resumption). Durations are short but the checks
  * are on ordering, with generous timeouts, not on exact timings. */
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../operator/kube/client.h"
 #include "../../operator/kube/lease.h"
@@ -241,6 +243,39 @@ TEST(kube_lease_takeover)
     ASSERT_EQ(b.stopped, 0);
     ASSERT(kube_lease_is_leader(b.l));
     ASSERT(!strcmp(kube_lease_holder(a.l), "cand-b"));
+    cand_free(&b);
+    cand_free(&a);
+}
+
+/* A leader held up past its renew deadline with nobody else running stops leading, then wins
+ * its own record back: a resumption (the operator keeps its uncommitted counts across it).
+ * Another's takeover is not one. */
+TEST(kube_lease_resumed)
+{
+    char ns[64];
+    cand a, b;
+    cand_new(&a);
+    tk_namespace(a.c, "lease", ns, sizeof ns);
+    cand_run(&a, ns, "cand-a", 3000, 2000, 250);
+    cand *only_a[] = {&a};
+    ASSERT(poll_all(only_a, 1, has_started, NULL, &a, 30000));
+    ASSERT(!kube_lease_resumed(a.l)); /* it created the Lease */
+
+    usleep(2300 * 1000); /* past the 2 s renew deadline, within the 3 s lease */
+    ASSERT(poll_all(only_a, 1, started_twice, NULL, &a, 15000));
+    ASSERT_EQ(a.stopped, 1);
+    ASSERT(kube_lease_resumed(a.l));
+    json_t *lease = get_lease(a.c, ns);
+    ASSERT(!strcmp(spec_str(lease, "holderIdentity"), "cand-a"));
+    ASSERT_EQ(spec_int(lease, "leaseTransitions"), 0);
+    json_decref(lease);
+
+    /* a hangs for good: b takes over, which is no resumption. */
+    cand_new(&b);
+    cand_run(&b, ns, "cand-b", 3000, 2000, 250);
+    cand *only_b[] = {&b};
+    ASSERT(poll_all(only_b, 1, has_started, NULL, &b, 30000));
+    ASSERT(!kube_lease_resumed(b.l));
     cand_free(&b);
     cand_free(&a);
 }
