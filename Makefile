@@ -205,6 +205,13 @@ $(BIN)/bench-operator: $(call obj,$(BUILD),tests/operator/bench/bench_operator.c
 bench-operator: cluster-deps $(BIN)/cirrus-operator $(BIN)/bench-operator
 	bash tests/operator/bench/bench_operator.sh $(BIN)/bench-operator
 
+# The operator against a misbehaving API server (tests/operator/faults_test.sh) for
+# CHAOS_MINUTES of faults (not part of make test, which runs it for 80 s).
+CHAOS_MINUTES ?= 10
+chaos-operator: cluster-deps $(BIN)/cirrus-operator
+	CIRRUS_OPERATOR_TESTS=faults_test.sh FAULTS_CHAOS_S=$$(($(CHAOS_MINUTES) * 60)) \
+	  FAULTS_MAX_DELAYS=$(CHAOS_MINUTES) bash tests/operator/run.sh
+
 # Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
 # A second operator build without -march=native (valgrind cannot run AVX-512 code) is run
 # under valgrind through a reconcile test.
