@@ -3,8 +3,9 @@
 # up (or reuses one already running in the same state dir), runs every
 # tests/operator/*_test.sh and the operator-tests binary (if given), then tears down what it
 # started. With CIRRUS_OPERATOR_VALGRIND naming an operator binary, operator_test.sh and
-# progress_test.sh run once more with that binary under valgrind. Exits non-zero if anything
-# failed.
+# progress_test.sh run once more with that binary under valgrind. CIRRUS_OPERATOR_TESTS, if
+# set, names the *_test.sh to run (space-separated; `make chaos-operator`). Exits non-zero if
+# anything failed.
 # Usage: run.sh [OPERATOR_TESTS_BINARY]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,6 +21,7 @@ eval "$("$cluster" env)"
 failed=0
 for t in "$here"/*_test.sh; do
     [ -e "$t" ] || continue
+    [[ -z "${CIRRUS_OPERATOR_TESTS:-}" || " $CIRRUS_OPERATOR_TESTS " == *" $(basename "$t") "* ]] || continue
     echo "operator tests: $(basename "$t")"
     bash "$t" || failed=1
 done
