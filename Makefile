@@ -83,6 +83,11 @@ $(BIN)/unit-tests: $(TEST_OBJ) $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
+# tests/swarm/flood.sh's abuser: idle floods, slowloris, wrong jobs, oversized frames.
+$(BIN)/flood: $(call obj,$(BUILD),tests/swarm/flood.c) $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
+
 # The trainer under the sanitizers (the unit tests' objects and main.o): test-wan runs the
 # gateway restart test (tests/wan/gateways.sh) with it.
 $(ASAN_BUILD)/bin/cirrus-trainer: $(call obj,$(ASAN_BUILD),trainer/cmd/main.c) $(ASAN_LIB_OBJ)
@@ -139,9 +144,11 @@ test-asan: $(BIN)/unit-tests-asan $(CORPUS)
 	@echo "cirrus: unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 	CIRRUS_CORPUS=$(CORPUS) CIRRUS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 $(BIN)/unit-tests-asan
 
-test-swarm: $(BIN)/cirrus-trainer $(CORPUS)
+test-swarm: $(BIN)/cirrus-trainer $(BIN)/flood $(CORPUS)
 	@echo "cirrus: SWARM pipeline tests (stage peer processes over loopback)"
 	CIRRUS_CORPUS=$(CORPUS) bash tests/swarm/run.sh $(BIN)/cirrus-trainer
+	@echo "cirrus: floods and slow clients at a region's ports"
+	bash tests/swarm/flood.sh $(BIN)/cirrus-trainer $(BIN)/flood
 	@# Chaos depends on the scheduling of a dozen processes on the machine's cores; a failed
 	@# attempt is printed in full and the test runs once more, and must pass then.
 	@for c in 1 2; do \

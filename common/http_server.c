@@ -13,12 +13,19 @@
 
 #define HTTP_DEFAULT_CONNECTION_LIMIT 64
 #define HTTP_DEFAULT_TIMEOUT_S 10
+/* A scraper or the operator's reader holds one or two connections: a flood from one
+ * address takes no more than this of the limit (more are closed on accept). */
+#define HTTP_PER_IP_LIMIT 8
+/* Each connection's buffer for the request and the response's headers (MHD's default is
+ * 32 KiB): our requests are one-line GETs, and bodies are sent from their own buffers. */
+#define HTTP_MEMORY_LIMIT (8u << 10)
 
 struct http_server {
     const http_route *routes;
     size_t n_routes;
     void *ctx;
     struct MHD_Daemon *daemon;
+    atomic_ullong logged; /* MHD messages (mhd_log) */
 };
 
 void http_reply_text(http_reply *r, unsigned status, const char *text)
@@ -82,14 +89,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return respond(conn, &rep, 0);
 }
 
+/* MHD's messages are mostly about connections (refused at a limit, closed early): a flood
+ * repeats them, so they are sampled. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    http_server *s = cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = '\0';
-    log_warn("http: %s", line);
+    log_warn_sampled(&s->logged, "http: %s", line);
 }
 
 int http_server_start(const http_server_options *o, http_server **out, int *bound_port,
@@ -109,15 +118,21 @@ int http_server_start(const http_server_options *o, http_server **out, int *boun
     if (o->listen_fd >= 0)
         /* MHD closes a socket it was handed in MHD_stop_daemon. */
         s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
-                                     MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                     MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                      MHD_OPTION_LISTEN_SOCKET, o->listen_fd,
                                      MHD_OPTION_CONNECTION_LIMIT, limit,
-                                     MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_END);
+                                     MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                     MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP_LIMIT,
+                                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_MEMORY_LIMIT,
+                                     MHD_OPTION_END);
     else
         s->daemon = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
-                                     MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                     MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                      MHD_OPTION_CONNECTION_LIMIT, limit,
-                                     MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_END);
+                                     MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                                     MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP_LIMIT,
+                                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_MEMORY_LIMIT,
+                                     MHD_OPTION_END);
     if (!s->daemon) {
         /* Whether a failed start closed a socket it was handed is not documented: it is
          * left open rather than risk closing a descriptor another thread has been given

@@ -30,3 +30,15 @@ static void log_emit(const char *level, const char *fmt, va_list ap)
 LOG_FN(log_info, "info")
 LOG_FN(log_warn, "warn")
 LOG_FN(log_error, "error")
+
+void log_warn_sampled(atomic_ullong *count, const char *fmt, ...)
+{
+    unsigned long long n = atomic_fetch_add(count, 1) + 1;
+    if (n & (n - 1)) return; /* not a power of two */
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    log_warn("%s (%llu so far)", line, n);
+}

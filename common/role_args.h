@@ -58,6 +58,8 @@
 #define ROLE_FLAG_OUTER_MOMENTUM "outer-momentum" /* gateway: outer Nesterov momentum */
 #define ROLE_FLAG_CKPT "ckpt"                 /* client (0 only): checkpoint directory */
 #define ROLE_FLAG_CKPT_EVERY "ckpt-every"     /* client: steps between checkpoints */
+#define ROLE_FLAG_MAX_CONNECTIONS "max-connections" /* gateway, stage: connections served
+                                                      * at once (docs/SECURITY.md) */
 #define ROLE_FLAG_MAX_STAGE_PEERS "max-stage-peers" /* gateway: most peers rebalancing
                                                      * leaves in a stage (0: no bound) */
 /* How a client ended, for the operator: `--summary-file PATH` makes the client write, once

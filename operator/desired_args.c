@@ -104,6 +104,10 @@ json_t *desired_args_gateway(const job_view *v, const region_view *r)
     /* peers.max: rebalancing moves idle peers to a bottleneck stage, but leaves no stage
      * with more than this (the operator itself makes peers.replicas per stage). */
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_MAX_STAGE_PEERS), "%d", r->max);
+    /* The coordinator serves a connection per member (a thread each) and closes more on
+     * accept: room for the region's most peers and its clients, and for reconnects. */
+    argf(args, &bad, ROLE_ARG(ROLE_FLAG_MAX_CONNECTIONS), "%d",
+         v->stages * r->max + r->clients + 64);
     /* One region trains with no outer steps: its gateway is the region's coordinator only. */
     if (desired_outer(v)) wan_args(args, &bad, v, r);
     return done(args, bad);

@@ -17,7 +17,7 @@ TEST(desired_outer_two_regions)
      * port, in the spec's order: the same list for both. */
     assert_str(args_of(pod(&d, "tiny-bible-r1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4 --model tiny "
+               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4 --max-connections 73 --model tiny "
                "--sync-every 100 "
                "--region r1 --regions r1=tiny-bible-r1-gw.train.svc:7443,"
                "r2=tiny-bible-r2-gw.train.svc:7443 --wan-listen 0.0.0.0:7443 "
@@ -67,7 +67,7 @@ TEST(desired_outer_two_regions)
     if (desired_build(job, &d, &err)) TEST_FAIL("desired_build: %s", err.msg);
     assert_str(args_of(pod(&d, "tiny-bible-eu-west-1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 5 --max-stage-peers 2 --model small "
+               "--http-port 7480 --stages 2 --layers 5 --max-stage-peers 2 --max-connections 69 --model small "
                "--width 256 --heads 8 "
                "--context 64 --sync-every 25 --region eu-west-1 "
                "--regions r1=tiny-bible-r1-gw.train.svc:9443,r2=tiny-bible-r2-gw.train.svc:9443,"
@@ -117,7 +117,7 @@ TEST(desired_outer_one_region)
     ASSERT_EQ(json_object_size(d.pods), 6);
     assert_str(args_of(pod(&d, "tiny-bible-r1-gw")),
                "--job 6f1c2a9e-0000-4000-8000-000000000001 --listen 0.0.0.0:7400 "
-               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4",
+               "--http-port 7480 --stages 2 --layers 4 --max-stage-peers 4 --max-connections 73",
                "one-region gateway args");
     const json_t *c = container(pod(&d, "tiny-bible-r1-gw"));
     ASSERT_EQ(json_array_size(json_object_get(c, "ports")), 2);

@@ -49,7 +49,7 @@ int roles_cmd_gateway(int argc, char **argv)
     const char *job = "cirrus", *listen_addr = "0.0.0.0:7400", *region = NULL;
     const char *regions_text = NULL, *wan_listen = NULL, *tls_dir = NULL;
     int stages = 1, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
-    int max_stage_peers = 0;
+    int max_stage_peers = 0, max_conns = COORD_DEFAULT_MAX_CONNS;
     int exit_after_redo = 0;
     model_flags mf = {.preset = "tiny"};
     wan_flags wan = WAN_FLAGS_DEFAULTS;
@@ -69,6 +69,11 @@ int roles_cmd_gateway(int argc, char **argv)
         {ROLE_FLAG_MAX_STAGE_PEERS, FLAG_INT, &max_stage_peers, 0, COORD_MAX_PEERS,
          "rebalancing moves no peer into a stage that has this many (0: no bound, the "
          "default; the operator passes the region's peers.max)",
+         0},
+        {ROLE_FLAG_MAX_CONNECTIONS, FLAG_INT, &max_conns, 1, COORD_MAX_CONNS,
+         "connections the coordinator serves at once, a thread each: the region's peers and "
+         "clients hold one each; more are closed on accept (the operator passes the region's "
+         "most members plus room)",
          0},
         {ROLE_FLAG_REGION, FLAG_STR, &region, 0, 0, "this gateway's region (with --sync-every)", 0},
         {ROLE_FLAG_REGIONS, FLAG_STR, &regions_text, 0, 0,
@@ -149,6 +154,7 @@ int roles_cmd_gateway(int argc, char **argv)
                              .heartbeat_ms = (uint32_t)heartbeat_ms,
                              .rebalance_period_ms = (uint32_t)rebalance_s * 1000u,
                              .max_stage_peers = (uint32_t)max_stage_peers,
+                             .max_conns = (uint32_t)max_conns,
                              .test_exit_after_redo = exit_after_redo,
                              .ext_handler = os ? outer_sync_serve : NULL, .ext_ctx = os,
                                   .ext_status = os ? outer_sync_view : NULL,

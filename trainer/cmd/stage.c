@@ -79,7 +79,7 @@ int roles_cmd_stage(int argc, char **argv)
          "forwards whose activations are kept for their backward (default 4; more "
          "microbatches in flight need more, each costs a microbatch's activations)",
          0},
-        {"max-connections", FLAG_INT, &max_conns, 1, STAGE_PEER_MAX_CONNS,
+        {ROLE_FLAG_MAX_CONNECTIONS, FLAG_INT, &max_conns, 1, STAGE_PEER_MAX_CONNS,
          "connections served at once, a thread each; more are closed when accepted "
          "(default 128)",
          0},

@@ -8,7 +8,7 @@
  *   barrier.c      the step barrier of several pipeline clients (STEP_SYNC): ARRIVE
  *                  answers held until awaited, REDO notices
  *   moves.c        rebalancing: feeding the policy, instructions, moves remembered by name
- *   server.c       the accept loop, a thread per connection, the request dispatch table
+ *   server.c       the request dispatch table, served by proto/rpc_server.c
  */
 #ifndef CIRRUS_COORD_INTERNAL_H
 #define CIRRUS_COORD_INTERNAL_H
@@ -26,7 +26,6 @@
 
 #define COORD_IO_TIMEOUT_MS 5000 /* a frame that started arriving, or a reply, must finish */
 #define COORD_POLL_MS 100        /* how often idle threads look at the stop flag */
-#define COORD_CONN_SLACK 64      /* connections allowed beyond one per table slot */
 #define COORD_THREAD_STACK (256u << 10)
 
 typedef struct member {
@@ -84,15 +83,12 @@ struct coordinator {
     int64_t start_ms;
     int lfd, port, http_port;
     http_status *http;
-    pthread_t acceptor;
-    int acceptor_started;
-    atomic_int stopping;
+    struct rpc_server *server;
+    atomic_int stopping; /* raised by coord_server_stop: the barrier's waits give up */
     uint32_t max_conns;
 
     pthread_mutex_t mu; /* everything below */
-    pthread_cond_t conn_ended;
     pthread_cond_t barrier_changed; /* on CLOCK_MONOTONIC; broadcast on every barrier change */
-    uint32_t conns;
     member *members; /* [max_peers], sorted by id (ids only grow; removal keeps order) */
     size_t n_members;
     uint32_t next_id;
@@ -124,9 +120,9 @@ typedef struct outcome {
 /* Mark the request malformed: answered ECORRUPT with oc->err's message, then its
  * connection dropped. Returns the code. */
 int coord_malformed(outcome *oc);
-/* Start the accept thread. */
+/* Start serving co->lfd (proto/rpc_server.c). */
 int coord_server_start(coordinator *co, cirrus_error *err);
-/* Raise the stop flag, join the accept thread and wait for every connection thread. */
+/* Raise the stop flag and stop the server (it waits for every connection thread). */
 void coord_server_stop(coordinator *co);
 
 /* ---- members.c (the find/reap/info calls: co->mu held) ---- */

@@ -61,6 +61,9 @@ static int check_options(const coordinator_options *o, coordinator_options *f, c
         return cirrus_fail(err, CIRRUS_EINVAL, "expiry %u ms is shorter than the %u ms heartbeat "
                            "interval", f->expire_ms, f->heartbeat_ms);
     if (!f->max_peers) f->max_peers = COORD_DEFAULT_MAX_PEERS;
+    if (f->max_conns > COORD_MAX_CONNS)
+        return cirrus_fail(err, CIRRUS_EINVAL, "max connections %u is above %d", f->max_conns,
+                           COORD_MAX_CONNS);
     if (f->max_peers > COORD_MAX_PEERS)
         return cirrus_fail(err, CIRRUS_EINVAL, "max peers %u is above %d", f->max_peers,
                            COORD_MAX_PEERS);
@@ -95,13 +98,12 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
     co->start_ms = clock_now_ms();
     co->lfd = -1;
     co->http_port = -1;
-    co->max_conns = f.max_peers + COORD_CONN_SLACK;
+    co->max_conns = f.max_conns ? f.max_conns : COORD_DEFAULT_MAX_CONNS;
     co->next_id = 1;
     co->loss = NAN;
     co->barrier.next_notice = 1;
     atomic_init(&co->stopping, 0);
     pthread_mutex_init(&co->mu, NULL);
-    pthread_cond_init(&co->conn_ended, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -145,7 +147,6 @@ void coordinator_stop(coordinator *co)
     coord_server_stop(co);
     if (co->http) http_status_stop(co->http);
     if (co->lfd >= 0) close(co->lfd);
-    pthread_cond_destroy(&co->conn_ended);
     pthread_cond_destroy(&co->barrier_changed);
     pthread_mutex_destroy(&co->mu);
     free(co->members);

@@ -33,6 +33,9 @@
 #define COORD_DEFAULT_HEARTBEAT_MS 1000
 #define COORD_DEFAULT_MAX_PEERS 4096
 #define COORD_MAX_PEERS 16384
+/* Connections served at once (a thread each): a region's members hold one each. */
+#define COORD_DEFAULT_MAX_CONNS 512
+#define COORD_MAX_CONNS (COORD_MAX_PEERS + 256)
 #define COORD_MOVE_WITHDRAW 3          /* periods an instruction may take... */
 #define COORD_MOVE_WITHDRAW_MIN_MS 120000 /* ...and at least this long (a large state) */
 
@@ -47,6 +50,7 @@ typedef struct coordinator_options {
     uint32_t expire_ms;     /* silence after which a member is dropped; 0: 3 x heartbeat */
     uint32_t max_peers;     /* membership table size; 0: COORD_DEFAULT_MAX_PEERS */
     uint32_t idle_ms;       /* drop connections silent this long; 0: max(60 s, 4 x expire) */
+    uint32_t max_conns;     /* connections served at once; 0: COORD_DEFAULT_MAX_CONNS */
     uint64_t epoch;         /* 0: a fresh one from the clock (53 bits, exact in JSON) */
     uint32_t rebalance_period_ms; /* 0: no rebalancing */
     uint32_t max_stage_peers;     /* rebalancing moves no peer into a stage with this many

@@ -14,7 +14,9 @@
 #include "../../../common/http_server.h"
 #include "../../net/conn.h"
 
-#define HTTP_CONNECTION_LIMIT 64
+/* Connections are cheap here (one epoll thread, HTTP_MEMORY_LIMIT each): room for many
+ * sources at 8 each (common/http_server.c) before a legitimate reader waits. */
+#define HTTP_CONNECTION_LIMIT 1024
 #define HTTP_CONNECTION_TIMEOUT_S 10
 #define HTTP_BODY_LIMIT (64u << 20) /* a /metrics or /status body never grows past this */
 

@@ -28,6 +28,8 @@
 #include "stage_peer.h"
 
 #define PEER_IO_TIMEOUT_MS 60000
+#define PEER_HELLO_TIMEOUT_MS 5000 /* from accept to the end of HELLO */
+#define PEER_POLL_MS 200          /* how often the loops look at the stop flag */
 #define PEER_REPLY_LIMIT (256u << 20)
 #define PEER_MAX_MEMBERS STAGE_AVERAGE_MAX_MEMBERS /* peers of a stage in one AVERAGE */
 
@@ -79,7 +81,6 @@ typedef struct peer {
     int summed;                /* the gradients are a stage-wide sum since the last STEP */
     uint32_t mb_since_step;    /* backwards accumulated since the last STEP */
     volatile sig_atomic_t *stop;
-    int active;                /* connection threads alive (under mu) */
     /* counters for the coordinator's heartbeats (under mu) */
     uint64_t samples, steps;
     int stalled; /* --stall-average-at has happened */
