@@ -24,7 +24,8 @@ if [ "$(ulimit -n)" -lt 6000 ]; then
     echo "flood: needs 6000 open files per process, the limit is $(ulimit -n)"; exit 1
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Below the ephemeral range: the floods' own 20,000 connections take ports from it.
+free_port() { python3 "$(dirname "$0")/free_port.py"; }
 coord=$(free_port) http=$(free_port) wan=$(free_port) wan2=$(free_port) peer=$(free_port)
 "$bin" certs --job flood --region r0 --region r1 --out "$tmp/certs" >/dev/null 2>&1 || bad "certs made"
 "$bin" gateway --job flood --stages 1 --layers 2 --width 32 --heads 2 --context 16 \

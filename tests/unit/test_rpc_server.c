@@ -88,17 +88,19 @@ static int client(int port, net_conn **c, cirrus_error *err)
     return rc;
 }
 
-/* Waits up to 2 s for the server's count of connections before HELLO to reach n. */
-static int in_hello_reaches(rpc_server *s, int n)
+/* Waits up to 2 s for the server's count of connections before HELLO (or, with `open`,
+ * of all connections: threads gone) to reach n. */
+static int count_reaches(rpc_server *s, int open, int n)
 {
     rpc_server_counts c;
     for (int i = 0; i < 200; i++) {
         rpc_server_get_counts(s, &c);
-        if (c.in_hello == n) return 1;
+        if ((open ? c.open : c.in_hello) == n) return 1;
         usleep(10 * 1000);
     }
     return 0;
 }
+#define in_hello_reaches(s, n) count_reaches(s, 0, n)
 
 /* Silent connections from one address hold at most max_hellos_per_addr slots (16 / 8 -> 4
  * here): each newcomer past that shuts the oldest down, none is refused, and a client from
@@ -129,12 +131,7 @@ TEST(rpc_server_caps_silent_connections_per_address)
     /* The newest four are dropped at their HELLO deadline (600 ms). */
     for (int i = FLOOD - 4; i < FLOOD; i++) ASSERT(closed_within(fds[i], 3000));
     ASSERT(in_hello_reaches(s, 0));
-    for (int i = 0; i < 200; i++) { /* their threads gone */
-        rpc_server_get_counts(s, &n);
-        if (n.open == 1) break;
-        usleep(10 * 1000);
-    }
-    ASSERT_EQ(n.open, 1);
+    ASSERT(count_reaches(s, 1, 1)); /* their threads gone */
     for (int i = 0; i < FLOOD; i++) close(fds[i]);
     net_close(c);
     rpc_server_stop(s);
@@ -169,12 +166,8 @@ TEST(rpc_server_caps_silent_connections_in_all)
                   n.open, (unsigned long long)n.accepted, (unsigned long long)n.evicted,
                   (unsigned long long)n.refused);
     }
-    for (int i = 0; i < 200; i++) { /* the evicted threads gone */
-        rpc_server_get_counts(s, &n);
-        if (n.open == 5) break;
-        usleep(10 * 1000);
-    }
-    ASSERT_EQ(n.open, 5);
+    ASSERT(count_reaches(s, 1, 5)); /* the evicted threads gone */
+    rpc_server_get_counts(s, &n);
     /* Shut down to make room, or (while every slot was still held by threads on their way
      * out) closed on accept; never the served one. */
     ASSERT_EQ(n.evicted + n.refused, (uint64_t)(FLOOD - 4));
