@@ -591,8 +591,8 @@ static int closed_by_peer(int fd)
 }
 
 /* A flood of silent connections costs a stage peer at most its cap of threads: the ones
- * over --max-connections are closed as soon as they are accepted, and once the flood goes,
- * a client is served again. */
+ * over --max-connections are closed at once (refused, or the oldest shut down to make
+ * room), and once the flood goes, a client is served again. */
 TEST(swarm_peer_caps_connections)
 {
     enum { CAP = 4, FLOOD = 24 };
@@ -612,8 +612,10 @@ TEST(swarm_peer_caps_connections)
     const int threads_before = thread_count();
     int fds[FLOOD], closed = 0;
     for (int i = 0; i < FLOOD; i++) ASSERT((fds[i] = silent_connection(port)) >= 0);
-    for (int i = CAP; i < FLOOD; i++) closed += closed_by_peer(fds[i]);
-    ASSERT_EQ(closed, FLOOD - CAP);
+    /* Closed on accept, or (the oldest before HELLO) shut down to make room: all but at
+     * most CAP at once (proto/rpc_server.c). */
+    for (int i = 0; i < FLOOD; i++) closed += closed_by_peer(fds[i]);
+    ASSERT(closed >= FLOOD - CAP);
     ASSERT(thread_count() - threads_before <= CAP);
     for (int i = 0; i < FLOOD; i++) close(fds[i]);
     /* The silent ones' threads see their end at once; then a client is served. */

@@ -70,14 +70,15 @@ typedef struct send_job {
     uint64_t round, len, tokens, prev_digest;
     const uint8_t *msg;
     int64_t deadline;
+    int rc; /* wan_link_send's */
 } send_job;
 
 static void *send_main(void *arg)
 {
     send_job *sj = arg;
     cirrus_error err = {0};
-    int rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, sj->tokens,
-                           sj->prev_digest, sj->deadline, &err);
+    int rc = sj->rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, sj->tokens,
+                                    sj->prev_digest, sj->deadline, &err);
     if (rc && !atomic_load(&sj->os->stopping))
         log_warn("outer round %llu: region %s did not take our delta: %s",
                  (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
@@ -87,6 +88,35 @@ static void *send_main(void *arg)
         pthread_mutex_unlock(&sj->os->mu);
     }
     return NULL;
+}
+
+/* Round k is done here with region j's message, but j never took ours: our sends gave up
+ * (it was catching up, refusing them as too far ahead, until just before our deadline) and
+ * its message came in after. It waits for ours to its own deadline (the whole
+ * --sync-timeout-s on a restarted gateway), and no one sends it again: send it now, from
+ * this thread, the one that sends to j, for at most another span_ms. Under mu (released
+ * while sending). */
+static void deliver_late(outer_sync *os, uint64_t k, const send_job *jobs, int64_t span_ms)
+{
+    const round_slot *own = &os->slot[k & 1][os->o.region_index];
+    for (int j = 0; j < os->o.n_regions && !atomic_load(&os->stopping); j++) {
+        const round_slot *sl = &os->slot[k & 1][j];
+        if (j == os->o.region_index || !jobs[j].rc || jobs[j].rc == WAN_LEFT_OUT ||
+            sl->round != k || !sl->complete)
+            continue;
+        log_warn("outer round %llu: region %s's delta is in but it never took ours: sending "
+                 "it again", (unsigned long long)k, os->names[j]);
+        /* own stays: only this thread replaces it, at the next round. */
+        const uint8_t *msg = own->bytes;
+        const uint64_t len = own->total, tokens = own->tokens, digest = own->prev_digest;
+        pthread_mutex_unlock(&os->mu);
+        cirrus_error err = {0};
+        int rc = wan_link_send(os, j, k, msg, len, tokens, digest, net_now_ms() + span_ms, &err);
+        if (rc && !atomic_load(&os->stopping))
+            log_warn("outer round %llu: region %s still did not take our delta: %s",
+                     (unsigned long long)k, os->names[j], err.msg);
+        pthread_mutex_lock(&os->mu);
+    }
 }
 
 /* Whether a missing message of round k is still arriving: bytes of it came in the last
@@ -314,7 +344,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     for (int j = 0; j < os->o.n_regions; j++) {
         if (j == os->o.region_index) continue;
         const int64_t until = absent[j] ? t0 + ROUND_ABSENT_GRACE_MS : deadline;
-        jobs[j] = (send_job){os, j, k, len, tokens, prev_digest, msg, until};
+        jobs[j] = (send_job){os, j, k, len, tokens, prev_digest, msg, until, 0};
         started[j] = pthread_create(&th[j], NULL, send_main, &jobs[j]) == 0;
         if (!started[j]) send_main(&jobs[j]);
     }
@@ -424,6 +454,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
              (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
              (unsigned long long)os->wan_received, codec_name, os->window_s);
     pthread_cond_broadcast(&os->changed);
+    deliver_late(os, k, jobs, deadline - t0);
 }
 
 /* The region's client pushed outer step client_ahead, past round + 1, and no other region
