@@ -16,6 +16,7 @@
 #include "rpc.h"
 
 #define ADDR_MAX 64
+#define DROP_KINDS 64
 
 struct slot {
     int used;
@@ -36,9 +37,9 @@ struct rpc_server {
     int open, in_hello;
     int max_hellos; /* connections before HELLO, from everywhere */
     uint64_t accepted, refused, evicted;
-    /* For sampled logs (log_warn_sampled): refusals at accept, and drops by their error
-     * code, so a flood of one kind does not hide the first of another. */
-    atomic_ullong refusals_seen, drops_seen[16];
+    /* For sampled logs (log_warn_sampled): refusals at accept, and drops by kind, so a
+     * flood of one kind does not hide the first of another. */
+    atomic_ullong refusals_seen, drops_seen[DROP_KINDS];
 };
 
 typedef struct conn_job {
@@ -47,9 +48,13 @@ typedef struct conn_job {
     int slot;
 } conn_job;
 
-static atomic_ullong *drops_of(rpc_server *s, int code)
+/* A drop's kind: its message up to the first digit ("bad frame magic ", "frame of ",
+ * "wrong job id 'x'"), hashed into one of DROP_KINDS counters. */
+static atomic_ullong *drops_of(rpc_server *s, const char *msg)
 {
-    return &s->drops_seen[code < 0 && code > -16 ? -code : 0];
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *p = msg; *p && (*p < '0' || *p > '9'); p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    return &s->drops_seen[h % DROP_KINDS];
 }
 
 /* HELLO is over (done or failed): from now on the thread may close the connection, so
@@ -98,7 +103,7 @@ static void serve_requests(rpc_server *s, rpc_server_conn *sc)
         int rc = net_recv_frame(c, &h, &payload, o->io_timeout_ms, &err);
         if (rc == CIRRUS_ECLOSED) return;
         if (rc) {
-            log_warn_sampled(drops_of(s, err.code), "%s dropped %s: %s", o->what,
+            log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s", o->what,
                              net_peer_name(c), err.msg);
             return;
         }
@@ -116,7 +121,7 @@ static void serve_requests(rpc_server *s, rpc_server_conn *sc)
         if (rc) {
             wire_writer_free(&reply);
             if (drop)
-                log_warn_sampled(drops_of(s, err.code), "%s dropped %s: %s (request type %u)",
+                log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s (request type %u)",
                                  o->what, net_peer_name(c), err.msg, h.type);
             rpc_refuse(c, h.request_id, rc, err.msg, o->io_timeout_ms);
             if (drop) return;
@@ -142,7 +147,7 @@ static void *conn_main(void *arg)
     int rc = net_hello_server(sc.c, s->o.job_id, &sc.role, &sc.id, s->o.hello_timeout_ms, &err);
     hello_over(s, job.slot);
     if (rc) {
-        log_warn_sampled(drops_of(s, err.code), "%s dropped %s: %s", s->o.what,
+        log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s", s->o.what,
                          net_peer_name(sc.c), err.msg);
     } else {
         net_set_max_payload(sc.c, s->o.max_payload);
