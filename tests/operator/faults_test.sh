@@ -179,6 +179,10 @@ if poll_until "$converge_s" converged; then
     ok "converged $(($(date +%s) - t_calm)) s after the proxy began to behave (limit $converge_s s)"
 else
     not_ok "not converged within $converge_s s of the proxy behaving"
+    echo "--- pods"
+    kn get pods -o wide --no-headers 2>&1 | head -30
+    echo "--- statuses"
+    kn get sj -o jsonpath='{range .items[*]}{.metadata.name}: {.status}{"\n"}{end}' 2>&1 | cut -c1-400
 fi
 for j in fa fb fc; do
     expect_eq "$j: pods running" "${want_pods[$j]}" \
