@@ -305,9 +305,11 @@ wait 2>/dev/null
 pids=()
 
 # 6c. A notice the gateway forgets: two clients share each step; a stage-1 peer hangs in
-#     the averaging of step 60 (--stall-average-at), so the leader drops it and posts a REDO
+#     the averaging of step 60 (failpoint stall-average-at), so the leader drops it and posts
+#     a REDO
 #     notice (the peer may hold the follower's gradients). The gateway exits on the next
-#     barrier call (--test-exit-after-redo), before the follower heard of the notice, and
+#     barrier call (CIRRUS_FAILPOINTS=exit-after-redo), before the follower heard of the
+#     notice, and
 #     is started again. The leader sees the restarted gateway has no notice as new as its
 #     own, posts it again, the follower redoes its backwards there, and the step sums every
 #     microbatch once (each stage's sum is checked against the step's microbatches, and a
@@ -315,16 +317,15 @@ pids=()
 #     would be counted without redoing, and that check would fail the step. Only the
 #     leader evaluates the shared model: the follower reports no validation loss.
 gport=$(python3 "$(dirname "$0")/free_port.py")
-"$bin" gateway --job jobF --listen "127.0.0.1:$gport" --http-port -1 --stages 2 --layers 3 \
-    --test-exit-after-redo 2>"$tmp/gateway-f.err" &
+CIRRUS_FAILPOINTS=exit-after-redo "$bin" gateway --job jobF --listen "127.0.0.1:$gport" \
+    --http-port -1 --stages 2 --layers 3 2>"$tmp/gateway-f.err" &
 gateway_pid=$!
 pids+=("$gateway_pid")
-for spec in "0 0:1" "1 1:3" "1 1:3 --stall-average-at 60 --stall-s 20"; do
+for spec in "0 0:1" "1 1:3" "1 1:3 stall-average-at=60,stall-average-ms=20000"; do
     read -r index layers stall <<<"$spec"
-    # shellcheck disable=SC2086 # $stall holds two flags or none
-    OMP_NUM_THREADS=1 "$bin" stage --serve "$layers" "${model[@]}" --batch 2 --job jobF \
-        --listen 127.0.0.1:0 --coordinator "127.0.0.1:$gport" --stage-index "$index" $stall \
-        2>>"$tmp/peers-f.err" &
+    CIRRUS_FAILPOINTS=$stall OMP_NUM_THREADS=1 "$bin" stage --serve "$layers" "${model[@]}" \
+        --batch 2 --job jobF --listen 127.0.0.1:0 --coordinator "127.0.0.1:$gport" \
+        --stage-index "$index" 2>>"$tmp/peers-f.err" &
     pids+=($!)
 done
 for i in 0 1; do
@@ -530,7 +531,7 @@ if "$bin" local --stages 2 --peers 2 "${model[@]}" --batch 8 --steps 80 --log-ev
     lost=$(sed -nE 's/.*"peers_lost":([0-9]+).*/\1/p' "$tmp/stall.err")
     echo "    a peer hung 30 s mid-averaging: 80 steps took ${took:-?} s, peers lost ${lost:-?}"
     if [ -n "$took" ] && python3 -c "import sys; sys.exit(0 if $took < 15 else 1)" &&
-        [ "${lost:-0}" -ge 1 ] && grep -q 'stalling 30.0 s in step 40' "$tmp/stall.err"; then
+        [ "${lost:-0}" -ge 1 ] && grep -q 'stalling 30000 ms in step 40' "$tmp/stall.err"; then
         ok averaging_survives_a_hung_member
     else
         bad averaging_survives_a_hung_member; tail -3 "$tmp/stall.err"

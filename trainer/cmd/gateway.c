@@ -50,7 +50,6 @@ int roles_cmd_gateway(int argc, char **argv)
     const char *regions_text = NULL, *wan_listen = NULL, *tls_dir = NULL;
     int stages = 1, http_port = 7480, heartbeat_ms = 0, help = 0, rebalance_s = 30;
     int max_stage_peers = 0, max_conns = COORD_DEFAULT_MAX_CONNS;
-    int exit_after_redo = 0;
     model_flags mf = {.preset = "tiny"};
     wan_flags wan = WAN_FLAGS_DEFAULTS;
     flag_spec flags[] = {
@@ -83,10 +82,6 @@ int roles_cmd_gateway(int argc, char **argv)
         {ROLE_FLAG_TLS_DIR, FLAG_STR, &tls_dir, 0, 0,
          "directory with the job's ca.crt and this gateway's tls.crt and tls.key", 0},
         WAN_FLAGS(wan),
-        {"test-corrupt-after", FLAG_U64, &wan.test_corrupt_after, 0, 0,
-         "tests only: change a global parameter after this outer step (digest repair)", 0},
-        {"test-exit-after-redo", FLAG_BOOL, &exit_after_redo, 0, 0,
-         "tests only: exit on the first step-barrier call after a REDO notice was posted", 0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -155,7 +150,6 @@ int roles_cmd_gateway(int argc, char **argv)
                              .rebalance_period_ms = (uint32_t)rebalance_s * 1000u,
                              .max_stage_peers = (uint32_t)max_stage_peers,
                              .max_conns = (uint32_t)max_conns,
-                             .test_exit_after_redo = exit_after_redo,
                              .ext_handler = os ? outer_sync_serve : NULL, .ext_ctx = os,
                                   .ext_status = os ? outer_sync_view : NULL,
                              .ext_request_limit = OUTER_REQUEST_LIMIT};

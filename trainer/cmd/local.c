@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../common/failpoint.h"
 #include "../../common/log.h"
 #include "../ckpt/checkpoint.h"
 #include "../net/conn.h"
@@ -37,8 +38,8 @@ typedef struct peer_spec {
     double slowdown;         /* > 1: --slowdown for this peer (tests, benchmarks) */
     int slowdown_cpu;        /* --slowdown-cpu */
     int act_slots;           /* --act-slots; 0: the peer's default */
-    int stall_at;            /* > 0: --stall-average-at (tests) */
-    double stall_s;          /* --stall-s */
+    int stall_at;            /* > 0: --stall-peer's step (tests; failpoint.h) */
+    double stall_s;          /* and seconds */
 } peer_spec;
 
 /* In a child of `local`: the region's processes go when `local` goes, however it ends
@@ -98,14 +99,11 @@ static pid_t spawn_stage(const peer_spec *ps, const gpt_config *cfg, const train
         args[n++] = "--act-slots";
         args[n++] = a_slots;
     }
-    char a_stall_at[16], a_stall_s[32];
-    if (ps->stall_at > 0) {
-        snprintf(a_stall_at, sizeof a_stall_at, "%d", ps->stall_at);
-        snprintf(a_stall_s, sizeof a_stall_s, "%g", ps->stall_s);
-        args[n++] = "--stall-average-at";
-        args[n++] = a_stall_at;
-        args[n++] = "--stall-s";
-        args[n++] = a_stall_s;
+    if (ps->stall_at > 0) { /* --stall-peer: this peer's process only */
+        char fp[96];
+        snprintf(fp, sizeof fp, "stall-average-at=%d,stall-average-ms=%.0f", ps->stall_at,
+                 ps->stall_s * 1000.0);
+        setenv("CIRRUS_FAILPOINTS", fp, 1);
     }
     args[n] = NULL;
     execv("/proc/self/exe", args);
@@ -247,7 +245,7 @@ static int parse_stall_peer(const char *text, int n_stages, int n_peers, stall_p
 }
 
 /* --test-region-fault R:corrupt:K or R:exit:S, applied in region R's process. */
-static int apply_region_fault(const char *text, int region, wan_flags *wan, int *exit_step,
+static int apply_region_fault(const char *text, int region, int *exit_step,
                               cirrus_error *err)
 {
     int r;
@@ -259,7 +257,7 @@ static int apply_region_fault(const char *text, int region, wan_flags *wan, int 
         return cirrus_fail(err, CIRRUS_EINVAL, "--test-region-fault must be R:corrupt:K or "
                            "R:exit:S, got '%s'", text);
     if (r != region) return 0;
-    if (kind[0] == 'c') wan->test_corrupt_after = at;
+    if (kind[0] == 'c') failpoint_set("corrupt-after", at); /* this region's process only */
     else *exit_step = (int)at;
     return 0;
 }
@@ -407,7 +405,7 @@ int roles_cmd_local(int argc, char **argv)
         /* After the last outer step every region holds the same model: region 0 writes
          * the checkpoint and the metrics; the others' would only collide with them. */
         if (region > 0) o.ckpt_dir = o.metrics = NULL;
-        if (region_fault && apply_region_fault(region_fault, region, &wan, &exit_step, &err)) {
+        if (region_fault && apply_region_fault(region_fault, region, &exit_step, &err)) {
             fprintf(stderr, "cirrus-trainer local: %s\n", err.msg);
             return EXIT_BAD_INPUT;
         }

@@ -41,8 +41,8 @@ int roles_cmd_stage(int argc, char **argv)
     const char *backend = "cpu";
     char ring_default[STAGE_ADDR_MAX];
     uint64_t seed = 1337;
-    float slowdown = 1.0f, stall_s = 0.0f;
-    int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0, stall_at = 0;
+    float slowdown = 1.0f;
+    int act_slots = STAGE_PEER_DEFAULT_SLOTS, slowdown_cpu = 0;
     int max_conns = STAGE_PEER_DEFAULT_CONNS;
     flag_spec flags[] = {
         MODEL_FLAGS(mf),
@@ -83,9 +83,6 @@ int roles_cmd_stage(int argc, char **argv)
          "connections served at once, a thread each; more are closed when accepted "
          "(default 128)",
          0},
-        {"stall-average-at", FLAG_INT, &stall_at, 1, 1e9,
-         "tests only: hang --stall-s seconds in the gradient averaging of this step", 0},
-        {"stall-s", FLAG_FLOAT, &stall_s, 0, 3600, "tests only: see --stall-average-at", 0},
         BACKEND_FLAG(backend),
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
@@ -109,7 +106,7 @@ int roles_cmd_stage(int argc, char **argv)
     if (cli_select_backend(backend, &err)) return cli_fail_input("stage", &err);
     stage_peer_options o = {.job_id = job, .max_B = batch, .seed = seed, .slowdown = slowdown,
                             .slowdown_cpu = slowdown_cpu, .act_slots = act_slots,
-                            .stall_at = stall_at, .stall_s = stall_s, .name = name,
+                            .name = name,
                             .max_conns = max_conns};
     if (cli_model_from_flags(&mf, &o.model, &err)) return cli_fail_input("stage", &err);
     if (!layers || parse_layers(layers, &o.l0, &o.l1) || o.l1 > o.model.n_layer) {

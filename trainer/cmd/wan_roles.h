@@ -17,11 +17,10 @@ typedef struct wan_flags {
     int insecure;           /* --wan-insecure: plaintext between gateways */
     int sync_timeout_s;     /* how long an outer round may wait for the other regions */
     int sync_delay;         /* local: inner steps the regions train on while a round runs */
-    uint64_t test_corrupt_after; /* tests: outer_sync_options.test_corrupt_after */
     const char *sync_params; /* gateway/sync_params.h */
 } wan_flags;
 
-#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, 0, "all"}
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, "all"}
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../common/failpoint.h"
 #include "../../common/log.h"
 #include "adapt.h"
 #include "outer_internal.h"
@@ -435,10 +436,12 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
             log_error("outer round %llu: %s", (unsigned long long)k, err.msg);
             return;
         }
-        if (os->o.test_corrupt_after == k) {
+        /* A test's silent divergence, which the next round's digests must catch. */
+        uint64_t corrupt_after = 0;
+        if (failpoint_on("corrupt-after", &corrupt_after) && corrupt_after == k) {
             os->theta[0] += 1e-3f;
             os->digest = outer_state_digest(os->theta, os->mom, os->n);
-            log_warn("outer round %llu: global parameter 0 changed (--test-corrupt-after)",
+            log_warn("outer round %llu: global parameter 0 changed (failpoint corrupt-after)",
                      (unsigned long long)k);
         }
     }

@@ -45,9 +45,6 @@ typedef struct outer_sync_options {
     net_tls_ctx *tls;                   /* NULL: plaintext (--wan-insecure); borrowed */
     int round_timeout_ms;               /* how long a round may wait for the other regions */
     int sync_every;                     /* inner steps per outer step (for /status) */
-    /* Tests only: after completing this outer step, change one global parameter (a silent
-     * divergence the digests must catch and repair); 0: never. */
-    uint64_t test_corrupt_after;
 } outer_sync_options;
 
 typedef struct outer_sync outer_sync;

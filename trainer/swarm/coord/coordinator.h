@@ -55,10 +55,6 @@ typedef struct coordinator_options {
     uint32_t rebalance_period_ms; /* 0: no rebalancing */
     uint32_t max_stage_peers;     /* rebalancing moves no peer into a stage with this many
                                    * (the operator's peers.max); 0: no bound */
-    /* Tests only: once a REDO notice is recorded, the process exits (137) on the next
-     * STEP_SYNC without answering it, as a gateway lost just after posting a notice would:
-     * the leader knows the notice, the coordinator that comes back does not. */
-    int test_exit_after_redo;
     /* Requests of types COORD_EXT_FIRST..COORD_EXT_LAST go to this handler (NULL: refused
      * as unknown), outside the coordinator's lock, on the requester's connection thread:
      * the gateway's outer sync speaks to its region's leader client this way, through the

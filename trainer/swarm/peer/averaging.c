@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../../common/failpoint.h"
 #include "../../../common/log.h"
 #include "../../net/ring.h"
 #include "peer_internal.h"
@@ -110,11 +111,14 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
         }
         snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
     }
-    if (o->stall_at > 0 && p->steps + 1 == (uint64_t)o->stall_at && !p->stalled) {
+    /* A test's peer stuck mid-averaging, once. */
+    uint64_t stall_at = 0, stall_ms = 0;
+    if (!p->stalled && failpoint_on("stall-average-at", &stall_at) && p->steps + 1 == stall_at) {
         p->stalled = 1;
-        log_warn("averaging: stalling %.1f s in step %d (--stall-average-at)", o->stall_s,
-                 o->stall_at);
-        usleep((useconds_t)(o->stall_s * 1e6));
+        failpoint_on("stall-average-ms", &stall_ms);
+        log_warn("averaging: stalling %llu ms in step %llu (failpoint stall-average-at)",
+                 (unsigned long long)stall_ms, (unsigned long long)stall_at);
+        usleep((useconds_t)(stall_ms * 1000));
     }
     ring_set_timeout(p->ring, (int)ring_ms);
     int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);

@@ -83,7 +83,7 @@ typedef struct peer {
     volatile sig_atomic_t *stop;
     /* counters for the coordinator's heartbeats (under mu) */
     uint64_t samples, steps;
-    int stalled; /* --stall-average-at has happened */
+    int stalled; /* failpoint stall-average-at has happened */
     /* Capacity: samples and seconds of the peer's own compute (the --slowdown sleep
      * included), forwards and backwards apart; never reset (the heartbeat differences). */
     uint64_t fwd_n, bwd_n;

@@ -64,10 +64,6 @@ typedef struct stage_peer_options {
      * probes need a handful: the cap bounds what a flood of connections costs. 0:
      * STAGE_PEER_DEFAULT_CONNS. */
     int max_conns;
-    /* Tests only: in the AVERAGE of its step stall_at (1-based, 0: never) the peer hangs
-     * stall_s seconds before it joins the ring, once, as a peer stuck mid-averaging would. */
-    int stall_at;
-    double stall_s;
 } stage_peer_options;
 
 #define STAGE_PEER_DEFAULT_SLOTS 4

@@ -1,0 +1,24 @@
+/* failpoint: faults a test injects into a real process, in the manner of etcd's gofail or
+ * TiKV's fail-rs, so that no option struct and no --help carries a test's knob.
+ *
+ * CIRRUS_FAILPOINTS="name[=number],..." in a process's environment names the failpoints
+ * on in it (read once, at the first question); failpoint_set turns one on from inside (a
+ * `local` run's per-region faults, in that region's process). Names in use:
+ *   corrupt-after=K    a gateway changes a global parameter after outer step K
+ *                      (the digest repair is tested with it: gateway/outer_round.c)
+ *   exit-after-redo    a coordinator exits (137) on the first step-barrier call after a
+ *                      REDO notice was posted (swarm/coord/barrier.c)
+ *   stall-average-at=S a stage peer hangs stall-average-ms=MS in the gradient averaging
+ *                      of step S, once (swarm/peer/averaging.c; `local --stall-peer`)
+ */
+#ifndef CIRRUS_FAILPOINT_H
+#define CIRRUS_FAILPOINT_H
+
+#include <stdint.h>
+
+/* 1 if failpoint `name` is on, with its number (0 when it has none) in *value (optional). */
+int failpoint_on(const char *name, uint64_t *value);
+/* Turn `name` on in this process with `value`. */
+void failpoint_set(const char *name, uint64_t value);
+
+#endif
