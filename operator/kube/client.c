@@ -12,6 +12,10 @@
  * keeps one request from parking the event loop for long. */
 #define RETRY_MAX 10
 #define RETRY_WAIT_MAX_MS 10000
+/* All of one request's waits together: client-go's retries park one worker, ours the whole
+ * event loop, which renews the Lease (10 s renew deadline). Half of that: past it the caller's
+ * own backoff (the work queue's, the Lease's retry period, the informer's) takes over. */
+#define RETRY_BUDGET_MS 5000
 #define USER_AGENT "cirrus-operator/0.1"
 
 struct kube_ticker {
@@ -365,8 +369,8 @@ int kube_request(kube_client *c, const char *method, const char *path, const jso
         int64_t wait_ms = retry_after > 0 ? (int64_t)retry_after * 1000 : 1000;
         if (wait_ms > RETRY_WAIT_MAX_MS) wait_ms = RETRY_WAIT_MAX_MS;
         /* Retries park the whole event loop: stop once they would outlast one request's
-         * timeout and let the caller's own backoff take over. */
-        if (waited_ms + wait_ms > c->timeout_ms) break;
+         * timeout or the retry budget and let the caller's own backoff take over. */
+        if (waited_ms + wait_ms > c->timeout_ms || waited_ms + wait_ms > RETRY_BUDGET_MS) break;
         waited_ms += wait_ms;
         c->stats.retries++;
         wait_driving(c, wait_ms);

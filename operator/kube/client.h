@@ -12,8 +12,9 @@
  * (409: stale resourceVersion, or AlreadyExists: check kube_status_reason), CIRRUS_EGONE
  * (410), CIRRUS_EINVAL (400, 422 Invalid), CIRRUS_ETIMEDOUT, CIRRUS_EIO (anything else,
  * including 401/403 and transport errors). 429 Too Many Requests and 5xx with Retry-After
- * are retried as client-go does (up to 10 times, waiting Retry-After, at most 10 s each and
- * no longer in all than the request timeout: the wait holds up the whole event loop).
+ * are retried as client-go does (up to 10 times, waiting Retry-After), but waiting no
+ * longer in all than 5 s (nor the request timeout): the wait holds up the whole event loop,
+ * which renews the Lease, so past that the caller's own backoff takes over.
  *
  * Not thread-safe: one event loop owns a client.
  */

@@ -1,6 +1,6 @@
 /* kube_client against the real API server: create/get/update/conflict/patch/delete of a
  * ConfigMap, server-side apply, Status messages, the status subresource, connection reuse;
- * and, against a scripted server, the 429 retry and an HTTP 410. */
+ * and, against a scripted server, the 429 retry and its 5 s budget, and an HTTP 410. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +264,33 @@ TEST(kube_connection_reuse)
 }
 
 /* ---- against a scripted server ---------------------------------------------------------- */
+
+/* The server keeps answering 429 with Retry-After 2: the request waits 2 + 2 s, then gives
+ * up rather than wait a third time past its 5 s budget (the loop renews the Lease). */
+TEST(kube_request_429_budget)
+{
+    tk_fake *f = tk_fake_new();
+    for (int i = 0; i < 4; i++)
+        tk_fake_route(f, "GET /api/v1/namespaces/fake/configmaps/x", 429, "Retry-After: 2\r\n",
+                      "{\"kind\":\"Status\",\"code\":429,\"reason\":\"TooManyRequests\","
+                      "\"message\":\"too many requests\"}", 0);
+    kube_config *cfg = tk_fake_config(tk_fake_run(f));
+    kube_client *c;
+    cirrus_error err;
+    ASSERT_OK(kube_client_new(cfg, &c, &err));
+    int64_t t0 = kube_now_ms();
+    ASSERT_EQ(kube_get(c, "/api/v1/namespaces/fake/configmaps/x", NULL, &err), CIRRUS_EIO);
+    int64_t dt = kube_now_ms() - t0;
+    ASSERT(dt >= 4000 && dt < 5000 + 2000); /* two waits of 2 s, not a third */
+    ASSERT(!strcmp(err.msg, "too many requests"));
+    kube_client_stats st;
+    kube_client_get_stats(c, &st);
+    ASSERT_EQ(st.retries, 2);
+    ASSERT_EQ(tk_fake_served(f), 3);
+    kube_client_free(c);
+    kube_config_free(cfg);
+    tk_fake_stop(f);
+}
 
 TEST(kube_request_retries_429)
 {
