@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../trainer/swarm/proto/rpc.h"
@@ -244,4 +245,25 @@ TEST(rpc_server_refusals_and_idle)
     net_close(c);
     wire_writer_free(&w);
     rpc_server_stop(s);
+}
+
+/* Stopping does not wait for silent connections' HELLO deadline. */
+TEST(rpc_server_stops_without_waiting_for_hellos)
+{
+    int port;
+    rpc_server *s = start(&port, 16, 0, 10000);
+    ASSERT(s);
+    int fds[3];
+    for (int i = 0; i < 3; i++) ASSERT((fds[i] = silent_from("127.0.0.3", port)) >= 0);
+    ASSERT(in_hello_reaches(s, 3));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rpc_server_stop(s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    ASSERT(took < 5.0); /* the HELLO deadline is 10 s */
+    for (int i = 0; i < 3; i++) {
+        ASSERT(closed_within(fds[i], 1000));
+        close(fds[i]);
+    }
 }

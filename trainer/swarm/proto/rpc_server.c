@@ -310,6 +310,13 @@ void rpc_server_stop(rpc_server *s)
     atomic_store(&s->stopping, 1);
     pthread_join(s->acceptor, NULL);
     pthread_mutex_lock(&s->mu);
+    /* Connections before HELLO would hold the stop up to their deadline: end them now
+     * (as eviction does); the others see the flag within poll_ms. */
+    for (int i = 0; i < s->o.max_conns; i++)
+        if (s->slots[i].used && s->slots[i].in_hello && !s->slots[i].evicted) {
+            s->slots[i].evicted = 1;
+            shutdown(s->slots[i].fd, SHUT_RDWR);
+        }
     while (s->open > 0) pthread_cond_wait(&s->ended, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&s->ended);

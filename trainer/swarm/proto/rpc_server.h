@@ -72,8 +72,9 @@ typedef struct rpc_server_options {
 
 /* Start serving o->listen_fd on a thread of its own; o is copied. */
 int rpc_server_start(const rpc_server_options *o, rpc_server **out, cirrus_error *err);
-/* Stop accepting, wait for every connection thread to notice (within poll_ms or once its
- * request is answered) and free the server. NULL is a no-op. */
+/* Stop accepting, shut down the connections before HELLO, wait for every connection thread
+ * to notice (within poll_ms or once its request is answered) and free the server. NULL is
+ * a no-op. */
 void rpc_server_stop(rpc_server *s);
 
 typedef struct rpc_server_counts {
