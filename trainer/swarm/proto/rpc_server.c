@@ -34,7 +34,7 @@ struct rpc_server {
     pthread_mutex_t mu;
     pthread_cond_t ended;
     struct slot *slots; /* max_conns of them (under mu) */
-    int open, in_hello;
+    int open;
     int max_hellos; /* connections before HELLO, from everywhere */
     uint64_t accepted, refused, evicted;
     /* For sampled logs (log_warn_sampled): refusals at accept, and drops by kind, so a
@@ -63,7 +63,6 @@ static void hello_over(rpc_server *s, int slot)
 {
     pthread_mutex_lock(&s->mu);
     s->slots[slot].in_hello = 0;
-    s->in_hello--;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -214,7 +213,6 @@ static const char *admit(rpc_server *s, const net_conn *c, const char *addr, int
     *t = (struct slot){.used = 1, .in_hello = 1, .fd = net_fd(c), .since_ms = clock_now_ms()};
     snprintf(t->addr, sizeof t->addr, "%s", addr);
     s->open++;
-    s->in_hello++;
     return NULL;
 }
 
@@ -328,6 +326,8 @@ void rpc_server_stop(rpc_server *s)
 void rpc_server_get_counts(rpc_server *s, rpc_server_counts *out)
 {
     pthread_mutex_lock(&s->mu);
-    *out = (rpc_server_counts){s->open, s->in_hello, s->accepted, s->refused, s->evicted};
+    int in_hello = 0; /* derived: the slots say it */
+    for (int i = 0; i < s->o.max_conns; i++) in_hello += s->slots[i].used && s->slots[i].in_hello;
+    *out = (rpc_server_counts){s->open, in_hello, s->accepted, s->refused, s->evicted};
     pthread_mutex_unlock(&s->mu);
 }
