@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 
 static char log_role[64] = "cirrus";
@@ -41,4 +42,11 @@ void log_warn_sampled(atomic_ullong *count, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     log_warn("%s (%llu so far)", line, n);
+}
+
+atomic_ullong *log_kind(log_kinds *k, const char *msg)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *p = msg; *p && (*p < '0' || *p > '9'); p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    return &k->seen[h % LOG_KINDS];
 }

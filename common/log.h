@@ -16,4 +16,13 @@ void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn_sampled(atomic_ullong *count, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Counters by kind for log_warn_sampled, so that a flood of one kind does not hide the first
+ * of another: a kind is a message up to its first digit ("bad frame magic ", "frame of ",
+ * "wrong job id 'x'"), hashed into one of LOG_KINDS counters. */
+#define LOG_KINDS 64
+typedef struct log_kinds {
+    atomic_ullong seen[LOG_KINDS];
+} log_kinds;
+atomic_ullong *log_kind(log_kinds *k, const char *msg);
+
 #endif

@@ -335,7 +335,9 @@ else
 fi
 sed 's/^/    /' "$tmp/a/garbage.out"
 # The run (checked above) went on after the garbage, and the gateway refused every piece.
-refused=$(grep -c 'refused WAN connection' "$tmp/a/gw1.err")
+# (Counted by the gateway's /status; its log samples them by kind.)
+refused=$(tail -1 "$tmp/a/status1.jsonl" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("wan_connections_refused", 0))' 2>/dev/null)
+refused=${refused:-0}
 conns=$(sed -n 's/^connections \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
 rounds_after=$(sed -n 's/^rounds-done-before \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
 if [ -n "$conns" ] && [ "$refused" -ge "$conns" ] && kill -0 "${gw_pid[1]}" 2>/dev/null &&

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../../common/log.h"
 #include "../net/conn.h"
 #include "outer_sync.h"
 
@@ -85,6 +86,11 @@ struct outer_sync {
     int n_waits;
     /* counters */
     uint64_t wan_sent, wan_received, payload_sent, mismatches;
+    /* WAN connections refused (at accept or in their handshake) and dropped after it (a bad
+     * frame), counted and logged sampled by kind (anyone on the internet can flood the
+     * port); not under mu. */
+    atomic_ullong refused, dropped;
+    log_kinds refusals_seen, drops_seen;
     double last_sync_s, last_duration_s;
 };
 

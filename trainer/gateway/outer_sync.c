@@ -234,6 +234,8 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
     v->wan_received = os->wan_received;
     v->payload_sent = os->payload_sent;
     v->digest_mismatches = os->mismatches;
+    v->wan_refused = atomic_load(&os->refused);
+    v->wan_dropped = atomic_load(&os->dropped);
     v->last_sync_unix_s = os->last_sync_s;
     v->last_duration_s = os->last_duration_s;
     for (int r = 0; r < os->o.n_regions && v->n_links < COORD_OUTER_LINKS; r++) {

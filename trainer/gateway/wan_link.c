@@ -331,6 +331,14 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
     return rc;
 }
 
+/* A connection refused at accept or in its handshake: counted, logged sampled by kind. */
+static void refused(outer_sync *os, const char *from, const char *why)
+{
+    atomic_fetch_add(&os->refused, 1);
+    log_warn_sampled(log_kind(&os->refusals_seen, why), "outer: refused WAN connection from %s: %s",
+                     from, why);
+}
+
 static void *receive_main(void *arg)
 {
     receiver *rv = arg;
@@ -339,7 +347,7 @@ static void *receive_main(void *arg)
     net_set_max_payload(rv->c, WAN_PART_BYTES + 256);
     keep_alive(rv->c);
     int rc = receive_handshake(rv, &err);
-    if (rc) log_warn("outer: refused WAN connection from %s: %s", net_peer_name(rv->c), err.msg);
+    if (rc) refused(os, net_peer_name(rv->c), err.msg);
     while (!rc && !atomic_load(&os->stopping)) {
         struct pollfd pfd = {.fd = net_fd(rv->c), .events = POLLIN};
         if (!net_pending(rv->c)) { /* TLS may hold a decrypted record already */
@@ -392,8 +400,12 @@ static void *receive_main(void *arg)
         }
         count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
         pthread_mutex_unlock(&os->mu);
-        if (rc) log_warn("outer: dropped the WAN connection from region %s: %s",
-                         os->names[rv->from], err.msg);
+        if (rc) {
+            atomic_fetch_add(&os->dropped, 1);
+            log_warn_sampled(log_kind(&os->drops_seen, err.msg),
+                             "outer: dropped the WAN connection from region %s: %s",
+                             os->names[rv->from], err.msg);
+        }
     }
     pthread_mutex_lock(&os->mu);
     count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
@@ -459,8 +471,7 @@ static void *accept_main(void *arg)
             pthread_attr_destroy(&attr);
         }
         if (ok) continue;
-        log_warn("outer: refused WAN connection from %s: %s", net_peer_name(c),
-                 why ? why : "cannot start a thread");
+        refused(os, net_peer_name(c), why ? why : "cannot start a thread");
         free(rv);
         if (!why) {
             pthread_mutex_lock(&os->mu);

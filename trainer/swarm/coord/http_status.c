@@ -135,6 +135,8 @@ static json_t *outer_json(const coord_outer_view *v, int *bad)
     put(o, "wan_bytes_received", count(v->wan_received), bad);
     put(o, "payload_bytes_sent", count(v->payload_sent), bad);
     put(o, "digest_mismatches", count(v->digest_mismatches), bad);
+    put(o, "wan_connections_refused", count(v->wan_refused), bad);
+    put(o, "wan_connections_dropped", count(v->wan_dropped), bad);
     put(o, "last_sync_unix_s", v->last_sync_unix_s > 0 ? json_real(v->last_sync_unix_s) : json_null(),
         bad);
     put(o, "last_sync_duration_s",
@@ -265,6 +267,12 @@ static void outer_metrics(text *t, const coord_outer_view *v)
            "Outer steps in which another region's global state differed from this one's.");
     tprintf(t, "cirrus_outer_digest_mismatches_total %llu\n",
             (unsigned long long)v->digest_mismatches);
+    family(t, "cirrus_wan_connections_refused_total", "counter",
+           "WAN connections refused at accept or in their TLS/JOIN handshake.");
+    tprintf(t, "cirrus_wan_connections_refused_total %llu\n", (unsigned long long)v->wan_refused);
+    family(t, "cirrus_wan_connections_dropped_total", "counter",
+           "WAN connections of a joined region dropped for a bad frame.");
+    tprintf(t, "cirrus_wan_connections_dropped_total %llu\n", (unsigned long long)v->wan_dropped);
     family(t, "cirrus_outer_last_sync_timestamp_seconds", "gauge",
            "When the last outer step completed (Unix time; 0: never).");
     tprintf(t, "cirrus_outer_last_sync_timestamp_seconds %s\n", value(b, v->last_sync_unix_s));

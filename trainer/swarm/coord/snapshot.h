@@ -41,6 +41,8 @@ typedef struct coord_outer_view {
     uint64_t wan_sent, wan_received; /* bytes on the WAN sockets, TLS records included */
     uint64_t payload_sent;        /* pseudo-gradient message bytes sent */
     uint64_t digest_mismatches;   /* rounds in which another region's digest differed */
+    uint64_t wan_refused;         /* WAN connections refused at accept or in the handshake */
+    uint64_t wan_dropped;         /* WAN connections dropped after it (a bad frame) */
     double last_sync_unix_s;      /* when the last outer step completed; 0: never */
     double last_duration_s;       /* from the region's push to the new global parameters */
     char codec[48];

@@ -16,7 +16,6 @@
 #include "rpc.h"
 
 #define ADDR_MAX 64
-#define DROP_KINDS 64
 
 struct slot {
     int used;
@@ -39,7 +38,8 @@ struct rpc_server {
     uint64_t accepted, refused, evicted;
     /* For sampled logs (log_warn_sampled): refusals at accept, and drops by kind, so a
      * flood of one kind does not hide the first of another. */
-    atomic_ullong refusals_seen, drops_seen[DROP_KINDS];
+    atomic_ullong refusals_seen;
+    log_kinds drops_seen;
 };
 
 typedef struct conn_job {
@@ -47,15 +47,6 @@ typedef struct conn_job {
     net_conn *c;
     int slot;
 } conn_job;
-
-/* A drop's kind: its message up to the first digit ("bad frame magic ", "frame of ",
- * "wrong job id 'x'"), hashed into one of DROP_KINDS counters. */
-static atomic_ullong *drops_of(rpc_server *s, const char *msg)
-{
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (const char *p = msg; *p && (*p < '0' || *p > '9'); p++) h = (h ^ (uint8_t)*p) * 16777619u;
-    return &s->drops_seen[h % DROP_KINDS];
-}
 
 /* HELLO is over (done or failed): from now on the thread may close the connection, so
  * eviction must not touch its descriptor. */
@@ -102,7 +93,7 @@ static void serve_requests(rpc_server *s, rpc_server_conn *sc)
         int rc = net_recv_frame(c, &h, &payload, o->io_timeout_ms, &err);
         if (rc == CIRRUS_ECLOSED) return;
         if (rc) {
-            log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s", o->what,
+            log_warn_sampled(log_kind(&s->drops_seen, err.msg), "%s dropped %s: %s", o->what,
                              net_peer_name(c), err.msg);
             return;
         }
@@ -120,7 +111,7 @@ static void serve_requests(rpc_server *s, rpc_server_conn *sc)
         if (rc) {
             wire_writer_free(&reply);
             if (drop)
-                log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s (request type %u)",
+                log_warn_sampled(log_kind(&s->drops_seen, err.msg), "%s dropped %s: %s (request type %u)",
                                  o->what, net_peer_name(c), err.msg, h.type);
             rpc_refuse(c, h.request_id, rc, err.msg, o->io_timeout_ms);
             if (drop) return;
@@ -146,7 +137,7 @@ static void *conn_main(void *arg)
     int rc = net_hello_server(sc.c, s->o.job_id, &sc.role, &sc.id, s->o.hello_timeout_ms, &err);
     hello_over(s, job.slot);
     if (rc) {
-        log_warn_sampled(drops_of(s, err.msg), "%s dropped %s: %s", s->o.what,
+        log_warn_sampled(log_kind(&s->drops_seen, err.msg), "%s dropped %s: %s", s->o.what,
                          net_peer_name(sc.c), err.msg);
     } else {
         net_set_max_payload(sc.c, s->o.max_payload);
