@@ -181,6 +181,31 @@ TEST(adapt_follows_the_link)
     ASSERT_EQ(adapt_choose(2, n, 0, window, why, sizeof why), 2);
 }
 
+/* The rate estimate: slower at once, faster half way from a large message, hardly at all
+ * from a message a link's queue swallows whole (a 3 KB top-k message in 1 ms on a 1 Mbit/s
+ * link once sent the next sync as fp16, 75 times the bytes). */
+TEST(adapt_rate_trusts_large_messages)
+{
+    const double link = 1e6 / 8; /* 1 Mbit/s */
+    ASSERT_NEAR(adapt_rate_update(0, 500000, 4.0), link, 1e-6);       /* first reading */
+    ASSERT_NEAR(adapt_rate_update(2 * link, 500000, 4.0), link, 1e-6); /* slower: at once */
+    /* Faster from a large message: half way. */
+    ASSERT_NEAR(adapt_rate_update(link, 1 << 20, (1 << 20) / (3 * link)), 2 * link, 1e-6);
+    /* A quarter of the trusted size: a thirty-second of the way. */
+    ASSERT_NEAR(adapt_rate_update(link, (uint64_t)(ADAPT_RATE_TRUST_BYTES / 4),
+                                  ADAPT_RATE_TRUST_BYTES / 4 / (33 * link)),
+                2 * link, 1e-6);
+    /* A 3 KB message in 1 ms reads 3 MB/s: the estimate moves by under 1%... */
+    double est = adapt_rate_update(link, 3000, 0.001);
+    ASSERT(est > link && est < 1.01 * link);
+    /* ...and ten such in a row leave it within 2%, not 24 times too fast. */
+    for (int i = 0; i < 9; i++) est = adapt_rate_update(est, 3000, 0.001);
+    ASSERT(est < 1.02 * link);
+    /* Nothing measured: unchanged. */
+    ASSERT_EQ(adapt_rate_update(link, 0, 1.0), link);
+    ASSERT_EQ(adapt_rate_update(link, 1000, 0), link);
+}
+
 #include "../../trainer/gateway/sync_params.h"
 
 /* --sync-params: the spans each spec selects, and pack/unpack round trips. */

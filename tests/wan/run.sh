@@ -67,6 +67,41 @@ else
     bad overlap_ran; tail -20 "$tmp/ov.err"
 fi
 
+# 2e. --wan-mbit: each gateway sends at most that (TLS included). Capped at 4 Mbit/s, every
+#     fp32 message (~474 KB) crosses at 4.4 Mbit/s or less, and no faster than the model's
+#     size allows (~0.9 s). With --codec auto and 1 Mbit/s at H = 20 (a window of a few tenths
+#     of a second), the gateways compress harder than q8 and stay there (a 3 KB top-k message
+#     sent in one burst once made the link look fast); uncapped on loopback they send dense.
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 60 --sync-every 20 --codec none \
+    --wan-mbit 4 --json >"$tmp/cap.json" 2>"$tmp/cap.err"; then
+    rates=$(sed -n 's/.*outer round [0-9]*: \([0-9]*\)-byte message to region r[01] in \([0-9.]*\) s (\([0-9.]*\) Mbit\/s.*/\1 \2 \3/p' "$tmp/cap.err")
+    if [ "$(wc -l <<<"$rates")" -ge 4 ] && awk '{ if ($1 < 400000 || $3 > 4.4 || $3 < 0.5) bad = 1 } END { exit bad }' <<<"$rates"; then
+        ok wan_mbit_caps_the_link; echo "    message bytes, seconds, Mbit/s: $(head -1 <<<"$rates")"
+    else
+        bad wan_mbit_caps_the_link; echo "$rates"; tail -3 "$tmp/cap.err"
+    fi
+else
+    bad wan_mbit_ran; tail -5 "$tmp/cap.err"
+fi
+codecs_of() { sed -n "s/.*local $2.*outer round \([0-9]*\) done.*codec \([^,]*\),.*/\1 \2/p" "$1"; }
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 200 --sync-every 20 --codec auto \
+    --wan-mbit 1 --json >"$tmp/capauto.json" 2>"$tmp/capauto.err" &&
+    "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 200 --sync-every 20 --codec auto \
+    --json >"$tmp/auto.json" 2>"$tmp/auto.err"; then
+    capped=$(codecs_of "$tmp/capauto.err" r0) free=$(codecs_of "$tmp/auto.err" r0)
+    if [ "$(wc -l <<<"$capped")" -ge 8 ] &&
+        awk '$1 >= 3 && $2 !~ /^(lowbit|topk)/ { bad = 1 } END { exit bad }' <<<"$capped" &&
+        awk '$1 >= 3 && $2 !~ /^(none|fp16)$/ { bad = 1 } END { exit bad }' <<<"$free"; then
+        ok codec_auto_follows_wan_mbit
+        echo "    at 1 Mbit/s: $(awk '$1 >= 3 { print $2 }' <<<"$capped" | sort | uniq -c | tr '\n' ' ')"
+        echo "    uncapped:    $(awk '$1 >= 3 { print $2 }' <<<"$free" | sort | uniq -c | tr '\n' ' ')"
+    else
+        bad codec_auto_follows_wan_mbit; echo "capped: $(tr '\n' ' ' <<<"$capped")"; echo "free: $(tr '\n' ' ' <<<"$free")"
+    fi
+else
+    bad codec_auto_wan_mbit_ran; tail -5 "$tmp/capauto.err" "$tmp/auto.err"
+fi
+
 # 2b. Parameter-efficient mode: with --sync-params no-embed the embeddings stay regional:
 #     the synchronised part is one state everywhere (equal digests), fewer bytes cross the
 #     WAN than with every tensor (test 1, same run otherwise), and the regions' models
@@ -163,6 +198,12 @@ assert any(l.startswith("cirrus_outer_step ") and int(l.split()[1]) >= 2 for l i
 assert any(l.startswith("cirrus_wan_bytes_sent_total ") for l in metrics)
 print(f"    /status: outer step {o['step']}, WAN {o['wan_bytes_sent']} B sent")
 PY
+# The same /metrics through the Prometheus project's own parser, plus promtool's rules.
+if /usr/bin/python3 "$(dirname "$0")/../lib/metrics_check.py" "http://127.0.0.1:$status_port/metrics" \
+    cirrus_outer_step cirrus_wan_bytes_sent_total cirrus_wan_connections_refused_total cirrus_wan_link_up \
+    >"$tmp/metrics_check.out" 2>&1; then
+    ok gateway_metrics_valid_prometheus_text; sed 's/^/    /' "$tmp/metrics_check.out"
+else bad gateway_metrics_valid_prometheus_text; cat "$tmp/metrics_check.out"; fi
 # Abuse at r1's WAN port while the regions train: garbage, a frame header announcing the
 # largest payload and never sending it, a plaintext HELLO to the TLS port, 100 connections
 # left idle. The gateway drops them and keeps syncing (the outer step goes on), and nothing

@@ -18,9 +18,10 @@ typedef struct wan_flags {
     int sync_timeout_s;     /* how long an outer round may wait for the other regions */
     int sync_delay;         /* local: inner steps the regions train on while a round runs */
     const char *sync_params; /* gateway/sync_params.h */
+    float wan_mbit;         /* what the gateway may send on the WAN, Mbit/s; 0: no limit */
 } wan_flags;
 
-#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, "all"}
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, "all", 0}
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \
@@ -42,6 +43,10 @@ typedef struct wan_flags {
          "which parameters the outer steps synchronise, the rest staying regional: all, "     \
          "no-embed (all but the embeddings) or every:K (blocks 0, K, 2K.. and the final "     \
          "LayerNorm) (default all)",                                                          \
+         0},                                                                                  \
+        {"wan-mbit", FLAG_FLOAT, &(w).wan_mbit, 0, 1000000,                                   \
+         "cap what each gateway sends on the WAN, in Mbit/s, TLS included (a link's rate "    \
+         "for --codec auto to adapt to; 0: no cap; default 0)",                               \
          0}
 
 /* The gateway's outer sync over its WAN listening socket listen_fd (or the address of its

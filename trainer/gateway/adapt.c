@@ -53,3 +53,16 @@ int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char
                  : pick < current ? " (backing off)" : "");
     return pick;
 }
+
+double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds)
+{
+    if (!(seconds > 0) || bytes == 0) return current_Bps;
+    const double rate = (double)bytes / seconds;
+    if (current_Bps <= 0 || rate <= current_Bps) return rate;
+    /* The weight falls with the square of the size: what the link swallows at once biases a
+     * reading by about that many bytes over the time, so a message a tenth of the trusted
+     * size, mostly that burst, counts for a hundredth. */
+    double f = (double)bytes / ADAPT_RATE_TRUST_BYTES;
+    if (f > 1) f = 1;
+    return current_Bps + 0.5 * f * f * (rate - current_Bps);
+}

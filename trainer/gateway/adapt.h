@@ -22,6 +22,18 @@
 #define ADAPT_RUNGS 6
 #define ADAPT_START_RUNG 2       /* q8, until the links are measured */
 
+/* A message of this many bytes or more measures a link's rate; a smaller one mostly
+ * measures what the link lets through at once (its queue, TCP's first window) and latency. */
+#define ADAPT_RATE_TRUST_BYTES (256.0 * 1024)
+
+/* The link's rate estimate after a message of `bytes` crossed in `seconds`: a slower reading
+ * is believed at once (the next sync must fit it); a faster one moves the estimate half way
+ * for a message of ADAPT_RATE_TRUST_BYTES or more, by the square of its share of that for a
+ * smaller one (a quarter of that size: a thirty-second of the way), so
+ * that a few-KiB top-k message sent in one burst cannot make a slow link look fast (and
+ * send the next sync dense). current_Bps <= 0: no estimate yet (the reading is taken). */
+double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds);
+
 /* The ladder's rung r (0 densest .. ADAPT_RUNGS - 1 sparsest). */
 void adapt_rung(int r, wan_codec_params *p);
 /* Bytes a message of rung r for n values takes, as estimated before encoding. */

@@ -8,6 +8,7 @@
 
 #include "../../common/log.h"
 #include "../net/conn.h"
+#include "../net/pacer.h"
 #include "outer_sync.h"
 
 /* One region's message of one round, as it arrives (or, for this region, as sent). */
@@ -45,6 +46,7 @@ struct outer_sync {
     size_t max_message;        /* the largest codec message any gateway may send */
     int lfd;
     atomic_int stopping;
+    net_pacer *pacer;          /* --wan-mbit: every WAN connection's sends; NULL: none */
     pthread_t acceptor, worker;
     int acceptor_started, worker_started;
 

@@ -186,6 +186,8 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
                  ? 0
                  : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %llu parameters",
                                (unsigned long long)os->n);
+    if (!rc && o->wan_max_Bps > 0 && !(os->pacer = net_pacer_new(o->wan_max_Bps)))
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the WAN pacer");
     if (!rc) rc = wan_link_start(os, err);
     /* One region alone runs its rounds too (on its own delta): the same code path. */
     if (!rc) {
@@ -215,6 +217,7 @@ void outer_sync_stop(outer_sync *os)
     free(os->theta);
     free(os->mom);
     free(os->region);
+    net_pacer_free(os->pacer); /* after every connection is closed */
     pthread_cond_destroy(&os->changed);
     pthread_mutex_destroy(&os->mu);
     free(os);

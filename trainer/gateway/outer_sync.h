@@ -45,6 +45,8 @@ typedef struct outer_sync_options {
     net_tls_ctx *tls;                   /* NULL: plaintext (--wan-insecure); borrowed */
     int round_timeout_ms;               /* how long a round may wait for the other regions */
     int sync_every;                     /* inner steps per outer step (for /status) */
+    double wan_max_Bps;                 /* what all WAN connections may send together, bytes/s
+                                         * (sockets' bytes, TLS included; 0: no limit) */
 } outer_sync_options;
 
 typedef struct outer_sync outer_sync;

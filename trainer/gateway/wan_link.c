@@ -7,6 +7,7 @@
  * region it claims) unless the gateway runs --wan-insecure; either way the sync code below
  * speaks frames over a net_conn and never asks which.
  */
+#include "adapt.h"
 #include "outer_internal.h"
 
 #include <errno.h>
@@ -427,6 +428,7 @@ static void *accept_main(void *arg)
         cirrus_error err = {0};
         int rc = net_accept(os->lfd, WAN_POLL_MS, &c, &err);
         if (rc == CIRRUS_ETIMEDOUT) continue;
+        if (!rc) net_conn_set_pacer(c, os->pacer); /* its answers (a state fetch) go up too */
         if (rc) {
             log_warn("outer: accept: %s", err.msg);
             usleep(50 * 1000);
@@ -551,6 +553,7 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
     if (!rc) rc = net_connect(host, port, WAN_CONNECT_MS, &c, err);
     if (rc) return rc;
     keep_alive(c);
+    net_conn_set_pacer(c, os->pacer);
     pthread_mutex_lock(&os->mu);
     pe->out = c;
     pthread_mutex_unlock(&os->mu);
@@ -642,17 +645,14 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
             /* What the link carried: the message over the time the receiver saw it arrive
              * (the acknowledgement's way back queues behind the other direction's message
              * and is no part of this link's rate); the whole exchange when the receiver had
-             * it already, and never less. A slower link is believed at once (the next
-             * round must fit it); a faster one half at a time, so one lucky round does not
-             * undo the compression. */
+             * it already, and never less; into the estimate as adapt_rate_update says. */
             const double whole = (net_now_ms() - t0 + 1) / 1000.0;
             const double s = receive_ms > 0 && receive_ms / 1000.0 < whole ? receive_ms / 1000.0
                                                                            : whole;
             const double rate = (double)len / s;
             pthread_mutex_lock(&os->mu);
             wan_peer *pe = &os->peer[j];
-            pe->rate_Bps = pe->rate_Bps > 0 && rate > pe->rate_Bps
-                               ? 0.5 * pe->rate_Bps + 0.5 * rate : rate;
+            pe->rate_Bps = adapt_rate_update(pe->rate_Bps, len, s);
             pe->last_bytes = len;
             pe->last_send_s = s;
             pthread_mutex_unlock(&os->mu);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../../common/clock.h"
+#include "pacer.h"
 
 #define XXH_STATIC_LINKING_ONLY
 /* Inlined, XXH3 is compiled for this CPU (-march) rather than the shared library's generic
@@ -37,6 +38,7 @@ struct net_conn {
     int lowat;     /* the socket's SO_RCVLOWAT: 1 but during net_recv_frame_into */
     int lowat_cap; /* the kernel's cap on it, once a mark was capped; INT_MAX before */
     char peer[64]; /* "ip:port", or "[ip6]:port" */
+    net_pacer *pacer; /* NULL: unpaced; borrowed */
 };
 
 /* ---- the plain TCP transport ---- */
@@ -63,10 +65,31 @@ static long tcp_read(net_conn *c, void *buf, size_t n)
 static long tcp_writev(net_conn *c, const struct iovec *iov, int iovcnt)
 {
     struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+    struct iovec paced[16];
+    size_t grant = 0;
+    if (c->pacer && iovcnt > 0) {
+        /* What the pacer grants, from the front of iov (a short write, as the kernel's). */
+        size_t want = 0;
+        int k = 0;
+        for (; k < iovcnt && k < 16; k++) want += iov[k].iov_len;
+        grant = net_pacer_take(c->pacer, want);
+        size_t left = grant;
+        int n = 0;
+        for (; n < k && left; n++) {
+            paced[n] = iov[n];
+            if (paced[n].iov_len > left) paced[n].iov_len = left;
+            left -= paced[n].iov_len;
+        }
+        m.msg_iov = paced;
+        m.msg_iovlen = (size_t)n;
+    }
     long w = sendmsg(c->fd, &m, MSG_NOSIGNAL);
     count_bytes(&c->sent, w);
+    if (c->pacer) net_pacer_refund(c->pacer, grant - (w > 0 ? (size_t)w : 0));
     return w;
 }
+
+void net_conn_set_pacer(net_conn *c, net_pacer *p) { c->pacer = p; }
 
 static void tcp_close(net_conn *c)
 {

@@ -58,6 +58,11 @@ int64_t net_now_ms(void);
  * hang-ups: the call that follows reports them. For transports driving their own I/O. */
 int net_wait_fd(int fd, short events, int64_t deadline);
 
+/* Pace what the TCP transport sends on c (p shared with other connections, borrowed: it
+ * must outlive c; NULL: unpaced). TLS above it is paced too: it writes through it. */
+typedef struct net_pacer net_pacer;
+void net_conn_set_pacer(net_conn *c, net_pacer *p);
+
 /* Bytes this connection moved on the socket so far (for TLS: records and handshake
  * included): the WAN byte counters. Safe to call from another thread while it is used. */
 void net_conn_bytes(const net_conn *c, uint64_t *sent, uint64_t *received);
