@@ -191,16 +191,18 @@ TEST(adapt_rate_trusts_large_messages)
     ASSERT_NEAR(adapt_rate_update(2 * link, 500000, 4.0), link, 1e-6); /* slower: at once */
     /* Faster from a large message: half way. */
     ASSERT_NEAR(adapt_rate_update(link, 1 << 20, (1 << 20) / (3 * link)), 2 * link, 1e-6);
-    /* A quarter of the trusted size: a thirty-second of the way. */
+    /* A quarter of the trusted size: an eighth of the way. */
     ASSERT_NEAR(adapt_rate_update(link, (uint64_t)(ADAPT_RATE_TRUST_BYTES / 4),
-                                  ADAPT_RATE_TRUST_BYTES / 4 / (33 * link)),
+                                  ADAPT_RATE_TRUST_BYTES / 4 / (9 * link)),
                 2 * link, 1e-6);
-    /* A 3 KB message in 1 ms reads 3 MB/s: the estimate moves by under 1%... */
+    /* A 3 KB message in 1 ms reads 24 times the link: one moves the estimate by an eighth
+     * (it used to move it 12-fold)... */
     double est = adapt_rate_update(link, 3000, 0.001);
-    ASSERT(est > link && est < 1.01 * link);
-    /* ...and ten such in a row leave it within 2%, not 24 times too fast. */
+    ASSERT(est > link && est < 1.15 * link);
+    /* ...a run of them raises it round by round (a recovered link is found again), but
+     * slowly: ten leave it under 3 times the link. */
     for (int i = 0; i < 9; i++) est = adapt_rate_update(est, 3000, 0.001);
-    ASSERT(est < 1.02 * link);
+    ASSERT(est > 1.5 * link && est < 3 * link);
     /* Nothing measured: unchanged. */
     ASSERT_EQ(adapt_rate_update(link, 0, 1.0), link);
     ASSERT_EQ(adapt_rate_update(link, 1000, 0), link);

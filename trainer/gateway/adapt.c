@@ -59,10 +59,11 @@ double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds)
     if (!(seconds > 0) || bytes == 0) return current_Bps;
     const double rate = (double)bytes / seconds;
     if (current_Bps <= 0 || rate <= current_Bps) return rate;
-    /* The weight falls with the square of the size: what the link swallows at once biases a
-     * reading by about that many bytes over the time, so a message a tenth of the trusted
-     * size, mostly that burst, counts for a hundredth. */
+    /* In proportion to the size: a message mostly made of what the link swallows at once
+     * counts for little, yet a run of them still raises the estimate, round by round, until
+     * a denser codec's larger message measures the link for real (the sparsest codec's small
+     * messages alone must not keep a recovered link compressed for good). */
     double f = (double)bytes / ADAPT_RATE_TRUST_BYTES;
     if (f > 1) f = 1;
-    return current_Bps + 0.5 * f * f * (rate - current_Bps);
+    return current_Bps + 0.5 * f * (rate - current_Bps);
 }

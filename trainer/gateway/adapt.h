@@ -28,8 +28,8 @@
 
 /* The link's rate estimate after a message of `bytes` crossed in `seconds`: a slower reading
  * is believed at once (the next sync must fit it); a faster one moves the estimate half way
- * for a message of ADAPT_RATE_TRUST_BYTES or more, by the square of its share of that for a
- * smaller one (a quarter of that size: a thirty-second of the way), so
+ * for a message of ADAPT_RATE_TRUST_BYTES or more, in proportion to its share of that for a
+ * smaller one (a quarter of that size: an eighth of the way), so
  * that a few-KiB top-k message sent in one burst cannot make a slow link look fast (and
  * send the next sync dense). current_Bps <= 0: no estimate yet (the reading is taken). */
 double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds);

@@ -45,7 +45,8 @@ enum wan_msg {
     WAN_STATE_OK = 199,
 };
 
-#define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) */
+#define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) at most */
+#define WAN_STATE_SLICE_MIN ((uint64_t)1 << 14) /* what a fetcher asks at least (64 KiB) */
 #define WAN_NO_ROUND UINT64_MAX             /* JOIN's round of a gateway without state */
 /* DONE refused: the receiver completed that round without the sender's delta (it came too
  * late); the sender takes the receiver's result instead of finishing the round itself. */
