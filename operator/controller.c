@@ -413,12 +413,17 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     }
     if (!rc && more) *requeue_ms = 1;
     if (!rc && !leading(ctl)) *requeue_ms = 1000; /* finish when leading again */
+    /* Pods made and not cached yet: normally their watch event brings the job back; with
+     * the pod watch down, only asking again does (a pod made, then deleted unseen). */
+    const int unseen = !rc && !stop && ctl_pods_unseen(m, have, d.pods);
     json_decref(have);
     if (!rc && final) *requeue_ms = ctl_expire_finished(ctl, job, err, &rc);
     else if (!rc && !*requeue_ms)
         *requeue_ms = deadline_ms > 0 && (!progress_ms || deadline_ms < progress_ms)
                           ? deadline_ms
                           : progress_ms;
+    if (unseen && (!*requeue_ms || *requeue_ms > UNSEEN_RECHECK_MS))
+        *requeue_ms = UNSEEN_RECHECK_MS;
     if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
     failpolicy_free(&policy);

@@ -41,6 +41,10 @@
  * that a spec the API server refuses costs one request, not one per pod. */
 #define CREATE_BATCH_MAX 32
 #define PROCESS_BUDGET_MS 500
+/* A job with a pod this process made and its cache never showed is reconciled again this
+ * soon (ctl_pods_unseen): while the pod watch is down such a pod can come and go with no
+ * event ever saying so, and nothing else would bring the job back. */
+#define UNSEEN_RECHECK_MS 5000
 #define PATH_MAX_LEN 512
 #define SWARMJOB_API "apis/cirrus.dev/v1alpha1"
 /* Only what this operator made: its label is on every child (desired.h). */
@@ -143,6 +147,9 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
  * lost) but never seen in the cache is looked up first: still there, it is left alone; gone
  * (when its uid was known), it was preempted unseen and is counted. rcs[i], errs[i]: each
  * one's result. */
+/* Whether a desired pod (name in desired) missing from the cache (have) is one this process
+ * made and never saw there (its seen record neither observed nor counted). */
+int ctl_pods_unseen(const job_mem *m, const json_t *have, const json_t *desired);
 void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char *const *names,
                      const json_t *const *wants, size_t n, int *rcs, cirrus_error *errs);
 int ctl_delete_pod(controller *ctl, const json_t *job, const char *name, const char *uid,

@@ -358,6 +358,20 @@ static void confirm_unseen(controller *ctl, const json_t *job, job_mem *m,
     }
 }
 
+int ctl_pods_unseen(const job_mem *m, const json_t *have, const json_t *desired)
+{
+    const char *name;
+    const json_t *seen;
+    json_object_foreach((json_t *)m->seen, name, seen)
+    {
+        if (json_is_true(json_object_get(seen, "observed")) ||
+            json_is_true(json_object_get(seen, "counted")))
+            continue;
+        if (json_object_get(desired, name) && !json_object_get(have, name)) return 1;
+    }
+    return 0;
+}
+
 /* Desired pods that do not exist (any more): count each that vanished under us, then create
  * them under the same names, side by side. */
 void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char *const *names,

@@ -6,6 +6,9 @@
  * reconciling at once and stands again as a candidate; when it leads again it forgets what
  * it remembered and re-reads every job, as a fresh process would. (client-go exits instead
  * and leaves the restart to the kubelet; staying up keeps the caches warm.)
+ * The elector runs in a thread of its own with its own client (kube_lease_start), so a request
+ * of the loop's answered late does not starve the renewals; it tells the loop of a term begun
+ * or ended between two turns (kube_lease_dispatch).
  * SIGTERM releases the lease so a successor takes over without waiting for it to expire.
  * SIGUSR1 drops every watch and resumes from resourceVersion 1: where the server no longer
  * keeps that history the answer is 410 and the caches re-list; where it does, the history
@@ -164,11 +167,18 @@ int main(int argc, char **argv)
         if (op_metrics_serve(rs.metrics, metrics_port, &bound, &err)) goto out;
         log_info("metrics on :%d (/metrics, /healthz, /readyz)", bound);
     }
+    /* Before any thread of ours does I/O on its own (the elector's): SIGPIPE ignored. */
+    signal(SIGTERM, on_stop);
+    signal(SIGINT, on_stop);
+    signal(SIGUSR1, on_rewatch);
+    signal(SIGPIPE, SIG_IGN);
     if (leader_elect) {
         kube_lease_config lc = {.ns = lease_ns, .name = lease_name, .identity = identity,
                                 .on_started_leading = started_leading,
                                 .on_stopped_leading = stopped_leading, .ctx = &rs};
-        if (kube_lease_new(client, &lc, &lease, &err)) goto out;
+        /* In its own thread with its own client: a request of the loop's answered late
+         * (up to the 30 s timeout) must not cost the lease (10 s renew deadline). */
+        if (kube_lease_start(kubeconfig, &lc, &lease, &err)) goto out;
         rs.lease = lease;
     } else {
         op_metrics_leader(rs.metrics, 1);
@@ -184,10 +194,6 @@ int main(int argc, char **argv)
                  resolves.n ? " (with --resolve)" : "");
     else
         log_info("not reading the gateways' /status (--progress-period-s 0)");
-    signal(SIGTERM, on_stop);
-    signal(SIGINT, on_stop);
-    signal(SIGUSR1, on_rewatch);
-    signal(SIGPIPE, SIG_IGN);
     int was_synced = 0;
     while (!stop_requested) {
         /* Only a replica that works its queue may wake for it: a standby (or one whose caches
@@ -196,6 +202,7 @@ int main(int argc, char **argv)
         int64_t next = active ? controller_next_ms(ctl) : -1;
         int wait = next >= 0 && next < LOOP_WAIT_MS ? (int)next : LOOP_WAIT_MS;
         kube_client_poll(client, wait);
+        if (lease) kube_lease_dispatch(lease);
         if (rewatch_requested) {
             rewatch_requested = 0;
             log_info("SIGUSR1: dropping every watch; resuming from resourceVersion 1");
@@ -220,6 +227,7 @@ int main(int argc, char **argv)
         while (!(settled = controller_settled(ctl, node && *node ? node : NULL)) &&
                time(NULL) < until && lease_held(lease)) {
             kube_client_poll(client, LOOP_WAIT_MS);
+            if (lease) kube_lease_dispatch(lease);
             controller_process(ctl, 32);
         }
         log_info("stopping: %s", settled ? "every job pod that went is accounted for"
@@ -227,7 +235,7 @@ int main(int argc, char **argv)
                                             "counts those it sees go");
     }
     rc = 0;
-    if (lease && kube_lease_is_leader(lease)) {
+    if (lease) { /* it knows whether it holds the Lease, told to this loop or not */
         cirrus_error rerr;
         if (kube_lease_release(lease, &rerr)) log_warn("lease not released: %s", rerr.msg);
     }

@@ -1,5 +1,7 @@
 #include "lease.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,28 @@ struct kube_lease {
     int resumed; /* the last acquisition took over our own record (kube_lease_resumed) */
     int64_t renew_ok_ms; /* local time the last successful acquire/renew was sent */
     kube_lease_stats stats;
+
+    /* What the accessors read, copied under mu by publish(): in kube_lease_start's mode the
+     * fields above belong to the elector's thread and the caller's thread sees only this. */
+    pthread_mutex_t mu;
+    struct {
+        int leader, resumed;
+        int64_t renew_ok_ms;
+        char holder[256];
+        kube_lease_stats stats;
+        uint64_t last_takeover; /* stats.acquired at the last acquisition not resumed */
+    } pub;
+    uint64_t last_takeover;
+
+    /* kube_lease_start's mode: the elector's own configuration and client, polled by its own
+     * thread; the callbacks run from kube_lease_dispatch on the caller's thread. */
+    int threaded, joined;
+    kube_config *own_cfg;
+    pthread_t thread;
+    atomic_int stop;
+    int caller_leading;       /* caller's thread only: started dispatched, stopped not yet */
+    uint64_t caller_acquired; /* caller's thread only: the acquisition it was told of */
+    int caller_resumed;       /* caller's thread only: nobody else led since the term before */
 };
 
 /* ---- the record ------------------------------------------------------------------------ */
@@ -161,7 +185,9 @@ static int put(kube_lease *l, json_t *obj)
         return 0;
     }
     json_decref(out);
-    if (rc != CIRRUS_ECONFLICT && rc != CIRRUS_ENOENT) request_failed(l, "update", &err);
+    /* A conflict is news only to a leader renewing what it wrote (a candidate expects them). */
+    if ((rc != CIRRUS_ECONFLICT && rc != CIRRUS_ENOENT) || l->leader)
+        request_failed(l, l->leader ? "renewal" : "update", &err);
     return rc;
 }
 
@@ -213,6 +239,28 @@ static int try_acquire_or_renew(kube_lease *l)
     return rc ? rc : 1;
 }
 
+/* ---- what the caller sees -------------------------------------------------------------- */
+
+static void publish(kube_lease *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->pub.leader = l->leader;
+    l->pub.resumed = l->resumed;
+    l->pub.renew_ok_ms = l->renew_ok_ms;
+    l->pub.stats = l->stats;
+    l->pub.last_takeover = l->last_takeover;
+    snprintf(l->pub.holder, sizeof l->pub.holder, "%s", holder_of(l->lease));
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* A transition, told to the callbacks at once when the elector runs on the caller's loop;
+ * in its own thread it is only published, and kube_lease_dispatch tells the caller. */
+static void notify(kube_lease *l, void (*cb)(void *))
+{
+    publish(l);
+    if (!l->threaded && cb) cb(l->h.ctx);
+}
+
 /* ---- the ticker ------------------------------------------------------------------------ */
 
 static int64_t jittered(kube_lease *l)
@@ -225,12 +273,20 @@ static void stop_leading(kube_lease *l, const char *why)
     l->leader = 0;
     l->stats.lost++;
     log_warn("kube: lease %s/%s: %s stopped leading: %s", l->ns, l->name, l->identity, why);
-    if (l->h.on_stopped_leading) l->h.on_stopped_leading(l->h.ctx);
+    notify(l, l->h.on_stopped_leading);
 }
+
+static void tick_once(kube_lease *l, int64_t now);
 
 static void tick(void *ctx, int64_t now)
 {
     kube_lease *l = ctx;
+    tick_once(l, now);
+    publish(l);
+}
+
+static void tick_once(kube_lease *l, int64_t now)
+{
     char why[256];
     if (l->released) return;
     if (l->leader && now - l->renew_ok_ms >= l->renew_ms) {
@@ -247,11 +303,12 @@ static void tick(void *ctx, int64_t now)
         if (!l->leader) {
             l->leader = 1;
             l->stats.acquired++;
+            if (!l->resumed) l->last_takeover = l->stats.acquired;
             log_info("kube: lease %s/%s: %s acquired the lease (transitions %lld)", l->ns,
                      l->name, l->identity,
                      (long long)json_integer_value(
                          json_object_get(spec_of(l->lease), "leaseTransitions")));
-            if (l->h.on_started_leading) l->h.on_started_leading(l->h.ctx);
+            notify(l, l->h.on_started_leading);
         } else {
             l->stats.renewals++;
         }
@@ -305,6 +362,7 @@ int kube_lease_new(kube_client *c, const kube_lease_config *cfg, kube_lease **ou
         return cirrus_fail(err, CIRRUS_EINVAL, "lease: bad namespace or name \"%.100s/%.100s\"",
                            cfg->ns, cfg->name);
     }
+    pthread_mutex_init(&l->mu, NULL);
     l->h = *cfg;
     l->ns = strdup(cfg->ns);
     l->name = strdup(cfg->name);
@@ -326,23 +384,123 @@ int kube_lease_new(kube_client *c, const kube_lease_config *cfg, kube_lease **ou
     return 0;
 }
 
-int kube_lease_is_leader(const kube_lease *l)
+/* ---- in a thread of its own ------------------------------------------------------------ */
+
+static void *elector_main(void *arg)
 {
-    return l->leader && kube_now_ms() - l->renew_ok_ms < l->renew_ms;
+    kube_lease *l = arg;
+    /* A short wait: the stop flag is looked at between polls. */
+    while (!atomic_load(&l->stop)) kube_client_poll(l->client, 100);
+    return NULL;
 }
 
-const char *kube_lease_holder(const kube_lease *l) { return holder_of(l->lease); }
+int kube_lease_start(const char *kubeconfig, const kube_lease_config *cfg, kube_lease **out,
+                     cirrus_error *err)
+{
+    kube_config *kc = NULL;
+    kube_client *c = NULL;
+    kube_lease *l = NULL;
+    *out = NULL;
+    int rc = kube_config_load(kubeconfig, &kc, err);
+    if (!rc) rc = kube_client_new(kc, &c, err);
+    if (!rc) rc = kube_lease_new(c, cfg, &l, err);
+    if (rc) {
+        kube_client_free(c);
+        kube_config_free(kc);
+        return rc;
+    }
+    /* One answer held (or refused) leaves time for another try before the renew deadline. */
+    kube_client_set_timeout_ms(c, l->renew_ms / 2);
+    l->own_cfg = kc;
+    l->threaded = 1;
+    if (pthread_create(&l->thread, NULL, elector_main, l)) {
+        l->joined = 1; /* no thread to join */
+        kube_lease_free(l);
+        return cirrus_fail(err, CIRRUS_EIO, "lease: cannot start the elector's thread");
+    }
+    *out = l;
+    return 0;
+}
 
-int kube_lease_resumed(const kube_lease *l) { return l->resumed; }
+static void join(kube_lease *l)
+{
+    if (!l->threaded || l->joined) return;
+    atomic_store(&l->stop, 1);
+    pthread_join(l->thread, NULL);
+    l->joined = 1;
+}
 
-void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st) { *st = l->stats; }
+void kube_lease_dispatch(kube_lease *l)
+{
+    if (!l->threaded) return;
+    pthread_mutex_lock(&l->mu);
+    int leader = l->pub.leader;
+    uint64_t acquired = l->pub.stats.acquired, last_takeover = l->pub.last_takeover;
+    pthread_mutex_unlock(&l->mu);
+    /* The term the caller was told of ended (lost, or lost and won again since). */
+    if (l->caller_leading && (!leader || acquired != l->caller_acquired)) {
+        l->caller_leading = 0;
+        if (l->h.on_stopped_leading) l->h.on_stopped_leading(l->h.ctx);
+    }
+    if (!l->caller_leading && leader && acquired != l->caller_acquired) {
+        /* Resumed for the caller only if every acquisition since the term it knew was one:
+         * several terms may have come and gone between two dispatches. */
+        l->caller_resumed = l->caller_acquired > 0 && last_takeover <= l->caller_acquired;
+        l->caller_leading = 1;
+        l->caller_acquired = acquired;
+        if (l->h.on_started_leading) l->h.on_started_leading(l->h.ctx);
+    }
+}
+
+/* ---- accessors ------------------------------------------------------------------------- */
+
+int kube_lease_is_leader(const kube_lease *l)
+{
+    kube_lease *m = (kube_lease *)l; /* the mutex only */
+    pthread_mutex_lock(&m->mu);
+    int leading = l->pub.leader && kube_now_ms() - l->pub.renew_ok_ms < l->renew_ms;
+    uint64_t acquired = l->pub.stats.acquired;
+    pthread_mutex_unlock(&m->mu);
+    /* In a thread: only within the term the caller was told of (kube_lease_dispatch). */
+    return l->threaded ? leading && l->caller_leading && acquired == l->caller_acquired : leading;
+}
+
+const char *kube_lease_holder(const kube_lease *l, char *buf, size_t n)
+{
+    kube_lease *m = (kube_lease *)l;
+    pthread_mutex_lock(&m->mu);
+    snprintf(buf, n, "%s", l->pub.holder);
+    pthread_mutex_unlock(&m->mu);
+    return buf;
+}
+
+int kube_lease_resumed(const kube_lease *l)
+{
+    if (l->threaded) return l->caller_resumed; /* as of the last start it dispatched */
+    kube_lease *m = (kube_lease *)l;
+    pthread_mutex_lock(&m->mu);
+    int resumed = l->pub.resumed;
+    pthread_mutex_unlock(&m->mu);
+    return resumed;
+}
+
+void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st)
+{
+    kube_lease *m = (kube_lease *)l;
+    pthread_mutex_lock(&m->mu);
+    *st = l->pub.stats;
+    pthread_mutex_unlock(&m->mu);
+}
 
 int kube_lease_release(kube_lease *l, cirrus_error *err)
 {
+    join(l); /* from here on the caller's thread owns every field */
     int was_leader = l->leader;
     l->released = 1;
     l->leader = 0;
+    l->caller_leading = 0;
     kube_ticker_schedule(l->ticker, -1);
+    publish(l);
     if (!was_leader || !l->lease) return 0;
     /* No holder, one second: the next candidate to look takes over. */
     json_t *obj = kube_lease_record(l->lease, l->ns, l->name, l->identity, l->lease_ms, 1);
@@ -357,16 +515,23 @@ int kube_lease_release(kube_lease *l, cirrus_error *err)
     } else {
         json_decref(out);
     }
+    publish(l);
     return rc;
 }
 
 void kube_lease_free(kube_lease *l)
 {
     if (!l) return;
+    join(l);
     kube_ticker_free(l->ticker);
     json_decref(l->lease);
+    pthread_mutex_destroy(&l->mu);
     free(l->ns);
     free(l->name);
     free(l->identity);
+    if (l->threaded) {
+        kube_client_free(l->client);
+        kube_config_free(l->own_cfg);
+    }
     free(l);
 }

@@ -17,14 +17,22 @@
  * elector becomes a candidate again (on_started_leading may run again later); client-go
  * exits the process at that point, and callers may too.
  *
- * Everything runs from a ticker inside kube_client_poll (single-threaded). Requests are
- * synchronous: one that hangs holds the loop for up to the client's request timeout, after
- * which the deadline is checked at once. Callbacks may issue requests on the client but must
- * not free the elector that called them. One line is logged on acquiring and on losing.
+ * Two ways to run it. kube_lease_new puts the elector on the caller's client: its ticker runs
+ * inside that client's kube_client_poll and the callbacks from there. Requests are
+ * synchronous, so any request of the caller's that hangs holds the renewals up with it (for
+ * up to the request timeout, 30 s, against a 10 s renew deadline). kube_lease_start runs the
+ * elector as client-go does, beside the work it guards: its own configuration, client and
+ * thread, whose requests time out after half the renew deadline (one held or refused answer
+ * leaves time for another try); the caller's loop, however long a request of its own takes,
+ * no longer costs the lease. The callbacks then run on the caller's thread, from
+ * kube_lease_dispatch, which the caller's loop calls each turn. Callbacks may issue requests
+ * on the caller's client but must not free the elector that called them. One line is logged
+ * on acquiring and on losing.
  */
 #ifndef CIRRUS_KUBE_LEASE_H
 #define CIRRUS_KUBE_LEASE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -63,17 +71,30 @@ typedef struct kube_lease_stats {
  * or durations that do not fit. */
 int kube_lease_new(kube_client *c, const kube_lease_config *cfg, kube_lease **out,
                    cirrus_error *err);
+/* The elector in a thread of its own, with its own configuration (kubeconfig as for
+ * kube_config_load: NULL for the default search) and client; the first attempt starts at
+ * once. Nothing but the elector itself is shared between the threads. */
+int kube_lease_start(const char *kubeconfig, const kube_lease_config *cfg, kube_lease **out,
+                     cirrus_error *err);
+/* kube_lease_start's mode: run the callbacks for what changed since the last call, on the
+ * calling thread (on_stopped_leading first when a term ended and another began meanwhile).
+ * A no-op for kube_lease_new's elector. */
+void kube_lease_dispatch(kube_lease *l);
 /* True while leader: false also once renew_deadline has passed since the last successful
- * renewal, even before the ticker has run to notice it. */
+ * renewal, even before the ticker has run to notice it; for kube_lease_start's elector, only
+ * within the term kube_lease_dispatch has told the caller of. */
 int kube_lease_is_leader(const kube_lease *l);
-/* The holderIdentity last seen on the Lease ("" if none or not seen yet), borrowed. */
-const char *kube_lease_holder(const kube_lease *l);
+/* The holderIdentity last seen on the Lease ("" if none or not seen yet), copied into buf;
+ * returns buf. */
+const char *kube_lease_holder(const kube_lease *l, char *buf, size_t n);
 /* Whether the last acquisition took over a record that still named this identity: nobody
- * else led since this elector last did (e.g. it missed its renew deadline while its loop
- * was held up, and won its own lease back). 0 after creating the Lease or a takeover. */
+ * else led since this elector last did (e.g. it missed its renew deadline, and won its own
+ * lease back). 0 after creating the Lease or a takeover. For kube_lease_start's elector, as
+ * of the last term kube_lease_dispatch told of: 1 only if every acquisition since the term
+ * before it was such a resumption. */
 int kube_lease_resumed(const kube_lease *l);
 void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st);
-/* Give the lease up now (on SIGTERM): if leader, update the Lease with holderIdentity
+/* Give the lease up now (on SIGTERM; kube_lease_start's thread is stopped first): if leader, update the Lease with holderIdentity
  * cleared and leaseDurationSeconds 1 so a successor takes over at once (client-go
  * ReleaseOnCancel). The elector then stays idle (it never tries again); free it after.
  * 0 also when not leader; a failed update returns its error (the lease then expires). */

@@ -23,6 +23,8 @@ Faults, each counted by kind (the keys of FAULTS):
   watch_gone         a watch ended by an in-stream ERROR event, code 410 (Expired), as the
                      API server does when the watch cache no longer holds the client's
                      resourceVersion
+Besides, not at random: with --refuse-watches-of PART --refuse-while FILE, every watch whose
+path contains PART is answered 500 while FILE exists (a watch that stays down; LISTs pass).
 A request takes at most one fault. Watches (GET with watch=1) may take 429 or 500 at their
 start, then are planned to be cut or ended by 410 after 0-3 relayed events.
 
@@ -173,6 +175,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         watch = query.get("watch", [""])[0] in ("1", "true")
         what = "%s %s" % (method, self.path[:160])
+        a = STATE.args
+        if (watch and a.refuse_watches_of and a.refuse_while and os.path.exists(a.refuse_while)
+                and a.refuse_watches_of in urllib.parse.urlsplit(self.path).path):
+            log("refused watch (while %s exists): %s" % (a.refuse_while, what))
+            return self.answer(500, status_body(500, "InternalError", "watch refused by the test"))
         fault = STATE.pick(method, watch)
         if fault == "too_many_requests":
             wait = STATE.randint(1, 3)
@@ -270,6 +277,9 @@ def main():
     p.add_argument("--report")
     p.add_argument("--port-file")
     p.add_argument("--calm", action="store_true", help="start without faults (SIGUSR2 starts them)")
+    p.add_argument("--refuse-watches-of", metavar="PATH_PART",
+                   help="answer 500 to watches whose path contains this (e.g. /pods) ...")
+    p.add_argument("--refuse-while", metavar="FILE", help="... while FILE exists")
     p.add_argument("--rate-429", type=float, default=0.04)
     p.add_argument("--rate-500", type=float, default=0.04)
     p.add_argument("--rate-409", type=float, default=0.06, help="of writes")

@@ -1,7 +1,8 @@
 /* Leader election against the real API server: acquiring a fresh Lease, a second candidate
  * held off while the leader renews, takeover after the leader stops renewing, release on
  * shutdown, a leader noticing its Lease was taken, and one held up past its renew deadline
- * winning its own Lease back (a resumption). Durations are short but the checks
+ * winning its own Lease back (a resumption); and the elector in a thread of its own keeping
+ * the Lease while its caller's loop is held up, telling the caller of every term. Durations are short but the checks
  * are on ordering, with generous timeouts, not on exact timings. */
 #include <stdint.h>
 #include <string.h>
@@ -13,6 +14,8 @@
 #include "kube_test_util.h"
 
 #define LEASE_NAME "cirrus-operator"
+
+static char hb[256]; /* kube_lease_holder's buffer */
 
 typedef struct cand {
     kube_config *cfg;
@@ -162,7 +165,7 @@ TEST(kube_lease_acquire_fresh)
     ASSERT(kube_lease_is_leader(a.l));
     ASSERT_EQ(a.started, 1);
     ASSERT_EQ(a.stopped, 0);
-    ASSERT(!strcmp(kube_lease_holder(a.l), "cand-a"));
+    ASSERT(!strcmp(kube_lease_holder(a.l, hb, sizeof hb), "cand-a"));
 
     json_t *lease = get_lease(a.c, ns);
     ASSERT(!strcmp(spec_str(lease, "holderIdentity"), "cand-a"));
@@ -220,7 +223,7 @@ TEST(kube_lease_takeover)
     poll_all(both, 2, NULL, a_keeps_lead, NULL, 6000);
     ASSERT(kube_lease_is_leader(a.l));
     ASSERT(!kube_lease_is_leader(b.l));
-    ASSERT(!strcmp(kube_lease_holder(b.l), "cand-a"));
+    ASSERT(!strcmp(kube_lease_holder(b.l, hb, sizeof hb), "cand-a"));
 
     /* a hangs (its client is no longer polled): b takes over once the record has not changed
      * for the lease duration on b's clock. */
@@ -242,7 +245,7 @@ TEST(kube_lease_takeover)
     ASSERT_EQ(a.started, 1);
     ASSERT_EQ(b.stopped, 0);
     ASSERT(kube_lease_is_leader(b.l));
-    ASSERT(!strcmp(kube_lease_holder(a.l), "cand-b"));
+    ASSERT(!strcmp(kube_lease_holder(a.l, hb, sizeof hb), "cand-b"));
     cand_free(&b);
     cand_free(&a);
 }
@@ -356,7 +359,7 @@ TEST(kube_lease_stolen)
     ASSERT_EQ(a.stopped, 1);
     ASSERT(a.stopped_ms >= a.started_ms);
     ASSERT(!kube_lease_is_leader(a.l));
-    ASSERT(!strcmp(kube_lease_holder(a.l), "thief"));
+    ASSERT(!strcmp(kube_lease_holder(a.l, hb, sizeof hb), "thief"));
 
     /* The thief never renews: a takes it back once it has expired on a's clock. */
     ASSERT(poll_all(cs, 1, started_twice, NULL, &a, 30000));
@@ -366,5 +369,106 @@ TEST(kube_lease_stolen)
     ASSERT_EQ(spec_int(lease, "leaseTransitions"), 1);
     json_decref(lease);
     tk_client_free(thief, tcfg);
+    cand_free(&a);
+}
+
+/* ---- the elector in its own thread (kube_lease_start) ---------------------------------- */
+
+/* Call kube_lease_dispatch every 10 ms until done(ctx) or timeout_ms. */
+static int dispatch_until(cand *x, int (*done)(void *), int timeout_ms)
+{
+    int64_t end = kube_now_ms() + timeout_ms;
+    for (;;) {
+        kube_lease_dispatch(x->l);
+        if (done(x)) return 1;
+        if (kube_now_ms() >= end) return 0;
+        usleep(10 * 1000);
+    }
+}
+
+static kube_lease_stats stats_of(cand *x)
+{
+    kube_lease_stats st;
+    kube_lease_get_stats(x->l, &st);
+    return st;
+}
+
+static void steal(const char *ns, const char *thief_id)
+{
+    cirrus_error err;
+    kube_config *tcfg;
+    kube_client *thief = tk_client(&tcfg);
+    json_t *lease = get_lease(thief, ns);
+    json_object_set_new(json_object_get(lease, "spec"), "holderIdentity", json_string(thief_id));
+    char path[256];
+    snprintf(path, sizeof path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s", ns,
+             LEASE_NAME);
+    ASSERT_OK(kube_update(thief, path, lease, NULL, &err));
+    json_decref(lease);
+    tk_client_free(thief, tcfg);
+}
+
+/* The caller's loop held up (a request of its own answered late) for three renew deadlines:
+ * in the ticker mode that costs the lease (kube_lease_resumed above); in its own thread the
+ * elector renews meanwhile and the caller still leads, in the same term. A term that ends and
+ * another that begins between two dispatches are both told, in order; a stolen Lease is seen;
+ * release stops the thread and clears the holder. */
+TEST(kube_lease_thread_keeps_lease_while_loop_held)
+{
+    char ns[64];
+    cand a;
+    cand_new(&a);
+    tk_namespace(a.c, "lease", ns, sizeof ns);
+    kube_lease_config cfg = {.ns = ns, .name = LEASE_NAME, .identity = "cand-a",
+                             .lease_duration_ms = 3000, .renew_deadline_ms = 2000,
+                             .retry_period_ms = 250, .on_started_leading = on_started,
+                             .on_stopped_leading = on_stopped, .ctx = &a};
+    cirrus_error err;
+    ASSERT_OK(kube_lease_start(getenv("KUBECONFIG"), &cfg, &a.l, &err));
+    ASSERT(dispatch_until(&a, has_started, 30000));
+    ASSERT(kube_lease_is_leader(a.l));
+    ASSERT(!kube_lease_resumed(a.l)); /* it created the Lease */
+
+    sleep(6); /* no dispatch, no poll: three renew deadlines */
+    ASSERT(kube_lease_is_leader(a.l));
+    kube_lease_dispatch(a.l);
+    ASSERT_EQ(a.started, 1);
+    ASSERT_EQ(a.stopped, 0);
+    kube_lease_stats st = stats_of(&a);
+    ASSERT_EQ(st.lost, 0);
+    ASSERT_EQ(st.acquired, 1);
+    ASSERT(st.renewals >= 6000 / 250 / 2); /* it renewed all along (one a retry period) */
+    json_t *lease = get_lease(a.c, ns);
+    ASSERT(!strcmp(spec_str(lease, "holderIdentity"), "cand-a"));
+    ASSERT_EQ(spec_int(lease, "leaseTransitions"), 0);
+    json_decref(lease);
+
+    /* Stolen while the caller does not look: the thread sees the thief at its next renewal;
+     * at once the caller leads no more, before being told. The thief never renews, so the
+     * thread takes the Lease back once it expired; one dispatch then tells both, in order. */
+    steal(ns, "thief");
+    int64_t end = kube_now_ms() + 30000;
+    while (stats_of(&a).lost < 1 && kube_now_ms() < end) usleep(10 * 1000);
+    ASSERT_EQ(stats_of(&a).lost, 1);
+    ASSERT(!kube_lease_is_leader(a.l));
+    while (stats_of(&a).acquired < 2 && kube_now_ms() < end) usleep(10 * 1000);
+    ASSERT_EQ(stats_of(&a).acquired, 2);
+    ASSERT(!kube_lease_is_leader(a.l)); /* a new term the caller was not told of yet */
+    kube_lease_dispatch(a.l);
+    ASSERT_EQ(a.stopped, 1);
+    ASSERT_EQ(a.started, 2);
+    ASSERT(a.stopped_ms <= a.started_ms);
+    ASSERT(kube_lease_is_leader(a.l));
+    ASSERT(!kube_lease_resumed(a.l)); /* the thief's record: a takeover, no resumption */
+    ASSERT(!strcmp(kube_lease_holder(a.l, hb, sizeof hb), "cand-a"));
+
+    ASSERT_OK(kube_lease_release(a.l, &err));
+    ASSERT(!kube_lease_is_leader(a.l));
+    lease = get_lease(a.c, ns);
+    ASSERT(!strcmp(spec_str(lease, "holderIdentity"), ""));
+    ASSERT_EQ(spec_int(lease, "leaseTransitions"), 1);
+    json_decref(lease);
+    kube_lease_dispatch(a.l); /* released: no loss is reported */
+    ASSERT_EQ(a.stopped, 1);
     cand_free(&a);
 }
