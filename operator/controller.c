@@ -273,7 +273,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     enum job_phase phase = jobstatus_phase(&obs, old_phase, 0);
     /* Before the pods: a final phase reached earlier stays; Failed from counts is decided
      * after accounting below. */
-    if (!rc) rc = ctl_ensure_secret(ctl, job, d.secret, err);
+    const int secret_known = m->secret_ok;
+    if (!rc) rc = ctl_ensure_secret(ctl, job, m, d.secret, 0, err);
     if (!rc) rc = ctl_ensure_services(ctl, job, d.services, m->services_gen, err);
     if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
     /* Observed pods of this job (the informer caches every pod the operator manages;
@@ -339,7 +340,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     int rcs[CREATE_BATCH_MAX];
     cirrus_error errs[CREATE_BATCH_MAX];
     size_t batch = 1;
-    int refused_batches = 0;
+    int refused_batches = 0, secret_rechecked = 0;
     void *it = json_object_iter(d.pods);
     while (!rc && !stop && leading(ctl) && refused_batches < 3) {
         size_t n = 0;
@@ -359,6 +360,18 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
             first_err = *err;
         }
         if (ex <= 0) break;
+        /* The pods mount the Secret: if it was only remembered, ask once more (deleted by
+         * someone meanwhile, it is made again before pods wait on it). */
+        if (secret_known && !secret_rechecked++) {
+            int src = ctl_ensure_secret(ctl, job, m, d.secret, 1, err);
+            if (src) {
+                if (!first) {
+                    first = src;
+                    first_err = *err;
+                }
+                break;
+            }
+        }
         ctl_create_pods(ctl, job, m, names, wants, n, rcs, errs);
         int all_made = 1;
         for (size_t i = 0; i < n; i++) {
@@ -470,19 +483,17 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     ctl->gone_nodes = json_object();
     ctl->pods_by_job = json_object();
     const char *ns = o->watch_namespace && *o->watch_namespace ? o->watch_namespace : NULL;
-    char jobs[PATH_MAX_LEN], pods[PATH_MAX_LEN], svcs[PATH_MAX_LEN], secrets[PATH_MAX_LEN];
+    char jobs[PATH_MAX_LEN], pods[PATH_MAX_LEN], svcs[PATH_MAX_LEN];
     int rc = ctl->queue && ctl->gone_nodes && ctl->pods_by_job
                  ? 0
                  : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc && (kube_path(jobs, sizeof jobs, SWARMJOB_API, ns, "swarmjobs", NULL) ||
                 kube_path(pods, sizeof pods, "api/v1", ns, "pods", NULL) ||
-                kube_path(svcs, sizeof svcs, "api/v1", ns, "services", NULL) ||
-                kube_path(secrets, sizeof secrets, "api/v1", ns, "secrets", NULL)))
+                kube_path(svcs, sizeof svcs, "api/v1", ns, "services", NULL)))
         rc = cirrus_fail(err, CIRRUS_EINVAL, "bad namespace %s", ns);
     if (!rc) rc = informer(ctl, jobs, NULL, WATCH_JOBS, &ctl->jobs, err);
     if (!rc) rc = informer(ctl, pods, CHILD_SELECTOR, WATCH_PODS, &ctl->pods, err);
     if (!rc) rc = informer(ctl, svcs, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->services, err);
-    if (!rc) rc = informer(ctl, secrets, CHILD_SELECTOR, WATCH_CHILDREN, &ctl->secrets, err);
     if (!rc) {
         kube_informer_config nc = {.path = "/api/v1/nodes", .transform = cache_slim_node,
                                    .on_add = node_added,
@@ -503,7 +514,6 @@ void controller_free(controller *ctl)
     kube_informer_free(ctl->jobs);
     kube_informer_free(ctl->pods);
     kube_informer_free(ctl->services);
-    kube_informer_free(ctl->secrets);
     kube_informer_free(ctl->nodes);
     json_decref(ctl->gone_nodes);
     json_decref(ctl->pods_by_job);
@@ -515,7 +525,7 @@ void controller_free(controller *ctl)
 int controller_synced(const controller *ctl)
 {
     return kube_informer_has_synced(ctl->jobs) && kube_informer_has_synced(ctl->pods) &&
-           kube_informer_has_synced(ctl->services) && kube_informer_has_synced(ctl->secrets) &&
+           kube_informer_has_synced(ctl->services) &&
            kube_informer_has_synced(ctl->nodes);
 }
 
@@ -610,6 +620,5 @@ void controller_rewatch(controller *ctl, const char *resume_rv)
     kube_informer_disconnect(ctl->jobs, resume_rv);
     kube_informer_disconnect(ctl->pods, resume_rv);
     kube_informer_disconnect(ctl->services, resume_rv);
-    kube_informer_disconnect(ctl->secrets, resume_rv);
     kube_informer_disconnect(ctl->nodes, resume_rv);
 }

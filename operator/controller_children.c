@@ -68,29 +68,30 @@ static int fill_secret(const json_t *job, json_t *secret, cirrus_error *err)
     return rc;
 }
 
-int ctl_ensure_secret(controller *ctl, const json_t *job, const json_t *skeleton,
-                      cirrus_error *err)
+int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json_t *skeleton,
+                      int recheck, cirrus_error *err)
 {
     const char *name = meta_str(skeleton, "name");
-    char key[KEY_MAX], path[PATH_MAX_LEN], coll[PATH_MAX_LEN];
-    snprintf(key, sizeof key, "%s/%s", meta_str(job, "namespace"), name);
-    if (kube_informer_get(ctl->secrets, key)) return 0;
+    char path[PATH_MAX_LEN], coll[PATH_MAX_LEN];
+    if (m->secret_ok && !recheck) return 0;
     if (child_path(path, job, "secrets", name) || child_path(coll, job, "secrets", NULL))
         return cirrus_fail(err, CIRRUS_EINVAL, "secret path too long");
-    /* The cache may not have caught up with our own create: certificates must never be
-     * regenerated under running gateways, so ask the API server before making new ones. */
+    /* Certificates must never be regenerated under running gateways: ask before making. */
     int rc = kube_get(ctl->client, path, NULL, err);
+    if (!rc) m->secret_ok = 1;
     if (rc != CIRRUS_ENOENT) return rc;
+    m->secret_ok = 0;
     rc = ctl_job_exists(ctl, job, err);
     if (rc <= 0) return rc;
     json_t *secret = json_deep_copy(skeleton);
     rc = secret ? fill_secret(job, secret, err) : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc) rc = kube_create(ctl->client, coll, secret, NULL, err);
     json_decref(secret);
-    if (rc == CIRRUS_ECONFLICT) return 0; /* AlreadyExists: someone made it meanwhile */
-    if (!rc)
+    if (rc == CIRRUS_ECONFLICT) rc = 0; /* AlreadyExists: someone made it meanwhile */
+    else if (!rc)
         ctl_event(ctl, job, 0, "CertificatesIssued", "job CA and gateway certificates in %s",
                   name);
+    if (!rc) m->secret_ok = 1;
     return rc;
 }
 

@@ -58,6 +58,7 @@ typedef struct job_mem {
     json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
     char phase[16]; /* the phase last written, for transition events */
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
+    int secret_ok;        /* its Secret was found or made (asked again before making pods) */
     /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
      * the status says Failed (after that the status keeps it). */
     char fail_job[640];
@@ -68,7 +69,10 @@ struct controller {
     kube_client *client;
     controller_options opt;
     char identity[128];
-    kube_informer *jobs, *pods, *services, *secrets, *nodes;
+    /* No Secret informer: listing and watching every Secret of the cluster is a right a
+     * platform team should not have to grant; a job's Secret is asked for by name instead
+     * (ctl_ensure_secret). */
+    kube_informer *jobs, *pods, *services, *nodes;
     json_t *gone_nodes; /* node name -> true: deleted nodes whose pods are lost */
     /* "ns/job" -> {pod name: true}: the cached pods of each job, kept by the pod informer's
      * handlers so that a reconcile visits its own job's pods, not every pod in the cache
@@ -164,8 +168,11 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
 
 /* ---- controller_children.c ------------------------------------------------------------------- */
 
-int ctl_ensure_secret(controller *ctl, const json_t *job, const json_t *skeleton,
-                      cirrus_error *err);
+/* The job's Secret (its CA and gateway certificates), made once: asked of the API server by
+ * name unless m says it was there already; recheck: ask anyway (before pods that mount it
+ * are made: someone may have deleted it). Never re-keyed while it exists. */
+int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json_t *skeleton,
+                      int recheck, cirrus_error *err);
 int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *services,
                         int64_t applied_gen, cirrus_error *err);
 

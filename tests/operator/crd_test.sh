@@ -328,10 +328,14 @@ for v in list watch; do can "$v" nodes; done
 can update swarmjobs.cirrus.dev --subresource=status -n "$NS"
 can patch swarmjobs.cirrus.dev --subresource=status -n "$NS"
 can update swarmjobs.cirrus.dev --subresource=finalizers -n "$NS"
-for r in pods services secrets; do
+for r in pods services; do
     for v in create get list watch update patch delete; do can "$v" "$r" -n "$NS"; done
 done
-can list secrets -A
+can create secrets -n "$NS"
+can get secrets -n "$NS"
+# A job's Secret is asked for by name: the operator cannot enumerate or change Secrets.
+for v in list watch update patch delete; do cannot "$v" secrets -n "$NS"; done
+cannot list secrets -A
 can create events -n "$NS"
 can patch events.events.k8s.io -n "$NS"
 can create leases.coordination.k8s.io -n cirrus-system

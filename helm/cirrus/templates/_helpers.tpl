@@ -62,8 +62,14 @@ additionalProperties:
   resources: ["swarmjobs/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
-  resources: ["pods", "services", "secrets"]
+  resources: ["pods", "services"]
   verbs: ["create", "get", "list", "watch", "update", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  # A job's Secret (its CA and gateway certificates) is made once and asked for by name:
+  # no list or watch, so the operator cannot enumerate the cluster's Secrets; no update,
+  # patch or delete (never re-keyed; garbage collection removes it with its job).
+  verbs: ["create", "get"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
