@@ -200,7 +200,7 @@ static int decode_put(int sel, uint64_t arg, const uint8_t *b, size_t len, wire_
         if (!rc) {
             const uint64_t whole = sel == M_PARAMS_SET ? arg : 3 * arg;
             FUZZ_CHECK(q.n == arg && q.offset <= whole && q.count <= whole - q.offset &&
-                           q.count <= STAGE_STATE_SLICE && arg <= UINT64_MAX / 3,
+                           q.count <= STAGE_STATE_SLICE && (sel == M_PARAMS_SET || arg <= UINT64_MAX / 3),
                        "slice [%llu, +%llu) of %llu accepted", (unsigned long long)q.offset,
                        (unsigned long long)q.count, (unsigned long long)whole);
             stage_params_set h = q;
