@@ -204,12 +204,16 @@ void kube_config_free(kube_config *cfg)
 
 static int set_server(kube_config *cfg, const char *server, cirrus_error *err)
 {
-    if (strncmp(server, "https://", 8) && strncmp(server, "http://", 7))
-        return cirrus_fail(err, CIRRUS_EINVAL, "server %s: not an http(s) URL", server);
+    const size_t scheme = !strncmp(server, "https://", 8) ? 8 : !strncmp(server, "http://", 7) ? 7 : 0;
+    if (!scheme) return cirrus_fail(err, CIRRUS_EINVAL, "server %s: not an http(s) URL", server);
+    /* Request paths are appended to it: no trailing '/', and a host must be left. */
+    size_t n = strlen(server);
+    while (n > scheme && server[n - 1] == '/') n--;
+    if (n == scheme || server[scheme] == '/')
+        return cirrus_fail(err, CIRRUS_EINVAL, "server %s: no host", server);
     int rc = set_str(&cfg->server, server, err);
     if (rc) return rc;
-    size_t n = strlen(cfg->server);
-    while (n && cfg->server[n - 1] == '/') cfg->server[--n] = '\0';
+    cfg->server[n] = '\0';
     return 0;
 }
 

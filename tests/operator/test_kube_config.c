@@ -275,6 +275,23 @@ TEST(kube_config_errors)
     ASSERT_EQ(kube_config_from_kubeconfig(path, NULL, &cfg, &err), CIRRUS_EINVAL);
     ASSERT(strstr(err.msg, "not an http(s) URL"));
 
+    /* A URL with no host (the trailing '/' stripped used to leave "http:"; fuzz_kubeconfig). */
+    const char *hostless[] = {"http://", "https:///", "https:////x"};
+    for (int i = 0; i < 3; i++) {
+        char doc[512];
+        snprintf(doc, sizeof doc, "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c}\n"
+                 "clusters:\n- name: c\n  cluster: {server: '%s', insecure-skip-tls-verify: true}\n",
+                 hostless[i]);
+        write_file(path, doc);
+        ASSERT_EQ(kube_config_from_kubeconfig(path, NULL, &cfg, &err), CIRRUS_EINVAL);
+        if (!strstr(err.msg, "no host")) TEST_FAIL("%s: %s", hostless[i], err.msg);
+    }
+    write_file(path, "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c}\n"
+                     "clusters:\n- name: c\n  cluster: {server: 'https://h:1//', insecure-skip-tls-verify: true}\n");
+    ASSERT_OK(kube_config_from_kubeconfig(path, NULL, &cfg, &err));
+    ASSERT(!strcmp(kube_config_server(cfg), "https://h:1"));
+    kube_config_free(cfg);
+
     /* Anchors and aliases are refused. */
     write_file(path, "a: &x {b: 1}\nc: *x\n");
     ASSERT_EQ(kube_config_from_kubeconfig(path, NULL, &cfg, &err), CIRRUS_ECORRUPT);
