@@ -159,6 +159,12 @@ check "/metrics: successful reconciles counted" poll_until 60 reconciled
 metrics=$(curl -fsS "http://127.0.0.1:$port/metrics")
 check "/metrics: leader_election_master_status 1" grep -q '^leader_election_master_status{name="cirrus-operator"} 1$' <<<"$metrics"
 check "/readyz answers 200" curl -fsS "http://127.0.0.1:$port/readyz"
+# The whole page through the Prometheus project's own parser, plus promtool's rules (one HELP
+# and TYPE a family, counters named _total, no series twice).
+if out=$(/usr/bin/python3 "$root/tests/lib/metrics_check.py" "http://127.0.0.1:$port/metrics" \
+    controller_runtime_reconcile_total leader_election_master_status workqueue_depth 2>&1); then
+    ok "/metrics is valid Prometheus text: ${out#*: }"
+else not_ok "/metrics is valid Prometheus text"; echo "$out" | head -10; fi
 
 # ---- in-place replacement --------------------------------------------------------------------
 uids() { kn get pods -l cirrus.dev/job=$JOB -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort; }

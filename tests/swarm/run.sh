@@ -123,6 +123,11 @@ for line in ('cirrus_peers{stage="0"} 2', 'cirrus_peers{stage="1"} 2', "cirrus_c
 print(f"    /status: step {st['step']}, loss {st['loss']:.3f}, stage throughput "
       f"{[round(s['throughput']) for s in st['stages']]} samples/s")
 PY
+# The same /metrics through the Prometheus project's own parser, plus promtool's rules.
+if /usr/bin/python3 "$(dirname "$0")/../lib/metrics_check.py" "http://127.0.0.1:$status_port/metrics" \
+    cirrus_peers cirrus_clients cirrus_stage_throughput_samples_per_second >"$tmp/metrics_check.out" 2>&1; then
+    ok coordinator_metrics_valid_prometheus_text; sed 's/^/    /' "$tmp/metrics_check.out"
+else bad coordinator_metrics_valid_prometheus_text; cat "$tmp/metrics_check.out"; fi
 kill -TERM "$local_pid" 2>/dev/null
 if wait "$local_pid" && grep -q '"final":true' "$tmp/status-run.out"; then
     ok local_with_coordinator_stops_cleanly_on_sigterm
