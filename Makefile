@@ -31,7 +31,7 @@ OPERATOR_LDLIBS := $(KUBE_LIBS) $(HTTP_LIBS) -lxxhash -lm -lpthread
 # python3-pip: test-cuda-build fetches the CUDA toolkit wheels when none is installed.
 DEB_PKGS := gcc make pkg-config libopenblas-openmp-dev zlib1g-dev libxxhash-dev bible-kjv \
             gnuplot-nox libcurl4-openssl-dev libjansson-dev libssl-dev libyaml-dev openssl \
-            libmicrohttpd-dev libzstd-dev jq curl valgrind python3-pip
+            libmicrohttpd-dev libzstd-dev jq curl valgrind python3-pip python3-prometheus-client
 
 COMMON_SRC  := $(wildcard common/*.c)
 TRAINER_SRC := $(filter-out trainer/cmd/main.c,$(shell find trainer -name '*.c' | sort))
@@ -53,7 +53,7 @@ ASAN_TEST_OBJ:= $(call obj,$(ASAN_BUILD),$(TEST_SRC))
 
 CORPUS := $(BUILD)/data/kjv.txt
 
-.PHONY: all deps data demo test test-unit test-asan test-cli test-swarm test-wan test-operator bench-train bench-collective bench-swarm bench-operator clean
+.PHONY: all deps data demo test test-prefetch test-unit test-asan test-cli test-swarm test-wan test-operator bench-train bench-collective bench-swarm bench-operator clean
 all: $(BIN)/cirrus-trainer $(OPERATOR_BIN)
 
 $(BUILD)/obj/%.o: %.c Makefile
@@ -108,7 +108,7 @@ deps:
 	if [ "$$(id -u)" != 0 ]; then \
 	  echo "cirrus: installing packages needs root; run as root or: sudo apt-get install$$missing" >&2; exit 1; \
 	fi; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 $$missing
 
 # The King James Bible from Debian's bible-kjv, verse labels stripped: ~4.3 MB of English.
 data: $(CORPUS)
@@ -131,9 +131,18 @@ test: deps
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
 	@# real nodes' set-up downloads and builds images; the CUDA build mostly downloads while
 	@# the real-node suite trains. Fuzzing runs alone: its 1 s per-input limit is wall time.
+	@# &test-prefetch: the Go builds of the control plane and the real nodes' binaries, at
+	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
+	@# time); the suites that need the binaries wait for the build if it is still running.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  test-unit test-asan test-cli test-swarm test-wan test-cluster test-operator+nodes-prep \
-	  test-fuzz test-cuda-build+test-nodes
+	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-cluster \
+	  test-operator+nodes-prep test-fuzz test-cuda-build+test-nodes
+
+# What later suites build with Go (tests/cluster/install.sh, tests/nodes/install.sh), niced,
+# so that a cold run builds it while the first suites run (both take the installers' locks).
+test-prefetch:
+	@echo "cirrus: building the Kubernetes binaries (and, as root, the real nodes' packages and CoreDNS) at nice 19"
+	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; else nice -n 19 tests/cluster/install.sh; fi
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"

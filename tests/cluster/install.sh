@@ -23,6 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 NICE=(nice -n "${CIRRUS_NICE:-0}")
 export CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false"
 
+install_lock "k8s-$K8S_VERSION"
 command -v go >/dev/null || die "go is not installed (need the version in $K8S_MOD_DIR/go.mod or newer)"
 mkdir -p "$K8S_BIN"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cirrus-install.XXXXXX")

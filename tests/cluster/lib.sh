@@ -32,6 +32,18 @@ K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kube
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# install_lock NAME: hold $CIRRUS_CACHE/NAME.lock until the calling script exits, waiting
+# (and saying so) while another install holds it: `make test` starts the builds in the
+# background and its suites ask for them again while they may still be running.
+install_lock() {
+    mkdir -p "$CIRRUS_CACHE"
+    exec {_install_lock_fd}>"$CIRRUS_CACHE/$1.lock"
+    if ! flock -n "$_install_lock_fd"; then
+        log "$1: another install is running; waiting for it"
+        flock "$_install_lock_fd"
+    fi
+}
+
 # ---- certificates (openssl), in the directory $PKI of the script that sources this ----------
 
 b64() { base64 -w0 <"$1"; }

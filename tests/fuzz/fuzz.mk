@@ -89,7 +89,7 @@ fuzz-deps:
 	if [ "$$(id -u)" != 0 ]; then \
 	  echo "cirrus: installing packages needs root; run as root or: sudo apt-get install$$missing" >&2; exit 1; \
 	fi; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 $$missing
 
 fuzz-build: fuzz-deps
 	$(MAKE) --no-print-directory $(FUZZ_BINS)

@@ -8,6 +8,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+install_lock nodes
 missing=()
 for p in "${NODES_DEB_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -16,7 +17,7 @@ if ((${#missing[@]})); then
     [[ $(id -u) == 0 ]] || ndie "installing Debian packages needs root; run as root or: sudo apt-get install ${missing[*]}"
     nlog "installing Debian packages: ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
 else
     nlog "Debian packages present"
 fi
