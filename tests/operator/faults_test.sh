@@ -44,26 +44,10 @@ faults_cleanup() {
 trap faults_cleanup EXIT
 
 # ---- the proxy and the operator behind it ------------------------------------------------------
-# The operator's kubeconfig is the test's (its ServiceAccount's token) with the proxy as server
-# and the proxy's own self-signed certificate as the authority it trusts.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -keyout "$work/proxy.key" -out "$work/proxy.crt" -subj /CN=cirrus-fault-proxy \
-    -addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1 || fail_fast "openssl: the proxy's certificate"
 # One answer held past the timeout at most: each parks the operator's loop for 30 s (but not
 # the elector, which has a client and a thread of its own).
-python3 "$root/tests/operator/faultproxy.py" --upstream "$CIRRUS_APISERVER" \
-    --upstream-ca "$CIRRUS_CA_FILE" --cert "$work/proxy.crt" --key "$work/proxy.key" \
-    --seed "$seed" --report "$work/faults.json" --port-file "$work/proxy.port" \
-    --max-delays "${FAULTS_MAX_DELAYS:-1}" --rate-delay 0.03 --rate-cut 0.4 --rate-gone 0.4 \
-    >"$work/proxy.out" 2>"$work/proxy.log" &
-proxy_pid=$!
-poll_until 10 test -s "$work/proxy.port" || fail_fast "the proxy did not start: $(tail -3 "$work/proxy.log")"
-mkdir -p "$work/op"
-sed -e "s#server: \"$CIRRUS_APISERVER\"#server: \"https://127.0.0.1:$(cat "$work/proxy.port")\"#" \
-    -e "s#certificate-authority: \"$CIRRUS_CA_FILE\"#certificate-authority: \"$work/proxy.crt\"#" \
-    "$work/kubeconfig" >"$work/op/kubeconfig"
-grep -q "127.0.0.1:$(cat "$work/proxy.port")" "$work/op/kubeconfig" || fail_fast "the operator's kubeconfig names the proxy"
-ln -s op/operator.log "$work/operator.log" # where finish() looks
+faultproxy_start --seed "$seed" --report "$work/faults.json" \
+    --max-delays "${FAULTS_MAX_DELAYS:-1}" --rate-delay 0.03 --rate-cut 0.4 --rate-gone 0.4
 t_start=$(date +%s)
 test_operator_start "$work/op" "$NS" || fail_fast "operator not leading through the proxy: $(tail -3 "$work/op/operator.log")"
 identity=$(sed -n 's/.*electing as \([^:]*\): watching.*/\1/p' "$work/op/operator.log" | head -1)

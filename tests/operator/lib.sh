@@ -141,6 +141,28 @@ focused_test_begin() {
     kubectl create namespace "$NS" >/dev/null || fail_fast "namespace $NS"
 }
 
+# faultproxy_start ARGS...: faultproxy.py (with ARGS) before the real API server, for the
+# operator in $work/op: the proxy's self-signed certificate, its port in $work/proxy.port, its
+# log in $work/proxy.log, and $work/op/kubeconfig (the test's, its ServiceAccount's token,
+# with the proxy as server and its certificate as the authority). Sets proxy_pid; fails the
+# test at once if the proxy does not start. The caller kills proxy_pid in its EXIT trap.
+faultproxy_start() {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+        -keyout "$work/proxy.key" -out "$work/proxy.crt" -subj /CN=cirrus-fault-proxy \
+        -addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1 || fail_fast "openssl: the proxy's certificate"
+    python3 "$(dirname "${BASH_SOURCE[0]}")/faultproxy.py" --upstream "$CIRRUS_APISERVER" \
+        --upstream-ca "$CIRRUS_CA_FILE" --cert "$work/proxy.crt" --key "$work/proxy.key" \
+        --port-file "$work/proxy.port" "$@" >"$work/proxy.out" 2>"$work/proxy.log" &
+    proxy_pid=$!
+    poll_until 10 test -s "$work/proxy.port" || fail_fast "the proxy did not start: $(tail -3 "$work/proxy.log")"
+    mkdir -p "$work/op"
+    sed -e "s#server: \"$CIRRUS_APISERVER\"#server: \"https://127.0.0.1:$(cat "$work/proxy.port")\"#" \
+        -e "s#certificate-authority: \"$CIRRUS_CA_FILE\"#certificate-authority: \"$work/proxy.crt\"#" \
+        "$work/kubeconfig" >"$work/op/kubeconfig"
+    grep -q "127.0.0.1:$(cat "$work/proxy.port")" "$work/op/kubeconfig" || fail_fast "the operator's kubeconfig names the proxy"
+    ln -s op/operator.log "$work/operator.log" # where finish() looks
+}
+
 # ---- small jobs in NS, for the focused tests (kn as focused_test_begin defines it) ----------
 # one_region_job NAME RUNPOLICY: applies a one-region job (a gateway, one peer, one client)
 # with that runPolicy (a YAML flow mapping).

@@ -21,21 +21,8 @@ unseen_cleanup() {
 }
 trap unseen_cleanup EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -keyout "$work/proxy.key" -out "$work/proxy.crt" -subj /CN=cirrus-fault-proxy \
-    -addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1 || fail_fast "openssl: the proxy's certificate"
 touch "$work/refuse" # the pod watch is down from the start
-python3 "$root/tests/operator/faultproxy.py" --upstream "$CIRRUS_APISERVER" \
-    --upstream-ca "$CIRRUS_CA_FILE" --cert "$work/proxy.crt" --key "$work/proxy.key" \
-    --calm --refuse-watches-of /pods --refuse-while "$work/refuse" --port-file "$work/proxy.port" \
-    >"$work/proxy.out" 2>"$work/proxy.log" &
-proxy_pid=$!
-poll_until 10 test -s "$work/proxy.port" || fail_fast "the proxy did not start: $(tail -3 "$work/proxy.log")"
-mkdir -p "$work/op"
-sed -e "s#server: \"$CIRRUS_APISERVER\"#server: \"https://127.0.0.1:$(cat "$work/proxy.port")\"#" \
-    -e "s#certificate-authority: \"$CIRRUS_CA_FILE\"#certificate-authority: \"$work/proxy.crt\"#" \
-    "$work/kubeconfig" >"$work/op/kubeconfig"
-ln -s op/operator.log "$work/operator.log" # where finish() looks
+faultproxy_start --calm --refuse-watches-of /pods --refuse-while "$work/refuse"
 test_operator_start "$work/op" "$NS" || fail_fast "operator not leading through the proxy: $(tail -3 "$work/op/operator.log")"
 
 one_region_job un '{}'
