@@ -131,18 +131,21 @@ test: deps
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
 	@# real nodes' set-up downloads and builds images; the CUDA build mostly downloads while
 	@# the real-node suite trains. Fuzzing runs alone: its 1 s per-input limit is wall time.
-	@# &test-prefetch: the Go builds of the control plane and the real nodes' binaries, at
+	@# &test-prefetch: the Go builds of the control plane, helm and the real nodes' binaries, at
 	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
 	@# time); the suites that need the binaries wait for the build if it is still running.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
 	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-cluster \
 	  test-operator+nodes-prep test-fuzz test-cuda-build+test-nodes
 
-# What later suites build with Go (tests/cluster/install.sh, tests/nodes/install.sh), niced,
-# so that a cold run builds it while the first suites run (both take the installers' locks).
+# What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
+# niced, so that a cold run builds it while the first suites run (the installers take locks:
+# a suite that needs one waits for the build in progress).
 test-prefetch:
-	@echo "cirrus: building the Kubernetes binaries (and, as root, the real nodes' packages and CoreDNS) at nice 19"
-	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; else nice -n 19 tests/cluster/install.sh; fi
+	@echo "cirrus: building the Kubernetes binaries, helm (and, as root, the real nodes' packages and CoreDNS) at nice 19"
+	@nice -n 19 tests/cluster/install.sh
+	@nice -n 19 tests/operator/helm_install.sh >/dev/null
+	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; fi
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"

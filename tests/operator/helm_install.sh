@@ -22,6 +22,7 @@ if p=$(command -v helm 2>/dev/null) && is_pinned "$p"; then
     echo "$p"
     exit 0
 fi
+install_lock "helm-$HELM_VERSION" # `make test` may be building it in the background
 if ! is_pinned "$HELM_BIN"; then
     command -v go >/dev/null || { echo "helm_install: Go is needed to build helm $HELM_VERSION" >&2; exit 1; }
     echo "helm_install: building helm $HELM_VERSION (go install) into $HELM_HOME/bin" >&2
