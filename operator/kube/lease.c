@@ -14,6 +14,15 @@
 
 #define LEASE_API "apis/coordination.k8s.io/v1"
 
+/* What the accessors read (published by the elector, copied out whole by read_view). */
+struct lease_view {
+    int leader, resumed;
+    int64_t renew_ok_ms;
+    char holder[256];
+    kube_lease_stats stats;
+    uint64_t last_takeover; /* stats.acquired at the last acquisition not resumed */
+};
+
 struct kube_lease {
     kube_client *client;
     char *ns, *name, *identity;
@@ -32,13 +41,7 @@ struct kube_lease {
     /* What the accessors read, copied under mu by publish(): in kube_lease_start's mode the
      * fields above belong to the elector's thread and the caller's thread sees only this. */
     pthread_mutex_t mu;
-    struct {
-        int leader, resumed;
-        int64_t renew_ok_ms;
-        char holder[256];
-        kube_lease_stats stats;
-        uint64_t last_takeover; /* stats.acquired at the last acquisition not resumed */
-    } pub;
+    struct lease_view pub;
     uint64_t last_takeover;
 
     /* kube_lease_start's mode: the elector's own configuration and client, polled by its own
@@ -253,6 +256,14 @@ static void publish(kube_lease *l)
     pthread_mutex_unlock(&l->mu);
 }
 
+static void read_view(const kube_lease *l, struct lease_view *out)
+{
+    pthread_mutex_t *mu = (pthread_mutex_t *)&l->mu; /* locking is no change to the elector */
+    pthread_mutex_lock(mu);
+    *out = l->pub;
+    pthread_mutex_unlock(mu);
+}
+
 /* A transition, told to the callbacks at once when the elector runs on the caller's loop;
  * in its own thread it is only published, and kube_lease_dispatch tells the caller. */
 static void notify(kube_lease *l, void (*cb)(void *))
@@ -433,10 +444,10 @@ static void join(kube_lease *l)
 void kube_lease_dispatch(kube_lease *l)
 {
     if (!l->threaded) return;
-    pthread_mutex_lock(&l->mu);
-    int leader = l->pub.leader;
-    uint64_t acquired = l->pub.stats.acquired, last_takeover = l->pub.last_takeover;
-    pthread_mutex_unlock(&l->mu);
+    struct lease_view v;
+    read_view(l, &v);
+    const int leader = v.leader;
+    const uint64_t acquired = v.stats.acquired, last_takeover = v.last_takeover;
     /* The term the caller was told of ended (lost, or lost and won again since). */
     if (l->caller_leading && (!leader || acquired != l->caller_acquired)) {
         l->caller_leading = 0;
@@ -456,40 +467,35 @@ void kube_lease_dispatch(kube_lease *l)
 
 int kube_lease_is_leader(const kube_lease *l)
 {
-    kube_lease *m = (kube_lease *)l; /* the mutex only */
-    pthread_mutex_lock(&m->mu);
-    int leading = l->pub.leader && kube_now_ms() - l->pub.renew_ok_ms < l->renew_ms;
-    uint64_t acquired = l->pub.stats.acquired;
-    pthread_mutex_unlock(&m->mu);
+    struct lease_view v;
+    read_view(l, &v);
+    int leading = v.leader && kube_now_ms() - v.renew_ok_ms < l->renew_ms;
     /* In a thread: only within the term the caller was told of (kube_lease_dispatch). */
-    return l->threaded ? leading && l->caller_leading && acquired == l->caller_acquired : leading;
+    return l->threaded ? leading && l->caller_leading && v.stats.acquired == l->caller_acquired
+                       : leading;
 }
 
 const char *kube_lease_holder(const kube_lease *l, char *buf, size_t n)
 {
-    kube_lease *m = (kube_lease *)l;
-    pthread_mutex_lock(&m->mu);
-    snprintf(buf, n, "%s", l->pub.holder);
-    pthread_mutex_unlock(&m->mu);
+    struct lease_view v;
+    read_view(l, &v);
+    snprintf(buf, n, "%s", v.holder);
     return buf;
 }
 
 int kube_lease_resumed(const kube_lease *l)
 {
     if (l->threaded) return l->caller_resumed; /* as of the last start it dispatched */
-    kube_lease *m = (kube_lease *)l;
-    pthread_mutex_lock(&m->mu);
-    int resumed = l->pub.resumed;
-    pthread_mutex_unlock(&m->mu);
-    return resumed;
+    struct lease_view v;
+    read_view(l, &v);
+    return v.resumed;
 }
 
 void kube_lease_get_stats(const kube_lease *l, kube_lease_stats *st)
 {
-    kube_lease *m = (kube_lease *)l;
-    pthread_mutex_lock(&m->mu);
-    *st = l->pub.stats;
-    pthread_mutex_unlock(&m->mu);
+    struct lease_view v;
+    read_view(l, &v);
+    *st = v.stats;
 }
 
 int kube_lease_release(kube_lease *l, cirrus_error *err)
