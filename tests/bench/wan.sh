@@ -34,7 +34,7 @@ WAN_EXIT_HOOK='if [ -n "${WAN_BENCH_KEEP:-}" ]; then echo "wan bench: logs in $t
 wan_setup 2 || exit 1
 regions="r0=$(wan_addr 0):7443,r1=$(wan_addr 1):7443"
 "$bin" certs --job bench --region r0 --region r1 --out "$tmp/certs" >/dev/null || exit 1
-sync=5 steps=$((5 * rounds)) client_flags=()
+sync=5 steps=$((5 * rounds)) client_flags=() gateway_flags=()
 
 # run NAME CODEC TLS(1/0) MODEL...: both regions train `rounds` outer rounds; logs in $tmp/NAME.
 # A run whose client failed is tried again (twice at most), its failure named on stderr.
@@ -60,7 +60,8 @@ run_once() {
         [ "$tls" = 0 ] && sec=(--wan-insecure)
         wan_spawn "$i" "$bin" gateway --job bench --listen 127.0.0.1:7400 --http-port -1 \
             --stages 2 "${model[@]}" --region "r$i" --regions "$regions" --sync-every "$sync" \
-            --rebalance-period-s 0 --codec "$codec" "${sec[@]}" 2>"$d/gw$i.err"
+            --rebalance-period-s 0 --codec "$codec" "${sec[@]}" "${gateway_flags[@]}" \
+            2>"$d/gw$i.err"
         for s in 0 1; do
             serve=$([ "$s" = 0 ] && echo 0:1 || echo "1:$layers")
             OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" stage --serve "$serve" "${model[@]}" \
@@ -166,15 +167,22 @@ sync=50 client_flags=(--log-every 1 --sync-delay 25)
 run overlap-delay q8 1 "${small[@]}"
 client_flags=(--log-every 1)
 run overlap-block q8 1 "${small[@]}"
+# The same link, the parameters in 4 fragments synchronised at staggered times (Streaming
+# DiLoCo): each fragment's quarter of the bytes has the whole window, a quarter of it at a time.
+client_flags=(--log-every 1 --sync-delay 25) gateway_flags=(--fragments 4)
+run overlap-frag q8 1 "${small[@]}"
+gateway_flags=()
 # The same syncs over an unshaped link: what syncing costs besides the link (gathering and
 # installing parameters, the gateways' work, the faster region waiting for the slower).
 for i in 0 1; do wan_unshape "$i"; done
 client_flags=(--log-every 1 --sync-delay 25)
 run overlap-fast q8 1 "${small[@]}"
-python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" "$(step_s overlap-fast)" <<'PY'
+python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" "$(step_s overlap-fast)" \
+    "$(step_s overlap-frag)" <<'PY'
 import sys
-base, delay, block, fast = map(float, sys.argv[1:])
+base, delay, block, fast, frag = map(float, sys.argv[1:])
 print(f"cirrus: overlap: a step {delay * 1000:.2f} ms syncing with --sync-delay 25 ({delay / base - 1:+.1%}), "
+      f"{frag * 1000:.2f} ms with --fragments 4 too ({frag / base - 1:+.1%}; goal <= +5%), "
       f"{block * 1000:.2f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.2f} ms without; "
       f"{fast * 1000:.2f} ms syncing with --sync-delay 25 on an unshaped link ({fast / base - 1:+.1%}): "
       f"the link's share {delay / fast - 1:+.1%}")

@@ -22,6 +22,7 @@
 
 #include "../../common/cerr.h"
 #include "../../common/le.h"
+#include "../../trainer/gateway/fragments.h"
 #include "../../trainer/gateway/outer_msg.h"
 #include "../../trainer/gateway/wan_codec.h"
 #include "../../trainer/gateway/wan_msg.h"
@@ -66,9 +67,11 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
     case M_JOIN: {
         if (len < 2) return 0;
         size_t s = le_get(b, 2);
-        if (len != 2 + s + 32 || !region_ok(b + 2, s)) return 0;
+        if (len != 2 + s + 40 || !region_ok(b + 2, s)) return 0;
         uint64_t index = le_get(b + 2 + s, 4), n_regions = le_get(b + 6 + s, 4);
-        return n_regions >= 1 && n_regions <= WAN_MAX_REGIONS && index < n_regions;
+        uint64_t fragment = le_get(b + 34 + s, 4), n_fragments = le_get(b + 38 + s, 4);
+        return n_regions >= 1 && n_regions <= WAN_MAX_REGIONS && index < n_regions &&
+               n_fragments >= 1 && n_fragments <= OUTER_MAX_FRAGMENTS && fragment < n_fragments;
     }
     case M_PART: {
         if (len < 24) return 0;
@@ -86,20 +89,21 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
     }
     case M_STATE_OK: return arg <= WAN_STATE_SLICE && len == 16 + 4 * arg;
     case M_PUSH: {
-        if (len < 48) return 0;
-        uint64_t n_params = le_get(b + 24, 8), offset = le_get(b + 32, 8), count = le_get(b + 40, 8);
+        if (len < 50) return 0;
+        uint64_t n_params = le_get(b + 26, 8), offset = le_get(b + 34, 8), count = le_get(b + 42, 8);
         return n_params == arg && offset <= arg && count <= arg - offset && count <= OUTER_SLICE &&
-               len == 48 + 4 * count;
+               len == 50 + 4 * count;
     }
     case M_PULL: {
-        if (len != 24) return 0;
-        uint64_t offset = le_get(b + 8, 8), count = le_get(b + 16, 8);
+        if (len != 26) return 0;
+        uint64_t offset = le_get(b + 10, 8), count = le_get(b + 18, 8);
         return offset <= arg && count <= arg - offset && count <= OUTER_SLICE;
     }
     default: /* M_PULL_OK */
-        if (len < 30 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
+        if (len < 32 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
         if (le_get(b + 28, 2) < 1 || le_get(b + 26, 2) >= le_get(b + 28, 2)) return 0;
-        return len == 30 + (b[24] ? 4 * arg : 0);
+        if (le_get(b + 30, 2) < 1 || le_get(b + 30, 2) > OUTER_MAX_FRAGMENTS) return 0;
+        return len == 32 + (b[24] ? 4 * arg : 0);
     }
 }
 
@@ -140,8 +144,12 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         const uint8_t *f = b + 2 + s;
         FUZZ_CHECK(d->join.index == le_get(f, 4) && d->join.n_regions == le_get(f + 4, 4) &&
                        d->join.n_params == le_get(f + 8, 8) && d->join.round == le_get(f + 16, 8) &&
-                       d->join.digest == le_get(f + 24, 8),
+                       d->join.digest == le_get(f + 24, 8) && d->join.fragment == le_get(f + 32, 4) &&
+                       d->join.n_fragments == le_get(f + 36, 4),
                    "JOIN fields differ from their bytes");
+        FUZZ_CHECK(d->join.n_fragments >= 1 && d->join.n_fragments <= OUTER_MAX_FRAGMENTS &&
+                       d->join.fragment < d->join.n_fragments,
+                   "fragment %u of %u accepted", d->join.fragment, d->join.n_fragments);
         break;
     }
     case M_PART:
@@ -179,19 +187,20 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         break;
     case M_PUSH: {
         const outer_push *q = &d->push;
-        FUZZ_CHECK(q->round == le_get(b, 8) && q->inner_step == le_get(b + 8, 8) &&
-                       q->tokens == le_get(b + 16, 8) && q->n_params == le_get(b + 24, 8) &&
-                       q->offset == le_get(b + 32, 8) && q->count == le_get(b + 40, 8),
+        FUZZ_CHECK(q->fragment == le_get(b, 2) && q->round == le_get(b + 2, 8) &&
+                       q->inner_step == le_get(b + 10, 8) && q->tokens == le_get(b + 18, 8) &&
+                       q->n_params == le_get(b + 26, 8) && q->offset == le_get(b + 34, 8) &&
+                       q->count == le_get(b + 42, 8),
                    "PUSH fields differ");
         FUZZ_CHECK(q->n_params == arg && q->offset + q->count <= arg && q->count <= OUTER_SLICE &&
-                       q->floats == b + 48 && len == 48 + 4 * q->count,
+                       q->floats == b + 50 && len == 50 + 4 * q->count,
                    "PUSH slice [%llu, +%llu) of %llu, floats at %td of %zu", (unsigned long long)q->offset,
                    (unsigned long long)q->count, (unsigned long long)arg, q->floats - b, len);
         break;
     }
     case M_PULL:
-        FUZZ_CHECK(d->pull.round == le_get(b, 8) && d->pull.offset == le_get(b + 8, 8) &&
-                       d->pull.count == le_get(b + 16, 8),
+        FUZZ_CHECK(d->pull.fragment == le_get(b, 2) && d->pull.round == le_get(b + 2, 8) &&
+                       d->pull.offset == le_get(b + 10, 8) && d->pull.count == le_get(b + 18, 8),
                    "PULL fields differ");
         FUZZ_CHECK(d->pull.offset + d->pull.count <= arg && d->pull.count <= OUTER_SLICE, "PULL slice past n");
         break;
@@ -199,12 +208,14 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         const outer_pull_ok *a = &d->pull_ok;
         FUZZ_CHECK(a->done == le_get(b, 8) && a->digest == le_get(b + 8, 8) && a->wan_bytes == le_get(b + 16, 8) &&
                        a->ready == b[24] && a->pushed == b[25] && a->region == le_get(b + 26, 2) &&
-                       a->regions == le_get(b + 28, 2),
+                       a->regions == le_get(b + 28, 2) && a->fragments == le_get(b + 30, 2),
                    "PULL_OK fields differ");
+        FUZZ_CHECK(a->fragments >= 1 && a->fragments <= OUTER_MAX_FRAGMENTS, "PULL_OK %u fragments",
+                   a->fragments);
         FUZZ_CHECK(a->ready <= 1 && a->pushed <= 1 && arg <= OUTER_SLICE, "PULL_OK ready %u pushed %u count %llu",
                    a->ready, a->pushed, (unsigned long long)arg);
         FUZZ_CHECK(a->region < a->regions, "PULL_OK region %u of %u", a->region, a->regions);
-        FUZZ_CHECK(a->ready ? a->floats == b + 30 && len == 30 + 4 * arg : !a->floats && len == 30,
+        FUZZ_CHECK(a->ready ? a->floats == b + 32 && len == 32 + 4 * arg : !a->floats && len == 32,
                    "PULL_OK floats %td, ready %u, %zu bytes", a->floats ? a->floats - b : -1, a->ready, len);
     }
     }

@@ -322,7 +322,7 @@ static void wan_msg_seeds(void)
     static const uint8_t message[40] = "CWAN\001\002\000\010 a q8 message's first bytes";
     wire_writer w;
     wire_writer_init(&w, 4096);
-    wan_join j = {"eu-west-1.b_2", 1, 3, n, 8, 0x00112233aabbccddull};
+    wan_join j = {"eu-west-1.b_2", 1, 3, n, 8, 0x00112233aabbccddull, 1, 2};
     wan_msg_put_join(&w, &j);
     wan_msg_seed("join", JOIN, 0, &w);
     w.len = 0;
@@ -343,16 +343,16 @@ static void wan_msg_seeds(void)
     wan_msg_put_state_ok(&w, 8, 0x00112233aabbccddull, x, 4);
     wan_msg_seed("state-ok", STATE_OK, 4, &w);
     w.len = 0;
-    outer_push q = {3, 300, 65536, n, 994, 6, NULL};
+    outer_push q = {1, 3, 300, 65536, n, 994, 6, NULL};
     outer_msg_put_push(&w, &q, x);
     wan_msg_seed("push", PUSH, n, &w);
     w.len = 0;
-    outer_pull pl = {3, 994, 6};
+    outer_pull pl = {1, 3, 994, 6};
     outer_msg_put_pull(&w, &pl);
     wan_msg_seed("pull", PULL, n, &w);
     w.len = 0;
     outer_pull_ok a = {.done = 3, .digest = 0x00112233aabbccddull, .wan_bytes = 123456789,
-                       .ready = 1, .pushed = 1, .region = 1, .regions = 2};
+                       .ready = 1, .pushed = 1, .region = 1, .regions = 2, .fragments = 2};
     outer_msg_put_pull_ok(&w, &a, x, 6);
     wan_msg_seed("pull-ok", PULL_OK, 6, &w);
     w.len = 0;

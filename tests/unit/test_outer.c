@@ -1,7 +1,9 @@
 /* The outer optimizer and the outer sync's messages (region side and WAN). */
 #include <string.h>
 
+#include "../../trainer/gateway/fragments.h"
 #include "../../trainer/gateway/outer_msg.h"
+#include "../../trainer/gateway/sync_params.h"
 #include "../../trainer/gateway/wan_msg.h"
 #include "../../trainer/optim/outer.h"
 #include "test.h"
@@ -40,13 +42,16 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     float x[5] = {1, 2, 3, 4, 5};
     wire_writer w;
     wire_writer_init(&w, 1 << 20);
-    const outer_push q = {.round = 3, .inner_step = 30, .tokens = 640, .n_params = 10,
-                          .offset = 5, .count = 5};
+    const outer_push q = {.fragment = 1, .round = 3, .inner_step = 30, .tokens = 640,
+                          .n_params = 10, .offset = 5, .count = 5};
     outer_msg_put_push(&w, &q, x);
     wire_reader r;
     outer_push g;
     wire_reader_init(&r, w.data, w.len);
+    ASSERT_EQ(outer_msg_peek_fragment(&r), 1);
+    ASSERT_EQ(r.pos, 0); /* peeking consumes nothing */
     ASSERT_OK(outer_msg_get_push(&r, 10, &g));
+    ASSERT_EQ(g.fragment, 1);
     ASSERT_EQ(g.round, 3);
     ASSERT_EQ(g.tokens, 640);
     ASSERT(memcmp(g.floats, x, sizeof x) == 0);
@@ -59,7 +64,7 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     wire_writer_free(&w);
     /* a slice past the end */
     wire_writer_init(&w, 1 << 20);
-    const outer_pull bad = {1, 8, 5};
+    const outer_pull bad = {0, 1, 8, 5};
     outer_msg_put_pull(&w, &bad);
     outer_pull p;
     wire_reader_init(&r, w.data, w.len);
@@ -70,24 +75,94 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     /* PULL_OK, ready and not */
     wire_writer_init(&w, 1 << 20);
     const outer_pull_ok a = {.done = 2, .digest = 0xabc, .wan_bytes = 99, .ready = 1,
-                             .region = 2, .regions = 3};
+                             .region = 2, .regions = 3, .fragments = 4};
     outer_msg_put_pull_ok(&w, &a, x, 5);
     outer_pull_ok b;
     wire_reader_init(&r, w.data, w.len);
     ASSERT_OK(outer_msg_get_pull_ok(&r, 5, &b));
     ASSERT(b.ready && b.done == 2 && b.digest == 0xabc && b.wan_bytes == 99);
-    ASSERT(b.region == 2 && b.regions == 3);
+    ASSERT(b.region == 2 && b.regions == 3 && b.fragments == 4);
     ASSERT(memcmp(b.floats, x, sizeof x) == 0);
     wire_reader_init(&r, w.data, w.len);
     ASSERT(outer_msg_get_pull_ok(&r, 4, &b) != 0);
     wire_writer_free(&w);
-    /* a region index outside the region count: refused */
-    const outer_pull_ok outside = {.done = 2, .region = 3, .regions = 3};
-    wire_writer_init(&w, 64);
-    outer_msg_put_pull_ok(&w, &outside, NULL, 0);
-    wire_reader_init(&r, w.data, w.len);
-    ASSERT(outer_msg_get_pull_ok(&r, 0, &b) != 0);
-    wire_writer_free(&w);
+    /* a region index outside the region count, no fragment or too many: refused */
+    const outer_pull_ok outside[] = {{.done = 2, .region = 3, .regions = 3, .fragments = 1},
+                                     {.done = 2, .region = 0, .regions = 3, .fragments = 0},
+                                     {.done = 2, .region = 0, .regions = 3,
+                                      .fragments = OUTER_MAX_FRAGMENTS + 1}};
+    for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
+        wire_writer_init(&w, 64);
+        outer_msg_put_pull_ok(&w, &outside[i], NULL, 0);
+        wire_reader_init(&r, w.data, w.len);
+        ASSERT(outer_msg_get_pull_ok(&r, 0, &b) != 0);
+        wire_writer_free(&w);
+    }
+    /* too short to name a fragment */
+    const uint8_t one = 0;
+    wire_reader_init(&r, &one, 1);
+    ASSERT_EQ(outer_msg_peek_fragment(&r), -1);
+}
+
+TEST(fragments_cover_the_parameters_once_and_push_at_distinct_steps)
+{
+    /* The ranges tile [0, m) in order, near-equal, for awkward m and every P. */
+    const uint64_t ms[] = {1, 7, 8, 1000003, (uint64_t)1 << 40};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (int p = 1; p <= OUTER_MAX_FRAGMENTS; p++) {
+            if ((uint64_t)p > ms[i]) continue;
+            uint64_t at = 0;
+            for (int f = 0; f < p; f++) {
+                uint64_t lo, hi;
+                outer_fragment_range(ms[i], p, f, &lo, &hi);
+                ASSERT_EQ(lo, at);
+                ASSERT(hi > lo && hi - lo <= ms[i] / (uint64_t)p + 1);
+                at = hi;
+            }
+            ASSERT_EQ(at, ms[i]);
+        }
+    /* Leads: the last fragment pushes at multiples of H, the others before it, all apart. */
+    ASSERT_EQ(outer_fragment_lead(50, 1, 0), 0);
+    ASSERT_EQ(outer_fragment_lead(50, 2, 0), 25);
+    ASSERT_EQ(outer_fragment_lead(50, 2, 1), 0);
+    ASSERT_EQ(outer_fragment_lead(10, 4, 0), 7);
+    ASSERT_EQ(outer_fragment_lead(10, 4, 1), 5);
+    ASSERT_EQ(outer_fragment_lead(10, 4, 2), 2);
+    ASSERT_EQ(outer_fragment_lead(4, 4, 0), 3);
+    for (int h = OUTER_MAX_FRAGMENTS; h < 40; h++)
+        for (int p = 1; p <= OUTER_MAX_FRAGMENTS; p++)
+            for (int f = 0; f + 1 < p; f++)
+                ASSERT(outer_fragment_lead(h, p, f) > outer_fragment_lead(h, p, f + 1) &&
+                       outer_fragment_lead(h, p, f) < (uint64_t)h);
+    /* One fragment: its digest is the state's own; several: a digest of them, in order. */
+    const uint64_t d[2] = {5, 9}, e[2] = {9, 5};
+    ASSERT_EQ(outer_fragments_digest(d, 1), 5);
+    ASSERT(outer_fragments_digest(d, 2) != outer_fragments_digest(e, 2));
+}
+
+TEST(sync_params_slice_selects_the_packed_range)
+{
+    /* Spans {0,4} {10,3} {20,5} (12 floats): [2, 9) is 2..3, 10..12, 20..21. */
+    gpt_span spans[3] = {{0, 4}, {10, 3}, {20, 5}};
+    const sync_params all = {spans, 3, 12};
+    sync_params s;
+    cirrus_error err = {0};
+    ASSERT_OK(sync_params_slice(&all, 2, 9, &s, &err));
+    ASSERT_EQ(s.count, 7);
+    ASSERT_EQ(s.n_spans, 3);
+    ASSERT(s.spans[0].offset == 2 && s.spans[0].count == 2);
+    ASSERT(s.spans[1].offset == 10 && s.spans[1].count == 3);
+    ASSERT(s.spans[2].offset == 20 && s.spans[2].count == 2);
+    float model[25], packed[12], back[25];
+    for (int i = 0; i < 25; i++) model[i] = (float)i;
+    sync_params_pack(&s, model, packed);
+    ASSERT(packed[0] == 2 && packed[2] == 10 && packed[5] == 20 && packed[6] == 21);
+    memset(back, 0, sizeof back);
+    sync_params_unpack(&s, packed, back);
+    ASSERT(back[3] == 3 && back[12] == 12 && back[21] == 21 && back[4] == 0 && back[22] == 0);
+    sync_params_free(&s);
+    ASSERT(sync_params_slice(&all, 5, 5, &s, &err) == CIRRUS_EINVAL); /* empty */
+    ASSERT(sync_params_slice(&all, 0, 13, &s, &err) == CIRRUS_EINVAL); /* past the end */
 }
 
 TEST(wan_msg_join_part_done_round_trip_and_refusals)
@@ -95,14 +170,30 @@ TEST(wan_msg_join_part_done_round_trip_and_refusals)
     wire_writer w;
     wire_reader r;
     wire_writer_init(&w, 1 << 20);
-    wan_join j = {.index = 1, .n_regions = 2, .n_params = 1000, .round = 4, .digest = 7};
+    wan_join j = {.index = 1, .n_regions = 2, .n_params = 1000, .round = 4, .digest = 7,
+                  .fragment = 2, .n_fragments = 3};
     strcpy(j.region, "eu-west");
     wan_msg_put_join(&w, &j);
     wan_join g;
     wire_reader_init(&r, w.data, w.len);
     ASSERT_OK(wan_msg_get_join(&r, &g));
     ASSERT(strcmp(g.region, "eu-west") == 0 && g.index == 1 && g.round == 4 && g.digest == 7);
+    ASSERT(g.fragment == 2 && g.n_fragments == 3);
     wire_writer_free(&w);
+    /* a fragment outside the fragment count, or a count outside 1..OUTER_MAX_FRAGMENTS */
+    const uint32_t frags[][2] = {{3, 3}, {0, 0}, {0, OUTER_MAX_FRAGMENTS + 1}};
+    for (size_t i = 0; i < sizeof frags / sizeof frags[0]; i++) {
+        wan_join b = j;
+        b.fragment = frags[i][0];
+        b.n_fragments = frags[i][1];
+        wire_writer_init(&w, 1 << 10);
+        wan_msg_put_join(&w, &b);
+        wire_reader_init(&r, w.data, w.len);
+        ASSERT(wan_msg_get_join(&r, &g) != 0);
+        wire_writer_free(&w);
+    }
+    j.fragment = 0;
+    j.n_fragments = 1;
     j.index = 2; /* index past the region count */
     wire_writer_init(&w, 1 << 20);
     wan_msg_put_join(&w, &j);

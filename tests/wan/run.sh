@@ -67,6 +67,37 @@ else
     bad overlap_ran; tail -20 "$tmp/ov.err"
 fi
 
+# 2f. Staggered fragments (--fragments 2, Streaming DiLoCo): each half of the parameters is
+#     an outer sync of its own; fragment 0 pushes 5 steps before each multiple of H = 10,
+#     fragment 1 at it, so the WAN carries half the bytes at a time. Both regions log the
+#     same digest for every (fragment, round), each fragment completes its own rounds, the
+#     merges happen within each fragment's window, and both end with the same learned model.
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 40 --sync-every 10 --codec q8 \
+    --fragments 2 --sync-delay 2 --json >"$tmp/frag.json" 2>"$tmp/frag.err"; then
+    f0=$(final_of "$tmp/frag.json" r0) f1=$(final_of "$tmp/frag.json" r1)
+    # "round fragment digest" per region, from the gateways' logs
+    rounds() { sed -n "s/.*local $1.*outer round \([0-9]*\) done.*digest \([0-9a-f]*\),.*(fragment \([0-9]\) of 2)\$/\1 \3 \2/p" "$tmp/frag.err" | sort; }
+    g0=$(rounds r0) g1=$(rounds r1)
+    # (step, pushed at, fragment) of every merge: fragment 0 pushes at 5, 15, 25, 35 (and 40,
+    # the last step, which waits), fragment 1 at 10, 20, 30 (and 40): 7 merges a region
+    pushes=$(sed -n 's/.*merged at inner step \([0-9]*\) (pushed at \([0-9]*\)) (fragment \([0-9]\) of 2).*/\1 \2 \3/p' "$tmp/frag.err")
+    v0=$(field val_loss "$f0")
+    if [ -n "$(field digest "$f0")" ] && [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f0")" = 4 ] && [ "$g0" = "$g1" ] &&
+        [ "$(grep -c ' 0 ' <<<"$g0")" -eq 5 ] && [ "$(grep -c ' 1 ' <<<"$g0")" -eq 4 ] &&
+        [ "$(wc -l <<<"$pushes")" -eq 14 ] &&
+        awk '{ if ($2 % 10 != ($3 == 0 ? 5 : 0) || $1 < $2 + 2 || $1 > $2 + 10) bad = 1 } END { exit bad }' <<<"$pushes" &&
+        awk -v v="$v0" 'BEGIN { exit !(v > 0 && v < 4.0) }'; then
+        ok fragments_sync_staggered_and_end_one_model
+    else
+        bad fragments_sync_staggered_and_end_one_model; echo "r0: $f0"; echo "r1: $f1"
+        echo "rounds r0: $(tr '\n' ';' <<<"$g0")"; echo "rounds r1: $(tr '\n' ';' <<<"$g1")"
+        echo "merges (step, pushed at, fragment): $(tr '\n' ';' <<<"$pushes")"; tail -3 "$tmp/frag.err"
+    fi
+else
+    bad fragments_ran; tail -20 "$tmp/frag.err"
+fi
+
 # 2e. --wan-mbit: each gateway sends at most that (TLS included). Capped at 4 Mbit/s, every
 #     fp32 message (~474 KB) crosses at 4.4 Mbit/s or less, and no faster than the model's
 #     size allows (~0.9 s). With --codec auto and 1 Mbit/s at H = 20 (a window of a few tenths

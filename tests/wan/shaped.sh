@@ -125,7 +125,7 @@ def s16(s):
     return struct.pack("<H", len(s)) + s.encode()
 
 HELLO = frame(1, struct.pack("<HI", 8, 0) + s16(job))           # a gateway's HELLO
-JOIN_AS_R0 = frame(WAN_JOIN, s16("r0") + struct.pack("<IIQQQ", 0, 2, 1, 0, 0))
+JOIN_AS_R0 = frame(WAN_JOIN, s16("r0") + struct.pack("<IIQQQII", 0, 2, 1, 0, 0, 0, 1))
 TRUNCATED = frame(1, struct.pack("<HI", 8, 0) + s16(job), claim=200)[:40]
 
 def tls_context(cert_dir):

@@ -33,7 +33,7 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
                             .n_params = n_params,
                             .opt = {.lr = w->outer_lr, .momentum = w->outer_momentum},
                             .tls = tls, .round_timeout_ms = w->sync_timeout_s * 1000,
-                            .sync_every = w->sync_every,
+                            .sync_every = w->sync_every, .fragments = w->fragments,
                             .wan_max_Bps = (double)w->wan_mbit * 1e6 / 8};
     if (!strcmp(w->codec, "auto")) {
         o.codec_auto = 1;

@@ -19,9 +19,10 @@ typedef struct wan_flags {
     int sync_delay;         /* local: inner steps the regions train on while a round runs */
     const char *sync_params; /* gateway/sync_params.h */
     float wan_mbit;         /* what the gateway may send on the WAN, Mbit/s; 0: no limit */
+    int fragments;          /* the synchronised parameters cut into this many (fragments.h) */
 } wan_flags;
 
-#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, "all", 0}
+#define WAN_FLAGS_DEFAULTS {0, "q8", OUTER_DEFAULT_LR, OUTER_DEFAULT_MOMENTUM, 0, 600, 0, "all", 0, 1}
 
 /* The flag table's entries (shared by local, gateway and client). */
 #define WAN_FLAGS(w)                                                                          \
@@ -47,6 +48,11 @@ typedef struct wan_flags {
         {"wan-mbit", FLAG_FLOAT, &(w).wan_mbit, 0, 1000000,                                   \
          "cap what each gateway sends on the WAN, in Mbit/s, TLS included (a link's rate "    \
          "for --codec auto to adapt to; 0: no cap; default 0)",                               \
+         0},                                                                                  \
+        {"fragments", FLAG_INT, &(w).fragments, 1, OUTER_MAX_FRAGMENTS,                       \
+         "cut the synchronised parameters into this many groups of layers, each synchronised " \
+         "on its own at staggered times within the --sync-every window, spreading the WAN "   \
+         "traffic over it (Streaming DiLoCo; every region's gateway alike; default 1)",       \
          0}
 
 /* The gateway's outer sync over its WAN listening socket listen_fd (or the address of its

@@ -1,5 +1,9 @@
-/* outer_internal: the outer sync's shared state (outer_sync.c: rounds and the region's
- * requests; wan_link.c: the connections to the other gateways). */
+/* outer_internal: the outer sync's shared state. The synchronised parameters are cut
+ * into fragments (--fragments, Streaming DiLoCo); each is an independent lane of outer
+ * steps — its own global state, rounds, codec choice and WAN connections — and the lanes
+ * of a gateway share its WAN port, its pacer and its /status (outer_sync.c: the lanes, the
+ * region's requests, the group; outer_round.c: a lane's rounds; wan_link.c: a lane's
+ * connections to the other gateways, and the shared acceptor). */
 #ifndef CIRRUS_OUTER_INTERNAL_H
 #define CIRRUS_OUTER_INTERNAL_H
 
@@ -10,6 +14,8 @@
 #include "../net/conn.h"
 #include "../net/pacer.h"
 #include "outer_sync.h"
+
+typedef struct outer_lane outer_lane;
 
 /* One region's message of one round, as it arrives (or, for this region, as sent). */
 typedef struct round_slot {
@@ -37,7 +43,10 @@ typedef struct wan_peer {
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */
 } wan_peer;
 
-struct outer_sync {
+struct outer_lane {
+    outer_sync *group;         /* the gateway's lanes; borrowed */
+    int fragment;              /* this lane's index among them */
+    char lane_name[48];        /* " (fragment f of P)" in its logs; "" with one lane */
     outer_sync_options o;
     char job[WIRE_JOB_ID_MAX + 1];
     char names[WAN_MAX_REGIONS][WAN_REGION_MAX + 1];
@@ -58,10 +67,11 @@ struct outer_sync {
      * and the address it came from. */
     struct receiver_slot {
         net_conn *c;
-        int from;
+        int from, fragment;
         int64_t since_ms;
         char addr[64];
-    } rslot[64];
+    } *rslot;
+    int n_rslot;               /* the acceptor's lane (fragment 0) holds every lane's */
     /* Global state: theta and outer momentum after round `round` (-1: none yet). */
     float *theta, *mom;
     int64_t round;
@@ -96,6 +106,14 @@ struct outer_sync {
     double last_sync_s, last_duration_s;
 };
 
+/* The gateway: its lanes, one per fragment of the synchronised parameters. */
+struct outer_sync {
+    int n_lanes;
+    outer_lane *lane[OUTER_MAX_FRAGMENTS];
+    net_pacer *pacer;          /* --wan-mbit, shared by every lane's connections */
+    atomic_ullong wan_bytes;   /* sent and received on every lane's WAN sockets */
+};
+
 /* outer_sync.c */
 double outer_wall_s(void);
 uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n);
@@ -104,20 +122,20 @@ uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n);
 void *outer_round_main(void *arg);
 
 /* wan_link.c */
-int wan_link_start(outer_sync *os, cirrus_error *err); /* the acceptor */
-void wan_link_stop(outer_sync *os);                    /* waits for receivers */
+int wan_link_start(outer_lane *os, cirrus_error *err); /* the acceptor */
+void wan_link_stop(outer_lane *os);                    /* waits for receivers */
 /* Stopping: the sockets of the sends in progress are shut down, so that no send waits out
  * its deadline on a slow or cut link. */
-void wan_link_interrupt(outer_sync *os);
+void wan_link_interrupt(outer_lane *os);
 /* Send this region's message of `round` to region j until it is acknowledged, the round's
  * deadline passes or the gateway stops. */
-int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
                   uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err);
 /* Connect to every other region not connected (their JOINs update round_seen). */
-void wan_link_probe(outer_sync *os, int64_t deadline_ms);
+void wan_link_probe(outer_lane *os, int64_t deadline_ms);
 /* Region j's global state of a round >= min_round (asked again until it has one, or the
  * deadline), checked against its digest, into theta and mom (n floats each). */
-int wan_link_fetch_state(outer_sync *os, int j, int64_t min_round, int64_t deadline_ms,
+int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadline_ms,
                          float *theta, float *mom, int64_t *round, uint64_t *digest,
                          cirrus_error *err);
 

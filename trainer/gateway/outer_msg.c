@@ -2,14 +2,23 @@
 #include "outer_msg.h"
 
 #include "../../common/cerr.h"
+#include "fragments.h"
 
 static int slice_ok(uint64_t n, uint64_t offset, uint64_t count)
 {
     return offset <= n && count <= n - offset && count <= OUTER_SLICE;
 }
 
+int outer_msg_peek_fragment(const wire_reader *r)
+{
+    wire_reader peek = *r;
+    const uint16_t f = wire_get_u16(&peek);
+    return peek.failed ? -1 : f;
+}
+
 void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x)
 {
+    wire_put_u16(w, q->fragment);
     wire_put_u64(w, q->round);
     wire_put_u64(w, q->inner_step);
     wire_put_u64(w, q->tokens);
@@ -21,6 +30,7 @@ void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x)
 
 int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
 {
+    q->fragment = wire_get_u16(r);
     q->round = wire_get_u64(r);
     q->inner_step = wire_get_u64(r);
     q->tokens = wire_get_u64(r);
@@ -36,6 +46,7 @@ int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
 
 void outer_msg_put_pull(wire_writer *w, const outer_pull *q)
 {
+    wire_put_u16(w, q->fragment);
     wire_put_u64(w, q->round);
     wire_put_u64(w, q->offset);
     wire_put_u64(w, q->count);
@@ -43,6 +54,7 @@ void outer_msg_put_pull(wire_writer *w, const outer_pull *q)
 
 int outer_msg_get_pull(wire_reader *r, uint64_t n, outer_pull *q)
 {
+    q->fragment = wire_get_u16(r);
     q->round = wire_get_u64(r);
     q->offset = wire_get_u64(r);
     q->count = wire_get_u64(r);
@@ -59,6 +71,7 @@ void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *
     wire_put_bytes(w, &a->pushed, 1);
     wire_put_u16(w, a->region);
     wire_put_u16(w, a->regions);
+    wire_put_u16(w, a->fragments);
     if (a->ready && x) wire_put_bytes(w, x, (size_t)count * sizeof(float));
 }
 
@@ -75,7 +88,10 @@ int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
     a->pushed = *pb;
     a->region = wire_get_u16(r);
     a->regions = wire_get_u16(r);
-    if (r->failed || a->regions < 1 || a->region >= a->regions) return CIRRUS_ECORRUPT;
+    a->fragments = wire_get_u16(r);
+    if (r->failed || a->regions < 1 || a->region >= a->regions || a->fragments < 1 ||
+        a->fragments > OUTER_MAX_FRAGMENTS)
+        return CIRRUS_ECORRUPT;
     if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
         return CIRRUS_ECORRUPT;
     return wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;

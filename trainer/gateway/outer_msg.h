@@ -3,19 +3,23 @@
  * WIRE_ERROR). Every length and offset is checked against the model's parameter count
  * before use.
  *
- *   PUSH   u64 round, u64 inner_step, u64 tokens, u64 n_params, u64 offset, u64 count,
+ * Every request starts with u16 fragment: the fragment of the parameters it is about
+ * (fragments.h; 0 with one fragment); offsets and counts are within that fragment.
+ *
+ *   PUSH   u16 fragment, u64 round, u64 inner_step, u64 tokens, u64 n_params, u64 offset, u64 count,
  *          count f32 -> OK: empty.
  *          The region's parameters after inner step `inner_step`, slice by slice (at most
  *          OUTER_SLICE floats a frame). Round 0 carries the initial parameters (the
  *          gateway adopts them as the global ones, or keeps those it has); round k >= 1
  *          starts outer step k once its last slice is in. tokens: what the region trained
  *          on since the last round (the weight of its pseudo-gradient).
- *   PULL   u64 round, u64 offset, u64 count -> OK: u64 done (the latest completed round),
+ *   PULL   u16 fragment, u64 round, u64 offset, u64 count -> OK: u64 done (the latest completed round),
  *          u64 digest (of the global parameters and momentum after it), u64 wan_bytes
  *          (sent and received on the gateway's WAN sockets so far), u8 ready, u8 pushed
  *          (the gateway holds this region's push of `round`, or is past it), u16 region,
  *          u16 regions (the region's index among the job's regions, and their number:
- *          the client reads that shard of the data), then, if ready (done >= round),
+ *          the client reads that shard of the data), u16 fragments (how many the gateway
+ *          cuts the parameters into), then, if ready (done >= round),
  *          count f32 of the global parameters at offset.
  */
 #ifndef CIRRUS_OUTER_MSG_H
@@ -39,11 +43,13 @@ enum outer_msg {
 #define OUTER_REQUEST_LIMIT ((uint32_t)(OUTER_SLICE * 4 + 256))
 
 typedef struct outer_push {
+    uint16_t fragment;
     uint64_t round, inner_step, tokens, n_params, offset, count;
     const uint8_t *floats; /* get: count f32 inside the payload, possibly unaligned */
 } outer_push;
 
 typedef struct outer_pull {
+    uint16_t fragment;
     uint64_t round, offset, count;
 } outer_pull;
 
@@ -51,11 +57,15 @@ typedef struct outer_pull_ok {
     uint64_t done, digest, wan_bytes;
     uint8_t ready, pushed;
     uint16_t region, regions; /* get: regions >= 1, region < regions */
+    uint16_t fragments;       /* get: 1..OUTER_MAX_FRAGMENTS */
     const uint8_t *floats;    /* get: count f32 if ready, else NULL */
 } outer_pull_ok;
 
+/* The fragment a request is about, read without consuming it; -1 when the payload is too
+ * short to say. */
+int outer_msg_peek_fragment(const wire_reader *r);
 /* Put writes x[0..count) after the head. Get refuses a slice outside n_params, over
- * OUTER_SLICE, a count the payload does not hold exactly, and n_params other than n. */
+ * OUTER_SLICE, a count the payload does not hold exactly, and n_params other than n (the fragment's floats). */
 void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x);
 int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q);
 void outer_msg_put_pull(wire_writer *w, const outer_pull *q);

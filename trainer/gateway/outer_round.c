@@ -42,7 +42,7 @@
                                       * later global state before it takes the region's */
 
 /* Sleep on the condition for up to 100 ms. Under mu. */
-static void wait_a_while(outer_sync *os)
+static void wait_a_while(outer_lane *os)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -54,7 +54,7 @@ static void wait_a_while(outer_sync *os)
 /* How long a round may wait for the other regions: 4x the longest of the last rounds'
  * waits plus 2 s, at least ROUND_DEADLINE_MIN_MS, at most --sync-timeout-s; the timeout
  * itself before any round was seen. Under mu. */
-static int64_t round_deadline_ms(const outer_sync *os)
+static int64_t round_deadline_ms(const outer_lane *os)
 {
     if (os->n_waits == 0) return os->o.round_timeout_ms;
     double worst = 0;
@@ -66,7 +66,7 @@ static int64_t round_deadline_ms(const outer_sync *os)
 }
 
 typedef struct send_job {
-    outer_sync *os;
+    outer_lane *os;
     int j;
     uint64_t round, len, tokens, prev_digest;
     const uint8_t *msg;
@@ -97,7 +97,7 @@ static void *send_main(void *arg)
  * --sync-timeout-s on a restarted gateway), and no one sends it again: send it now, from
  * this thread, the one that sends to j, for at most another span_ms. Under mu (released
  * while sending). */
-static void deliver_late(outer_sync *os, uint64_t k, const send_job *jobs, int64_t span_ms)
+static void deliver_late(outer_lane *os, uint64_t k, const send_job *jobs, int64_t span_ms)
 {
     const round_slot *own = &os->slot[k & 1][os->o.region_index];
     for (int j = 0; j < os->o.n_regions && !atomic_load(&os->stopping); j++) {
@@ -124,7 +124,7 @@ static void deliver_late(outer_sync *os, uint64_t k, const send_job *jobs, int64
  * span_ms. A region whose message is on the wire is not lost, however slow its link has
  * become; the round waits for it (up to --sync-timeout-s) rather than going on without it
  * and leaving two regions with different global states to repair. Under mu. */
-static int still_arriving(const outer_sync *os, uint64_t k, int64_t span_ms)
+static int still_arriving(const outer_lane *os, uint64_t k, int64_t span_ms)
 {
     const int64_t now = net_now_ms();
     for (int r = 0; r < os->o.n_regions; r++) {
@@ -137,7 +137,7 @@ static int still_arriving(const outer_sync *os, uint64_t k, int64_t span_ms)
 
 /* Whether the round can be finished: every region's message is in, or every present
  * (not absent) region's is and absent ones had their grace. Under mu. */
-static int round_ready(const outer_sync *os, uint64_t k, int64_t started_ms)
+static int round_ready(const outer_lane *os, uint64_t k, int64_t started_ms)
 {
     const int graced = net_now_ms() - started_ms > ROUND_ABSENT_GRACE_MS;
     for (int r = 0; r < os->o.n_regions; r++) {
@@ -150,7 +150,7 @@ static int round_ready(const outer_sync *os, uint64_t k, int64_t started_ms)
 
 /* The digest most of round k's messages carry (ties: the lowest region's), and in
  * *winner_region a region that carries it. Under mu. */
-static uint64_t winning_digest(const outer_sync *os, uint64_t k, int *winner_region)
+static uint64_t winning_digest(const outer_lane *os, uint64_t k, int *winner_region)
 {
     uint64_t best = os->digest;
     int best_votes = -1;
@@ -174,7 +174,7 @@ static uint64_t winning_digest(const outer_sync *os, uint64_t k, int *winner_reg
 
 /* Average the present regions' deltas of round k (decoded from their bytes, in region
  * order, weighted by tokens) and take the outer step. Under mu. */
-static int take_step(outer_sync *os, uint64_t k, float *avg, float *dec, int *present,
+static int take_step(outer_lane *os, uint64_t k, float *avg, float *dec, int *present,
                      cirrus_error *err)
 {
     double tokens = 0.0;
@@ -200,7 +200,7 @@ static int take_step(outer_sync *os, uint64_t k, float *avg, float *dec, int *pr
 }
 
 /* Take region j's global state (of a round >= min_round) as ours. Not under mu. */
-static int adopt_from(outer_sync *os, int j, int64_t min_round, int64_t deadline,
+static int adopt_from(outer_lane *os, int j, int64_t min_round, int64_t deadline,
                       const char *why)
 {
     float *theta = malloc(os->n * sizeof(float)), *mom = malloc(os->n * sizeof(float));
@@ -235,7 +235,7 @@ static int adopt_from(outer_sync *os, int j, int64_t min_round, int64_t deadline
 
 /* A region two or more rounds ahead of us (or with state when we have none): we missed
  * rounds; take its state. */
-static void catch_up(outer_sync *os, int startup)
+static void catch_up(outer_lane *os, int startup)
 {
     pthread_mutex_lock(&os->mu);
     int best = -1;
@@ -263,7 +263,7 @@ static void catch_up(outer_sync *os, int startup)
  * region's compute time between syncs: the time since its last push, less the time it then
  * waited for that round (a blocking sync, or one longer than --sync-delay). Counting that
  * wait would let a slow sync make its own window longer. Under mu. */
-static void choose_codec(outer_sync *os)
+static void choose_codec(outer_lane *os)
 {
     const double now = outer_wall_s();
     if (os->last_push_s > 0) {
@@ -282,8 +282,10 @@ static void choose_codec(outer_sync *os)
         if (slowest == 0 || pe->rate_Bps < slowest) slowest = pe->rate_Bps;
     }
     const int was = os->rung;
-    os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s, os->codec_why,
-                            sizeof os->codec_why);
+    /* The lanes' messages share the link, each in its own slot of the window: a lane's
+     * must cross in its share of it. */
+    os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s / os->group->n_lanes,
+                            os->codec_why, sizeof os->codec_why);
     adapt_rung(os->rung, &os->o.codec);
     if (os->rung != was)
         log_info("outer round %lld: codec %s", (long long)os->round + 1, os->codec_why);
@@ -292,7 +294,7 @@ static void choose_codec(outer_sync *os)
 /* Whether some region has completed round k + 1 or later: it is past round k for good, and
  * will not send its message of k (a region one round ahead may still be: it sent it before
  * completing k). Under mu. */
-static int others_past(const outer_sync *os, uint64_t k)
+static int others_past(const outer_lane *os, uint64_t k)
 {
     for (int r = 0; r < os->o.n_regions; r++)
         if (r != os->o.region_index && os->peer[r].round_seen >= (int64_t)k + 1) return 1;
@@ -302,7 +304,7 @@ static int others_past(const outer_sync *os, uint64_t k)
 /* Whether some region completed round k without this one and refused our message of it
  * (send_main: WAN_LEFT_OUT): its result is the job's, and no other region's message of k
  * is worth waiting for. Under mu. */
-static int left_out_of(const outer_sync *os, uint64_t k)
+static int left_out_of(const outer_lane *os, uint64_t k)
 {
     for (int r = 0; r < os->o.n_regions; r++)
         if (r != os->o.region_index && os->peer[r].left_us_out >= (int64_t)k) return 1;
@@ -310,7 +312,7 @@ static int left_out_of(const outer_sync *os, uint64_t k)
 }
 
 /* One round, from the region's push to the new global state. Called and returns under mu. */
-static void run_round(outer_sync *os, float *delta, float *residual, float *avg, float *dec)
+static void run_round(outer_lane *os, float *delta, float *residual, float *avg, float *dec)
 {
     const size_t n = os->n;
     const uint64_t k = (uint64_t)os->round + 1;
@@ -452,10 +454,10 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
     char codec_name[48];
     wan_codec_format(&codec, codec_name, sizeof codec_name);
     log_info("outer round %llu done in %.2f s (%lld ms on the WAN): digest %016llx, "
-             "%zu-byte delta, WAN bytes %llu sent, %llu received; codec %s, window %.2f s",
+             "%zu-byte delta, WAN bytes %llu sent, %llu received; codec %s, window %.2f s%s",
              (unsigned long long)k, os->last_duration_s, (long long)(net_now_ms() - t0),
              (unsigned long long)os->digest, len, (unsigned long long)os->wan_sent,
-             (unsigned long long)os->wan_received, codec_name, os->window_s);
+             (unsigned long long)os->wan_received, codec_name, os->window_s, os->lane_name);
     pthread_cond_broadcast(&os->changed);
     deliver_late(os, k, jobs, deadline - t0);
 }
@@ -468,7 +470,7 @@ static void run_round(outer_sync *os, float *delta, float *residual, float *avg,
  * held) becomes that of outer step client_ahead - 1, so the region's push is the next
  * round's, and training goes on. Regions that reseed differently are made one model by
  * the next round's digests (outer_sync.h). Under mu; 1 if it reseeded. */
-static int reseed_if_alone(outer_sync *os, int64_t behind_since_ms)
+static int reseed_if_alone(outer_lane *os, int64_t behind_since_ms)
 {
     if (os->round < 0) return 0; /* the client pushes round 0 first */
     for (int r = 0; r < os->o.n_regions; r++)
@@ -487,7 +489,7 @@ static int reseed_if_alone(outer_sync *os, int64_t behind_since_ms)
 
 void *outer_round_main(void *arg)
 {
-    outer_sync *os = arg;
+    outer_lane *os = arg;
     const size_t n = os->n;
     float *delta = malloc(n * sizeof(float)), *residual = calloc(n, sizeof(float));
     float *avg = malloc(n * sizeof(float)), *dec = malloc(n * sizeof(float));

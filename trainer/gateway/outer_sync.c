@@ -1,5 +1,6 @@
-/* outer_sync: see outer_sync.h. This file holds the global state, the region's requests
- * and the rounds; wan_link.c the connections to the other gateways. */
+/* outer_sync: see outer_sync.h. This file holds the lanes' global state and the region's
+ * requests, and the group of lanes a gateway is; outer_round.c a lane's rounds; wan_link.c
+ * its connections to the other gateways. */
 #include "outer_internal.h"
 
 #include <stdio.h>
@@ -38,7 +39,7 @@ uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n)
 /* PUSH: the region's parameters, in order, slice by slice. A slice at offset 0 starts the
  * push again (the client retried). Round 0 is the initial state: adopted if this gateway
  * has none, else ignored (a client that restarted: it pulls the global state next). */
-static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *err)
+static int serve_push(outer_lane *os, wire_reader *r, int *drop, cirrus_error *err)
 {
     outer_push q;
     if (outer_msg_get_push(r, os->n, &q)) {
@@ -100,7 +101,7 @@ static int serve_push(outer_sync *os, wire_reader *r, int *drop, cirrus_error *e
     return rc;
 }
 
-static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *drop,
+static int serve_pull(outer_lane *os, wire_reader *r, wire_writer *reply, int *drop,
                       cirrus_error *err)
 {
     outer_pull q;
@@ -116,12 +117,13 @@ static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *d
     }
     const outer_pull_ok a = {.done = os->round < 0 ? 0 : (uint64_t)os->round,
                              .digest = os->digest,
-                             .wan_bytes = os->wan_sent + os->wan_received,
+                             .wan_bytes = atomic_load(&os->group->wan_bytes),
                              .ready = os->round >= 0 && (uint64_t)os->round >= q.round,
                              .pushed = (os->round >= 0 && (uint64_t)os->round >= q.round) ||
                                        (os->push_ready && os->push_round == q.round),
                              .region = (uint16_t)os->o.region_index,
-                             .regions = (uint16_t)os->o.n_regions};
+                             .regions = (uint16_t)os->o.n_regions,
+                             .fragments = (uint16_t)os->group->n_lanes};
     outer_msg_put_pull_ok(reply, &a, os->theta + q.offset, q.count);
     pthread_mutex_unlock(&os->mu);
     return 0;
@@ -130,9 +132,16 @@ static int serve_pull(outer_sync *os, wire_reader *r, wire_writer *reply, int *d
 int outer_sync_serve(void *ctx, uint16_t type, const uint8_t *p, size_t n, wire_writer *reply,
                      int *drop, cirrus_error *err)
 {
-    outer_sync *os = ctx;
+    outer_sync *g = ctx;
     wire_reader r;
     wire_reader_init(&r, p, n);
+    const int f = outer_msg_peek_fragment(&r);
+    if (f < 0 || f >= g->n_lanes) {
+        *drop = 1;
+        return cirrus_fail(err, CIRRUS_ECORRUPT, "outer request for fragment %d of %d", f,
+                           g->n_lanes);
+    }
+    outer_lane *os = g->lane[f];
     switch (type) {
     case OUTER_PUSH: return serve_push(os, &r, drop, err);
     case OUTER_PULL: return serve_pull(os, &r, reply, drop, err);
@@ -142,7 +151,71 @@ int outer_sync_serve(void *ctx, uint16_t type, const uint8_t *p, size_t n, wire_
     }
 }
 
-/* ---- life ---- */
+/* ---- a lane's life ---- */
+
+/* Lane f of group g over n floats: its state, not yet its threads. */
+static int lane_new(outer_sync *g, const outer_sync_options *o, int f, uint64_t n,
+                    outer_lane **out, cirrus_error *err)
+{
+    outer_lane *os = calloc(1, sizeof *os);
+    if (!os) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the outer sync");
+    *out = os;
+    os->group = g;
+    os->fragment = f;
+    if (g->n_lanes > 1)
+        snprintf(os->lane_name, sizeof os->lane_name, " (fragment %d of %d)", f, g->n_lanes);
+    os->o = *o;
+    snprintf(os->job, sizeof os->job, "%s", o->job);
+    os->o.job = os->job;
+    for (int r = 0; r < o->n_regions; r++) os->peer[r].round_seen = os->peer[r].left_us_out = -1;
+    for (int r = 0; r < o->n_regions; r++) {
+        snprintf(os->names[r], sizeof os->names[r], "%s", o->region_names[r]);
+        snprintf(os->addrs[r], sizeof os->addrs[r], "%s", o->wan_addrs[r]);
+    }
+    os->n = n;
+    os->rung = ADAPT_START_RUNG;
+    snprintf(os->codec_why, sizeof os->codec_why, "%s", o->codec_auto ? "not measured yet" : "fixed by --codec");
+    /* Any codec's message for n floats fits the plain fp32 one with zstd's worst case. */
+    const wan_codec_params widest = {.id = WAN_CODEC_NONE, .zstd = 1};
+    os->max_message = wan_encode_bound(os->n, &widest);
+    os->round = -1;
+    os->lfd = f == 0 ? o->listen_fd : -1;
+    os->pacer = g->pacer;
+    pthread_mutex_init(&os->mu, NULL);
+    pthread_cond_init(&os->changed, NULL);
+    os->theta = malloc(os->n * sizeof(float));
+    os->mom = calloc(os->n, sizeof(float));
+    os->region = malloc(os->n * sizeof(float));
+    if (!os->theta || !os->mom || !os->region)
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %llu parameters",
+                           (unsigned long long)os->n);
+    return 0;
+}
+
+/* Tell the lane's threads to stop and wake them. */
+static void lane_interrupt(outer_lane *os)
+{
+    atomic_store(&os->stopping, 1);
+    pthread_mutex_lock(&os->mu);
+    pthread_cond_broadcast(&os->changed);
+    pthread_mutex_unlock(&os->mu);
+    wan_link_interrupt(os);
+}
+
+static void lane_free(outer_lane *os)
+{
+    if (!os) return;
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < WAN_MAX_REGIONS; r++) free(os->slot[p][r].bytes);
+    free(os->theta);
+    free(os->mom);
+    free(os->region);
+    pthread_cond_destroy(&os->changed);
+    pthread_mutex_destroy(&os->mu);
+    free(os);
+}
+
+/* ---- the gateway: its lanes ---- */
 
 int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error *err)
 {
@@ -153,105 +226,110 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
                            o->region_index, o->n_regions, WAN_MAX_REGIONS);
     if (!o->job || strlen(o->job) > WIRE_JOB_ID_MAX || o->n_params == 0)
         return cirrus_fail(err, CIRRUS_EINVAL, "outer sync: a job id and a model are needed");
-    outer_sync *os = calloc(1, sizeof *os);
-    if (!os) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the outer sync");
-    os->o = *o;
-    snprintf(os->job, sizeof os->job, "%s", o->job);
-    os->o.job = os->job;
-    for (int r = 0; r < o->n_regions; r++) os->peer[r].round_seen = os->peer[r].left_us_out = -1;
-    for (int r = 0; r < o->n_regions; r++) {
-        if (strlen(o->region_names[r]) > WAN_REGION_MAX ||
-            strlen(o->wan_addrs[r]) >= sizeof os->addrs[r]) {
-            free(os);
+    const int lanes = o->fragments ? o->fragments : 1;
+    if (lanes < 1 || lanes > OUTER_MAX_FRAGMENTS || (uint64_t)lanes > o->n_params)
+        return cirrus_fail(err, CIRRUS_EINVAL, "--fragments %d: 1 to %d, and at most one per "
+                           "synchronised parameter", lanes, OUTER_MAX_FRAGMENTS);
+    if (o->sync_every > 0 && o->sync_every < lanes)
+        return cirrus_fail(err, CIRRUS_EINVAL, "--fragments %d needs --sync-every %d or more: "
+                           "each fragment pushes at an inner step of its own", lanes, lanes);
+    for (int r = 0; r < o->n_regions; r++)
+        if (strlen(o->region_names[r]) > WAN_REGION_MAX || strlen(o->wan_addrs[r]) >= 280)
             return cirrus_fail(err, CIRRUS_EINVAL, "region %d: name or address too long", r);
-        }
-        snprintf(os->names[r], sizeof os->names[r], "%s", o->region_names[r]);
-        snprintf(os->addrs[r], sizeof os->addrs[r], "%s", o->wan_addrs[r]);
-    }
-    if (os->o.round_timeout_ms <= 0) os->o.round_timeout_ms = 600000;
-    os->n = o->n_params;
-    os->rung = ADAPT_START_RUNG;
-    snprintf(os->codec_why, sizeof os->codec_why, "%s", o->codec_auto ? "not measured yet" : "fixed by --codec");
-    /* Any codec's message for n floats fits the plain fp32 one with zstd's worst case. */
-    const wan_codec_params widest = {.id = WAN_CODEC_NONE, .zstd = 1};
-    os->max_message = wan_encode_bound(os->n, &widest);
-    os->round = -1;
-    os->lfd = o->listen_fd;
-    pthread_mutex_init(&os->mu, NULL);
-    pthread_cond_init(&os->changed, NULL);
-    os->theta = malloc(os->n * sizeof(float));
-    os->mom = calloc(os->n, sizeof(float));
-    os->region = malloc(os->n * sizeof(float));
-    int rc = os->theta && os->mom && os->region
-                 ? 0
-                 : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for %llu parameters",
-                               (unsigned long long)os->n);
-    if (!rc && o->wan_max_Bps > 0 && !(os->pacer = net_pacer_new(o->wan_max_Bps)))
+    outer_sync *g = calloc(1, sizeof *g);
+    if (!g) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the outer sync");
+    g->n_lanes = lanes;
+    outer_sync_options lo = *o;
+    if (lo.round_timeout_ms <= 0) lo.round_timeout_ms = 600000;
+    int rc = 0;
+    if (o->wan_max_Bps > 0 && !(g->pacer = net_pacer_new(o->wan_max_Bps)))
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the WAN pacer");
-    if (!rc) rc = wan_link_start(os, err);
+    /* Every lane exists before the acceptor starts: a connection's JOIN may name any. */
+    for (int f = 0; f < lanes && !rc; f++) {
+        uint64_t lo_f, hi_f;
+        outer_fragment_range(o->n_params, lanes, f, &lo_f, &hi_f);
+        rc = lane_new(g, &lo, f, hi_f - lo_f, &g->lane[f], err);
+    }
+    if (!rc) rc = wan_link_start(g->lane[0], err);
     /* One region alone runs its rounds too (on its own delta): the same code path. */
-    if (!rc) {
+    for (int f = 0; f < lanes && !rc; f++) {
+        outer_lane *os = g->lane[f];
         if (pthread_create(&os->worker, NULL, outer_round_main, os) == 0) os->worker_started = 1;
         else rc = cirrus_fail(err, CIRRUS_ENOMEM, "cannot start the outer sync thread");
     }
     if (rc) {
-        outer_sync_stop(os);
+        outer_sync_stop(g);
         return rc;
     }
-    *out = os;
+    *out = g;
     return 0;
 }
 
-void outer_sync_stop(outer_sync *os)
+void outer_sync_stop(outer_sync *g)
 {
-    if (!os) return;
-    atomic_store(&os->stopping, 1);
-    pthread_mutex_lock(&os->mu);
-    pthread_cond_broadcast(&os->changed);
-    pthread_mutex_unlock(&os->mu);
-    wan_link_interrupt(os);
-    if (os->worker_started) pthread_join(os->worker, NULL);
-    wan_link_stop(os);
-    for (int p = 0; p < 2; p++)
-        for (int r = 0; r < WAN_MAX_REGIONS; r++) free(os->slot[p][r].bytes);
-    free(os->theta);
-    free(os->mom);
-    free(os->region);
-    net_pacer_free(os->pacer); /* after every connection is closed */
-    pthread_cond_destroy(&os->changed);
-    pthread_mutex_destroy(&os->mu);
-    free(os);
+    if (!g) return;
+    for (int f = 0; f < g->n_lanes; f++)
+        if (g->lane[f]) lane_interrupt(g->lane[f]);
+    for (int f = 0; f < g->n_lanes; f++)
+        if (g->lane[f] && g->lane[f]->worker_started) pthread_join(g->lane[f]->worker, NULL);
+    /* The first lane's receivers may serve any lane: every lane lives until they end. */
+    for (int f = 0; f < g->n_lanes; f++)
+        if (g->lane[f]) wan_link_stop(g->lane[f]);
+    for (int f = 0; f < g->n_lanes; f++) lane_free(g->lane[f]);
+    net_pacer_free(g->pacer); /* after every connection is closed */
+    free(g);
 }
 
+/* The gateway's outer step, as /status says it: the latest every fragment has completed,
+ * with one digest of all fragments' states; bytes and counts summed over the lanes; the
+ * codec and the links as the first lane sees them (every lane sees the same links). */
 int outer_sync_view(void *ctx, coord_outer_view *v)
 {
-    outer_sync *os = ctx;
+    outer_sync *g = ctx;
     memset(v, 0, sizeof *v);
-    v->sync_every = (uint32_t)os->o.sync_every;
-    pthread_mutex_lock(&os->mu);
-    wan_codec_format(&os->o.codec, v->codec, sizeof v->codec);
-    snprintf(v->codec_reason, sizeof v->codec_reason, "%s", os->codec_why);
-    v->step = os->round;
-    v->digest = os->digest;
-    v->wan_sent = os->wan_sent;
-    v->wan_received = os->wan_received;
-    v->payload_sent = os->payload_sent;
-    v->digest_mismatches = os->mismatches;
-    v->wan_refused = atomic_load(&os->refused);
-    v->wan_dropped = atomic_load(&os->dropped);
-    v->last_sync_unix_s = os->last_sync_s;
-    v->last_duration_s = os->last_duration_s;
-    for (int r = 0; r < os->o.n_regions && v->n_links < COORD_OUTER_LINKS; r++) {
-        if (r == os->o.region_index) continue;
-        uint32_t i = v->n_links++;
-        snprintf(v->links[i].region, sizeof v->links[i].region, "%s", os->names[r]);
-        v->links[i].up = os->peer[r].up;
-        snprintf(v->links[i].last_error, sizeof v->links[i].last_error, "%s",
-                 os->peer[r].last_error);
-        v->links[i].rate_Bps = os->peer[r].rate_Bps;
-        v->links[i].last_bytes = os->peer[r].last_bytes;
-        v->links[i].last_send_s = os->peer[r].last_send_s;
+    uint64_t digests[OUTER_MAX_FRAGMENTS];
+    v->step = INT64_MAX;
+    for (int f = 0; f < g->n_lanes; f++) {
+        outer_lane *os = g->lane[f];
+        pthread_mutex_lock(&os->mu);
+        v->sync_every = (uint32_t)os->o.sync_every;
+        if (f == 0) {
+            wan_codec_format(&os->o.codec, v->codec, sizeof v->codec);
+            snprintf(v->codec_reason, sizeof v->codec_reason, "%s", os->codec_why);
+        }
+        v->step = os->round < v->step ? os->round : v->step;
+        digests[f] = os->digest;
+        v->wan_sent += os->wan_sent;
+        v->wan_received += os->wan_received;
+        v->payload_sent += os->payload_sent;
+        v->digest_mismatches += os->mismatches;
+        v->wan_refused += atomic_load(&os->refused);
+        v->wan_dropped += atomic_load(&os->dropped);
+        if (os->last_sync_s > v->last_sync_unix_s) {
+            v->last_sync_unix_s = os->last_sync_s;
+            v->last_duration_s = os->last_duration_s;
+        }
+        uint32_t i = 0;
+        for (int r = 0; r < os->o.n_regions && i < COORD_OUTER_LINKS; r++) {
+            if (r == os->o.region_index) continue;
+            if (f == 0) {
+                snprintf(v->links[i].region, sizeof v->links[i].region, "%s", os->names[r]);
+                v->links[i].up = os->peer[r].up;
+                v->links[i].rate_Bps = os->peer[r].rate_Bps;
+                v->links[i].last_send_s = os->peer[r].last_send_s;
+            }
+            /* Up when every lane's connection is; the first error any lane saw. */
+            v->links[i].up &= os->peer[r].up;
+            if (!v->links[i].last_error[0])
+                snprintf(v->links[i].last_error, sizeof v->links[i].last_error, "%s",
+                         os->peer[r].last_error);
+            v->links[i].last_bytes += os->peer[r].last_bytes;
+            i++;
+        }
+        v->n_links = i;
+        pthread_mutex_unlock(&os->mu);
     }
-    pthread_mutex_unlock(&os->mu);
+    if (v->step < 0) v->step = -1;
+    v->digest = outer_fragments_digest(digests, g->n_lanes);
     return 0;
 }

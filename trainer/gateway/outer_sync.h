@@ -14,9 +14,14 @@
  * that a difference is seen (and logged, and counted) instead of trained on. The client
  * PULLs the new global parameters and installs them on its stage peers.
  *
- * Threads: one accepts WAN connections and starts a receiver per connection; one runs the
- * rounds, with a sender per other region while a round's message goes out. Everything
- * shared is under one mutex.
+ * With --fragments P the parameters are cut into P fragments synchronised at staggered
+ * times (fragments.h); each is a lane: all of the above, on its own slice of the
+ * parameters. The lanes share the WAN port (a connection's JOIN names its fragment), the
+ * --wan-mbit pacer and /status; the region's requests name their fragment.
+ *
+ * Threads: one accepts WAN connections and starts a receiver per connection; one per lane
+ * runs its rounds, with a sender per other region while a round's message goes out.
+ * Everything a lane shares is under its mutex.
  */
 #ifndef CIRRUS_OUTER_SYNC_H
 #define CIRRUS_OUTER_SYNC_H
@@ -29,6 +34,7 @@
 #include "../net/wire.h"
 #include "../optim/outer.h"
 #include "../swarm/coord/snapshot.h"
+#include "fragments.h"
 #include "wan_codec.h"
 #include "wan_msg.h"
 
@@ -38,7 +44,8 @@ typedef struct outer_sync_options {
     const char *const *region_names;    /* [n_regions] */
     const char *const *wan_addrs;       /* [n_regions] HOST:PORT of each gateway's WAN port */
     int listen_fd;                      /* >= 0: listen on this bound socket (taken over) */
-    uint64_t n_params;
+    uint64_t n_params;                  /* synchronised, all fragments together */
+    int fragments;                      /* 1..OUTER_MAX_FRAGMENTS (0: 1) */
     outer_options opt;
     wan_codec_params codec;
     int codec_auto;                     /* choose the codec per round from the links (adapt.h) */
@@ -56,7 +63,7 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
 void outer_sync_stop(outer_sync *os);
 
 /* The coordinator extension handler (coordinator_options.ext_handler, ctx = the
- * outer_sync): PUSH and PULL from the region's leader client. */
+ * outer_sync): PUSH and PULL from the region's leader client, each for one fragment. */
 int outer_sync_serve(void *ctx, uint16_t type, const uint8_t *p, size_t n, wire_writer *reply,
                      int *drop, cirrus_error *err);
 

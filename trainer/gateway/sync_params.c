@@ -65,6 +65,27 @@ void sync_params_free(sync_params *sp)
     memset(sp, 0, sizeof *sp);
 }
 
+int sync_params_slice(const sync_params *sp, uint64_t lo, uint64_t hi, sync_params *out,
+                      cirrus_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (lo >= hi || hi > sp->count)
+        return cirrus_fail(err, CIRRUS_EINVAL, "slice [%llu, %llu) of %zu synchronised floats",
+                           (unsigned long long)lo, (unsigned long long)hi, sp->count);
+    if (!(out->spans = malloc(sp->n_spans * sizeof out->spans[0])))
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    uint64_t at = 0; /* packed offset of span i */
+    for (size_t i = 0; i < sp->n_spans; at += sp->spans[i].count, i++) {
+        const uint64_t a = at > lo ? at : lo, end = at + sp->spans[i].count,
+                       b = end < hi ? end : hi;
+        if (a >= b) continue;
+        out->spans[out->n_spans++] = (gpt_span){sp->spans[i].offset + (size_t)(a - at),
+                                                (size_t)(b - a)};
+        out->count += (size_t)(b - a);
+    }
+    return 0;
+}
+
 void sync_params_pack(const sync_params *sp, const float *model, float *packed)
 {
     for (size_t i = 0; i < sp->n_spans; i++) {

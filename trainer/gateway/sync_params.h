@@ -28,6 +28,10 @@ typedef struct sync_params {
 int sync_params_parse(const char *spec, const gpt_config *cfg, sync_params *out,
                       cirrus_error *err);
 void sync_params_free(sync_params *sp);
+/* The packed floats [lo, hi) of sp as a selection of their own (a fragment, fragments.h);
+ * CIRRUS_EINVAL for an empty or out-of-range slice. */
+int sync_params_slice(const sync_params *sp, uint64_t lo, uint64_t hi, sync_params *out,
+                      cirrus_error *err);
 /* Copy the selected floats of a whole-model buffer into packed[count], and back. */
 void sync_params_pack(const sync_params *sp, const float *model, float *packed);
 void sync_params_unpack(const sync_params *sp, const float *packed, float *model);

@@ -39,26 +39,27 @@
 #define WAN_MAX_HANDSHAKES 16
 #define WAN_HANDSHAKES_PER_ADDR 4
 #define WAN_RECEIVERS_PER_REGION 2
-#define WAN_MAX_RECEIVERS (WAN_MAX_HANDSHAKES + WAN_RECEIVERS_PER_REGION * WAN_MAX_REGIONS)
-_Static_assert(WAN_MAX_RECEIVERS <= sizeof ((outer_sync *)0)->rslot /
-                                         sizeof ((outer_sync *)0)->rslot[0],
-               "a slot per receiver");
+/* ... per lane: a connection serves one fragment. */
+#define WAN_MAX_RECEIVERS(lanes) \
+    (WAN_MAX_HANDSHAKES + WAN_RECEIVERS_PER_REGION * WAN_MAX_REGIONS * (lanes))
 
 /* Bytes this connection moved since last counted, added to the totals. Under mu. */
-static void count_bytes(outer_sync *os, net_conn *c, uint64_t *seen_sent, uint64_t *seen_recv)
+static void count_bytes(outer_lane *os, net_conn *c, uint64_t *seen_sent, uint64_t *seen_recv)
 {
     uint64_t s = 0, r = 0;
     net_conn_bytes(c, &s, &r);
     os->wan_sent += s - *seen_sent;
     os->wan_received += r - *seen_recv;
+    atomic_fetch_add(&os->group->wan_bytes, (s - *seen_sent) + (r - *seen_recv));
     *seen_sent = s;
     *seen_recv = r;
 }
 
-static wan_join my_join(outer_sync *os)
+static wan_join my_join(outer_lane *os)
 {
     wan_join j = {.index = (uint32_t)os->o.region_index, .n_regions = (uint32_t)os->o.n_regions,
-                  .n_params = os->n};
+                  .n_params = os->n, .fragment = (uint32_t)os->fragment,
+                  .n_fragments = (uint32_t)os->group->n_lanes};
     snprintf(j.region, sizeof j.region, "%s", os->names[os->o.region_index]);
     pthread_mutex_lock(&os->mu);
     j.round = os->round < 0 ? WAN_NO_ROUND : (uint64_t)os->round;
@@ -69,7 +70,7 @@ static wan_join my_join(outer_sync *os)
 
 /* The other end's JOIN must fit this job's layout: the region it names at the index it
  * names, (with TLS) the region its certificate names, and the same model. */
-static int check_join(outer_sync *os, const wan_join *j, const char *cert_region,
+static int check_join(outer_lane *os, const wan_join *j, const char *cert_region,
                       cirrus_error *err)
 {
     if (j->n_regions != (uint32_t)os->o.n_regions || j->index == (uint32_t)os->o.region_index ||
@@ -80,6 +81,11 @@ static int check_join(outer_sync *os, const wan_join *j, const char *cert_region
     if (cert_region && strcmp(cert_region, j->region) != 0)
         return cirrus_fail(err, CIRRUS_EMISMATCH, "gateway of region '%s' says it is region "
                            "'%s'", cert_region, j->region);
+    if (j->n_fragments != (uint32_t)os->group->n_lanes || j->fragment != (uint32_t)os->fragment)
+        return cirrus_fail(err, CIRRUS_EMISMATCH, "region '%s' cuts the parameters into %u "
+                           "fragments (this is its fragment %u), this one into %d (fragment %d)",
+                           j->region, j->n_fragments, j->fragment, os->group->n_lanes,
+                           os->fragment);
     if (j->n_params != os->n)
         return cirrus_fail(err, CIRRUS_EMISMATCH, "region '%s' trains %llu parameters, this "
                            "one %llu", j->region, (unsigned long long)j->n_params,
@@ -110,7 +116,7 @@ static void keep_alive(net_conn *c)
 
 /* What region j said of its latest round (JOIN). It is back: the next rounds wait for it
  * again (up to their learned deadline), not just the short grace of an absent region. */
-static void note_round(outer_sync *os, int j, uint64_t round)
+static void note_round(outer_lane *os, int j, uint64_t round)
 {
     pthread_mutex_lock(&os->mu);
     os->peer[j].round_seen = round == WAN_NO_ROUND ? -1 : (int64_t)round;
@@ -121,7 +127,8 @@ static void note_round(outer_sync *os, int j, uint64_t round)
 /* ---- the receiving side ---- */
 
 typedef struct receiver {
-    outer_sync *os;
+    outer_lane *home; /* the acceptor's lane: the receiver's slot */
+    outer_lane *os;   /* the lane its JOIN named (home until then) */
     net_conn *c;
     int from; /* the region at the other end, once it JOINed */
     int slot; /* its index in os->rslot */
@@ -137,7 +144,7 @@ typedef struct receiver {
 
 /* A PART of region rv->from's message, whose first byte arrived at frame_ms: kept if it
  * continues what has arrived. Under mu. */
-static int take_part(outer_sync *os, int from, const wan_part *p, int64_t frame_ms,
+static int take_part(outer_lane *os, int from, const wan_part *p, int64_t frame_ms,
                      cirrus_error *err)
 {
     const uint64_t base = os->round < 0 ? 0 : (uint64_t)os->round;
@@ -164,7 +171,7 @@ static int take_part(outer_sync *os, int from, const wan_part *p, int64_t frame_
 
 /* DONE: the message must be whole and hash right; then the round holds it, and
  * *receive_ms says how long it took to arrive. Under mu. */
-static int take_done(outer_sync *os, int from, const wan_done *d, uint64_t *receive_ms,
+static int take_done(outer_lane *os, int from, const wan_done *d, uint64_t *receive_ms,
                      cirrus_error *err)
 {
     *receive_ms = 0;
@@ -217,7 +224,7 @@ static int take_done(outer_sync *os, int from, const wan_done *d, uint64_t *rece
 
 /* STATE: a slice of our global state (parameters, then momentum), with its round and
  * digest, from the fetch's snapshot. Called and returns under mu; sends outside it. */
-static int serve_state(outer_sync *os, receiver *rv, const wire_header *h, wire_reader *r,
+static int serve_state(outer_lane *os, receiver *rv, const wire_header *h, wire_reader *r,
                        cirrus_error *err)
 {
     net_conn *c = rv->c;
@@ -263,14 +270,15 @@ static int left_ms(int64_t deadline)
     return d < 1 ? 1 : (int)d;
 }
 
-/* A JOIN of region j on receiver slot `slot`: the slot is the region's from now on; its
- * oldest other connection goes when it holds WAN_RECEIVERS_PER_REGION already. Under mu. */
-static void slot_joined(outer_sync *os, int slot, int j)
+/* A JOIN of region j for fragment f on receiver slot `slot`: the slot is the region's from
+ * now on; its oldest other connection of that fragment goes when it holds
+ * WAN_RECEIVERS_PER_REGION already. os: the acceptor's lane, under its mu. */
+static void slot_joined(outer_lane *os, int slot, int j, int f)
 {
     int held = 0, oldest = -1;
-    for (int i = 0; i < WAN_MAX_RECEIVERS; i++) {
+    for (int i = 0; i < os->n_rslot; i++) {
         const struct receiver_slot *s = &os->rslot[i];
-        if (i == slot || !s->c || s->from != j) continue;
+        if (i == slot || !s->c || s->from != j || s->fragment != f) continue;
         held++;
         if (oldest < 0 || s->since_ms < os->rslot[oldest].since_ms) oldest = i;
     }
@@ -280,12 +288,13 @@ static void slot_joined(outer_sync *os, int slot, int j)
         shutdown(net_fd(os->rslot[oldest].c), SHUT_RDWR); /* its receiver ends */
     }
     os->rslot[slot].from = j;
+    os->rslot[slot].fragment = f;
     os->rslot[slot].since_ms = net_now_ms();
 }
 
 static int receive_handshake(receiver *rv, cirrus_error *err)
 {
-    outer_sync *os = rv->os;
+    outer_lane *os = rv->home;
     char cert_region[WAN_REGION_MAX + 1] = "";
     /* One deadline for the whole handshake: a peer sending it a byte at a time must not
      * hold a slot for the sum of the steps' timeouts. */
@@ -309,6 +318,8 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
         if (h.type != WAN_JOIN || wan_msg_get_join(&r, &j))
             rc = cirrus_fail(err, CIRRUS_ECORRUPT, "expected a JOIN");
     }
+    if (!rc && j.n_fragments == (uint32_t)os->group->n_lanes) /* check_join checks it */
+        os = rv->os = os->group->lane[j.fragment];
     if (!rc) rc = check_join(os, &j, os->o.tls ? cert_region : NULL, err);
     if (!rc) note_round(os, (int)j.index, j.round);
     if (rc) {
@@ -325,15 +336,15 @@ static int receive_handshake(receiver *rv, cirrus_error *err)
     wire_writer_free(&w);
     rv->from = (int)j.index;
     if (!rc) {
-        pthread_mutex_lock(&os->mu);
-        slot_joined(os, rv->slot, rv->from);
-        pthread_mutex_unlock(&os->mu);
+        pthread_mutex_lock(&rv->home->mu);
+        slot_joined(rv->home, rv->slot, rv->from, os->fragment);
+        pthread_mutex_unlock(&rv->home->mu);
     }
     return rc;
 }
 
 /* A connection refused at accept or in its handshake: counted, logged sampled by kind. */
-static void refused(outer_sync *os, const char *from, const char *why)
+static void refused(outer_lane *os, const char *from, const char *why)
 {
     atomic_fetch_add(&os->refused, 1);
     log_warn_sampled(log_kind(&os->refusals_seen, why), "outer: refused WAN connection from %s: %s",
@@ -343,12 +354,12 @@ static void refused(outer_sync *os, const char *from, const char *why)
 static void *receive_main(void *arg)
 {
     receiver *rv = arg;
-    outer_sync *os = rv->os;
     cirrus_error err = {0};
     net_set_max_payload(rv->c, WAN_PART_BYTES + 256);
     keep_alive(rv->c);
     int rc = receive_handshake(rv, &err);
-    if (rc) refused(os, net_peer_name(rv->c), err.msg);
+    if (rc) refused(rv->home, net_peer_name(rv->c), err.msg);
+    outer_lane *const os = rv->os; /* the lane the JOIN named */
     while (!rc && !atomic_load(&os->stopping)) {
         struct pollfd pfd = {.fd = net_fd(rv->c), .events = POLLIN};
         if (!net_pending(rv->c)) { /* TLS may hold a decrypted record already */
@@ -410,10 +421,13 @@ static void *receive_main(void *arg)
     }
     pthread_mutex_lock(&os->mu);
     count_bytes(os, rv->c, &rv->seen_sent, &rv->seen_recv);
-    os->rslot[rv->slot].c = NULL;
-    os->receivers--;
-    pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
+    outer_lane *home = rv->home;
+    pthread_mutex_lock(&home->mu);
+    home->rslot[rv->slot].c = NULL;
+    home->receivers--;
+    pthread_cond_broadcast(&home->changed);
+    pthread_mutex_unlock(&home->mu);
     net_close(rv->c);
     free(rv->snap);
     free(rv);
@@ -422,7 +436,7 @@ static void *receive_main(void *arg)
 
 static void *accept_main(void *arg)
 {
-    outer_sync *os = arg;
+    outer_lane *os = arg;
     while (!atomic_load(&os->stopping)) {
         net_conn *c = NULL;
         cirrus_error err = {0};
@@ -441,7 +455,7 @@ static void *accept_main(void *arg)
         if (colon) *colon = '\0';
         pthread_mutex_lock(&os->mu);
         int slot = -1, handshaking = 0, from_addr = 0;
-        for (int i = 0; i < WAN_MAX_RECEIVERS; i++) {
+        for (int i = 0; i < os->n_rslot; i++) {
             const struct receiver_slot *s = &os->rslot[i];
             if (!s->c) {
                 if (slot < 0) slot = i;
@@ -458,7 +472,8 @@ static void *accept_main(void *arg)
                               : NULL;
         if (!why) {
             os->receivers++;
-            os->rslot[slot] = (struct receiver_slot){.c = c, .from = -1, .since_ms = net_now_ms()};
+            os->rslot[slot] = (struct receiver_slot){.c = c, .from = -1, .fragment = -1,
+                                                     .since_ms = net_now_ms()};
             snprintf(os->rslot[slot].addr, sizeof os->rslot[slot].addr, "%s", addr);
         }
         pthread_mutex_unlock(&os->mu);
@@ -467,7 +482,7 @@ static void *accept_main(void *arg)
         pthread_attr_t attr;
         int ok = 0;
         if (rv && pthread_attr_init(&attr) == 0) {
-            *rv = (receiver){.os = os, .c = c, .from = 0, .slot = slot};
+            *rv = (receiver){.home = os, .os = os, .c = c, .from = 0, .slot = slot};
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
             ok = pthread_create(&th, &attr, receive_main, rv) == 0;
             pthread_attr_destroy(&attr);
@@ -486,8 +501,12 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-int wan_link_start(outer_sync *os, cirrus_error *err)
+int wan_link_start(outer_lane *os, cirrus_error *err)
 {
+    if (os->fragment > 0) return 0; /* the first lane accepts every lane's connections */
+    os->n_rslot = WAN_MAX_RECEIVERS(os->group->n_lanes);
+    if (!(os->rslot = calloc((size_t)os->n_rslot, sizeof os->rslot[0])))
+        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the WAN receivers");
     if (os->lfd < 0) {
         char host[256];
         int port, bound;
@@ -502,7 +521,7 @@ int wan_link_start(outer_sync *os, cirrus_error *err)
     return 0;
 }
 
-void wan_link_stop(outer_sync *os)
+void wan_link_stop(outer_lane *os)
 {
     atomic_store(&os->stopping, 1);
     if (os->acceptor_started) pthread_join(os->acceptor, NULL);
@@ -512,13 +531,16 @@ void wan_link_stop(outer_sync *os)
     for (int j = 0; j < WAN_MAX_REGIONS; j++)
         if (os->peer[j].out) net_close(os->peer[j].out);
     if (os->lfd >= 0) close(os->lfd);
+    os->lfd = -1;
+    free(os->rslot);
+    os->rslot = NULL;
 }
 
 /* ---- the sending side ---- */
 
 /* pe->out changes only under mu (wan_link_interrupt shuts its socket down from another
  * thread); it is used without mu by the one thread that sends to region j. */
-static void sender_drop(outer_sync *os, int j, const cirrus_error *why)
+static void sender_drop(outer_lane *os, int j, const cirrus_error *why)
 {
     wan_peer *pe = &os->peer[j];
     pthread_mutex_lock(&os->mu);
@@ -531,19 +553,19 @@ static void sender_drop(outer_sync *os, int j, const cirrus_error *why)
     if (c) net_close(c);
 }
 
-void wan_link_interrupt(outer_sync *os)
+void wan_link_interrupt(outer_lane *os)
 {
     pthread_mutex_lock(&os->mu);
     for (int j = 0; j < WAN_MAX_REGIONS; j++)
         if (os->peer[j].out) shutdown(net_fd(os->peer[j].out), SHUT_RDWR);
     /* A receiver part-way through a frame on a link that was cut would wait out the frame
      * timeout. */
-    for (int i = 0; i < WAN_MAX_RECEIVERS; i++)
+    for (int i = 0; i < os->n_rslot; i++)
         if (os->rslot[i].c) shutdown(net_fd(os->rslot[i].c), SHUT_RDWR);
     pthread_mutex_unlock(&os->mu);
 }
 
-static int sender_connect(outer_sync *os, int j, cirrus_error *err)
+static int sender_connect(outer_lane *os, int j, cirrus_error *err)
 {
     wan_peer *pe = &os->peer[j];
     char host[256];
@@ -592,7 +614,7 @@ static int sender_connect(outer_sync *os, int j, cirrus_error *err)
 
 /* One attempt: the message as PARTs, then DONE and its answer (*receive_ms: how long the
  * receiver saw the message arrive; 0: it had it already). */
-static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+static int send_once(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
                      uint64_t tokens, uint64_t prev_digest, uint64_t *receive_ms,
                      cirrus_error *err)
 {
@@ -632,7 +654,7 @@ static int send_once(outer_sync *os, int j, uint64_t round, const uint8_t *msg, 
     return rc;
 }
 
-int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
+int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
                   uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err)
 {
     int backoff_ms = 100;
@@ -677,7 +699,7 @@ int wan_link_send(outer_sync *os, int j, uint64_t round, const uint8_t *msg, uin
     }
 }
 
-void wan_link_probe(outer_sync *os, int64_t deadline_ms)
+void wan_link_probe(outer_lane *os, int64_t deadline_ms)
 {
     for (int j = 0; j < os->o.n_regions && net_now_ms() < deadline_ms; j++) {
         if (j == os->o.region_index || os->peer[j].out) continue;
@@ -686,7 +708,7 @@ void wan_link_probe(outer_sync *os, int64_t deadline_ms)
     }
 }
 
-int wan_link_fetch_state(outer_sync *os, int j, int64_t min_round, int64_t deadline_ms,
+int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadline_ms,
                          float *theta, float *mom, int64_t *round, uint64_t *digest,
                          cirrus_error *err)
 {

@@ -5,6 +5,7 @@
 
 #include "../../common/cerr.h"
 #include "../../common/names.h"
+#include "fragments.h"
 
 void wan_msg_put_join(wire_writer *w, const wan_join *j)
 {
@@ -14,6 +15,8 @@ void wan_msg_put_join(wire_writer *w, const wan_join *j)
     wire_put_u64(w, j->n_params);
     wire_put_u64(w, j->round);
     wire_put_u64(w, j->digest);
+    wire_put_u32(w, j->fragment);
+    wire_put_u32(w, j->n_fragments);
 }
 
 int wan_msg_get_join(wire_reader *r, wan_join *j)
@@ -24,8 +27,12 @@ int wan_msg_get_join(wire_reader *r, wan_join *j)
     j->n_params = wire_get_u64(r);
     j->round = wire_get_u64(r);
     j->digest = wire_get_u64(r);
+    j->fragment = wire_get_u32(r);
+    j->n_fragments = wire_get_u32(r);
     if (wire_reader_done(r) || !name_chars_ok(j->region, 1, WAN_REGION_MAX, "._-") ||
-        j->n_regions < 1 || j->n_regions > WAN_MAX_REGIONS || j->index >= j->n_regions)
+        j->n_regions < 1 || j->n_regions > WAN_MAX_REGIONS || j->index >= j->n_regions ||
+        j->n_fragments < 1 || j->n_fragments > OUTER_MAX_FRAGMENTS ||
+        j->fragment >= j->n_fragments)
         return CIRRUS_ECORRUPT;
     return 0;
 }

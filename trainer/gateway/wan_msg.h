@@ -8,8 +8,11 @@
  * receiver holds the whole message and it hashes right. A connection cut mid-message is
  * re-established and the message sent again; the receiver keeps a round it has once.
  *
- *   JOIN     str region, u32 index, u32 n_regions, u64 n_params, u64 round, u64 digest
+ *   JOIN     str region, u32 index, u32 n_regions, u64 n_params, u64 round, u64 digest,
+ *            u32 fragment, u32 n_fragments
  *     -> OK  the same fields, of the receiver
+ *            A connection serves one fragment's lane (fragments.h): its JOIN names it, and
+ *            n_params, round and digest are that fragment's.
  *   PART     u64 round, u64 total, u64 offset, bytes (to the frame's end)
  *   DONE     u64 round, u64 tokens, u64 prev_digest, u64 total, u64 hash (XXH3-64 of the
  *            message) -> OK: u64 round, u64 receive_ms (from the first byte of the
@@ -61,6 +64,7 @@ typedef struct wan_join {
     char region[WAN_REGION_MAX + 1];
     uint32_t index, n_regions;
     uint64_t n_params, round, digest;
+    uint32_t fragment, n_fragments;
 } wan_join;
 
 typedef struct wan_part {
@@ -75,7 +79,8 @@ typedef struct wan_done {
 
 void wan_msg_put_join(wire_writer *w, const wan_join *j);
 /* Refuses a region name that is empty, too long or not [A-Za-z0-9._-], index >=
- * n_regions and n_regions outside 1..WAN_MAX_REGIONS. */
+ * n_regions, n_regions outside 1..WAN_MAX_REGIONS, n_fragments outside
+ * 1..OUTER_MAX_FRAGMENTS and fragment >= n_fragments. */
 int wan_msg_get_join(wire_reader *r, wan_join *j);
 void wan_msg_put_part(wire_writer *w, const wan_part *p);
 /* Refuses offset + len past total and total over max_total. */

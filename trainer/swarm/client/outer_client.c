@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../../../common/log.h"
+#include "../../gateway/fragments.h"
 #include "../../gateway/outer_msg.h"
 #include "../../gateway/sync_params.h"
 #include "../../net/conn.h"
@@ -19,25 +20,57 @@
 /* pull's code, asked not to wait, for a round not done yet. */
 #define OUTER_NOT_YET CIRRUS_ENOENT
 
+/* One fragment's outer steps (gateway/fragments.h): its floats, its rounds. */
+typedef struct frag {
+    int f;
+    uint64_t lead;        /* it pushes this many inner steps before each multiple of every */
+    sync_params sp;       /* its floats in the whole model: m of them */
+    uint64_t m;
+    /* Its floats when pushed and the global ones pulled (m). */
+    float *pushed_sync, *global;
+    int pending;          /* a round was pushed and is not applied yet */
+    uint64_t pending_round, pushed_at;
+    uint64_t pushed_step; /* the inner step of the parameters last pushed */
+    uint64_t installs_at_push; /* the client's installs then: `pushed` still current? */
+    uint64_t tokens, outer_step, digest;
+} frag;
+
 struct outer_client {
     pipeline *p;
     coord_client *cc;
     uint64_t n;    /* the model's parameters */
-    sync_params sp; /* those the outer steps synchronise (--sync-params): m of them */
-    uint64_t m;
     int every, timeout_ms;
     int delay;     /* inner steps the region trains on while a round runs */
-    /* The region's whole parameters when pushed and now (n); the synchronised ones when
-     * pushed, the global ones pulled, and scratch (m). */
-    float *pushed, *now, *pushed_sync, *global, *scratch;
-    int pending;   /* a round was pushed and is not applied yet */
+    /* The region's whole parameters when last gathered for a push, and now (n); scratch
+     * for one fragment's floats. */
+    float *pushed, *now, *scratch;
     uint64_t final_step; /* the run's last inner step */
-    uint64_t pending_round, pushed_at;
-    uint64_t pushed_step; /* the inner step of the parameters last pushed */
+    uint64_t installs;   /* parameter installs on the stages so far (any fragment) */
     const volatile sig_atomic_t *stop;
-    uint64_t tokens, outer_step, wan_bytes, digest;
+    uint64_t wan_bytes;
+    int n_frags;
+    frag frag[OUTER_MAX_FRAGMENTS];
 };
 
+static int head_pull(outer_client *oc, outer_pull_ok *a, cirrus_error *err);
+
+/* " (fragment f of P)" for logs; "" with one fragment. */
+static const char *frag_name(const outer_client *oc, const frag *fr)
+{
+    static const char *const names[OUTER_MAX_FRAGMENTS][OUTER_MAX_FRAGMENTS] = {
+#define N(f, p) " (fragment " #f " of " #p ")"
+        {""},
+        {N(0, 2), N(1, 2)},
+        {N(0, 3), N(1, 3), N(2, 3)},
+        {N(0, 4), N(1, 4), N(2, 4), N(3, 4)},
+        {N(0, 5), N(1, 5), N(2, 5), N(3, 5), N(4, 5)},
+        {N(0, 6), N(1, 6), N(2, 6), N(3, 6), N(4, 6), N(5, 6)},
+        {N(0, 7), N(1, 7), N(2, 7), N(3, 7), N(4, 7), N(5, 7), N(6, 7)},
+        {N(0, 8), N(1, 8), N(2, 8), N(3, 8), N(4, 8), N(5, 8), N(6, 8), N(7, 8)},
+#undef N
+    };
+    return names[oc->n_frags - 1][fr->f];
+}
 
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
                       int delay, const char *sync_spec, uint64_t final_step, int timeout_ms,
@@ -53,21 +86,44 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
     if (!oc) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     *oc = (outer_client){.p = p, .cc = cc, .n = gpt_num_params(cfg), .every = every,
                          .delay = delay, .final_step = final_step, .timeout_ms = timeout_ms,
-                         .stop = stop};
-    int rc = sync_params_parse(sync_spec, cfg, &oc->sp, err);
-    if (rc) {
-        free(oc);
-        return rc;
+                         .stop = stop, .n_frags = 1};
+    sync_params all = {0};
+    outer_pull_ok a;
+    /* The gateway says how many fragments it cuts the parameters into. */
+    int rc = head_pull(oc, &a, err);
+    if (!rc) oc->n_frags = a.fragments;
+    if (!rc && every < oc->n_frags)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "--sync-every %d is below the gateway's %d "
+                         "fragments: each needs an inner step of its own", every, oc->n_frags);
+    if (!rc) rc = sync_params_parse(sync_spec, cfg, &all, err);
+    if (!rc && all.count < (size_t)oc->n_frags)
+        rc = cirrus_fail(err, CIRRUS_EINVAL, "%d fragments of %zu synchronised parameters",
+                         oc->n_frags, all.count);
+    uint64_t widest = 0;
+    for (int f = 0; f < oc->n_frags && !rc; f++) {
+        frag *fr = &oc->frag[f];
+        uint64_t lo, hi;
+        outer_fragment_range(all.count, oc->n_frags, f, &lo, &hi);
+        fr->f = f;
+        fr->lead = outer_fragment_lead(every, oc->n_frags, f);
+        rc = sync_params_slice(&all, lo, hi, &fr->sp, err);
+        fr->m = fr->sp.count;
+        widest = fr->m > widest ? fr->m : widest;
+        if (!rc && (!(fr->pushed_sync = malloc(fr->m * sizeof(float))) ||
+                    !(fr->global = malloc(fr->m * sizeof(float)))))
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the parameters");
     }
-    oc->m = oc->sp.count;
-    oc->pushed = malloc(oc->n * sizeof(float));
-    oc->now = malloc(oc->n * sizeof(float));
-    oc->pushed_sync = malloc(oc->m * sizeof(float));
-    oc->global = malloc(oc->m * sizeof(float));
-    oc->scratch = malloc(oc->m * sizeof(float));
-    if (!oc->pushed || !oc->now || !oc->pushed_sync || !oc->global || !oc->scratch) {
+    sync_params_free(&all);
+    if (!rc) {
+        oc->pushed = malloc(oc->n * sizeof(float));
+        oc->now = malloc(oc->n * sizeof(float));
+        oc->scratch = malloc(widest * sizeof(float));
+        if (!oc->pushed || !oc->now || !oc->scratch)
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the parameters");
+    }
+    if (rc) {
         outer_client_close(oc);
-        return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the parameters");
+        return rc;
     }
     *out = oc;
     return 0;
@@ -76,11 +132,13 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
 void outer_client_close(outer_client *oc)
 {
     if (!oc) return;
-    sync_params_free(&oc->sp);
+    for (int f = 0; f < oc->n_frags; f++) {
+        sync_params_free(&oc->frag[f].sp);
+        free(oc->frag[f].pushed_sync);
+        free(oc->frag[f].global);
+    }
     free(oc->pushed);
     free(oc->now);
-    free(oc->pushed_sync);
-    free(oc->global);
     free(oc->scratch);
     free(oc);
 }
@@ -98,18 +156,19 @@ static int gateway_call(outer_client *oc, uint16_t type, const wire_writer *w, i
     }
 }
 
-/* The synchronised parameters as last gathered (pushed_sync), round `round`. */
-static int send_push(outer_client *oc, uint64_t round, uint64_t step, int64_t deadline,
-                     cirrus_error *err)
+/* Fragment fr's floats as last gathered (pushed_sync), round `round`. */
+static int send_push(outer_client *oc, frag *fr, uint64_t round, uint64_t step,
+                     int64_t deadline, cirrus_error *err)
 {
     int rc = 0;
-    for (uint64_t off = 0; !rc && off < oc->m;) {
-        const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
-        const outer_push q = {.round = round, .inner_step = step, .tokens = oc->tokens,
-                              .n_params = oc->m, .offset = off, .count = count};
+    for (uint64_t off = 0; !rc && off < fr->m;) {
+        const uint64_t count = fr->m - off < OUTER_SLICE ? fr->m - off : OUTER_SLICE;
+        const outer_push q = {.fragment = (uint16_t)fr->f, .round = round, .inner_step = step,
+                              .tokens = fr->tokens, .n_params = fr->m, .offset = off,
+                              .count = count};
         wire_writer w;
         wire_writer_init(&w, 64 + count * sizeof(float));
-        outer_msg_put_push(&w, &q, oc->pushed_sync + off);
+        outer_msg_put_push(&w, &q, fr->pushed_sync + off);
         const uint8_t *reply;
         uint32_t len;
         rc = gateway_call(oc, OUTER_PUSH, &w, deadline, &reply, &len, err);
@@ -119,23 +178,37 @@ static int send_push(outer_client *oc, uint64_t round, uint64_t step, int64_t de
     return rc;
 }
 
-static int push(outer_client *oc, uint64_t round, uint64_t step, cirrus_error *err)
+/* The stages holding fragment fr's floats: only they are gathered and installed for it. */
+static uint64_t frag_stages(const outer_client *oc, const frag *fr)
 {
-    int rc = pipeline_gather_params(oc->p, oc->pushed, err);
-    if (rc) return rc;
-    sync_params_pack(&oc->sp, oc->pushed, oc->pushed_sync);
-    oc->pushed_step = step;
-    return send_push(oc, round, step, net_now_ms() + oc->timeout_ms, err);
+    return pipeline_stages_of(oc->p, fr->sp.spans, fr->sp.n_spans);
 }
 
-/* PULL round's global parameters into theta once the gateway has them; without wait,
- * OUTER_NOT_YET at once when it has not. */
-static int pull(outer_client *oc, uint64_t round, int wait, cirrus_error *err)
+static int push(outer_client *oc, frag *fr, uint64_t round, uint64_t step, cirrus_error *err)
+{
+    int rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->pushed, err);
+    if (rc) return rc;
+    sync_params_pack(&fr->sp, oc->pushed, fr->pushed_sync);
+    fr->pushed_step = step;
+    fr->installs_at_push = oc->installs;
+    return send_push(oc, fr, round, step, net_now_ms() + oc->timeout_ms, err);
+}
+
+/* Fragment fr's parameters installed on the stages holding them, from `now`. */
+static int install(outer_client *oc, frag *fr, cirrus_error *err)
+{
+    oc->installs++;
+    return pipeline_set_params_of(oc->p, frag_stages(oc, fr), oc->now, err);
+}
+
+/* PULL round's global parameters of fragment fr into fr->global once the gateway has them;
+ * without wait, OUTER_NOT_YET at once when it has not. */
+static int pull(outer_client *oc, frag *fr, uint64_t round, int wait, cirrus_error *err)
 {
     const int64_t deadline = net_now_ms() + oc->timeout_ms;
-    for (uint64_t off = 0; off < oc->m;) {
-        const uint64_t count = oc->m - off < OUTER_SLICE ? oc->m - off : OUTER_SLICE;
-        const outer_pull q = {round, off, count};
+    for (uint64_t off = 0; off < fr->m;) {
+        const uint64_t count = fr->m - off < OUTER_SLICE ? fr->m - off : OUTER_SLICE;
+        const outer_pull q = {(uint16_t)fr->f, round, off, count};
         wire_writer w;
         wire_writer_init(&w, 64);
         outer_msg_put_pull(&w, &q);
@@ -147,15 +220,15 @@ static int pull(outer_client *oc, uint64_t round, int wait, cirrus_error *err)
         wire_reader r;
         wire_reader_init(&r, reply, len);
         outer_pull_ok a;
-        if (outer_msg_get_pull_ok(&r, count, &a))
+        if (outer_msg_get_pull_ok(&r, count, &a) || a.fragments != oc->n_frags)
             return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed PULL reply from the gateway");
         oc->wan_bytes = a.wan_bytes;
         if (!a.ready && round > 0 && !a.pushed && a.done + 1 == round) {
             /* The gateway does not hold our push (it restarted and took the job's state
              * from another region): push the same parameters again. */
-            log_warn("outer: the gateway lost this region's push of outer step %llu: sending "
-                     "it again", (unsigned long long)round);
-            if ((rc = send_push(oc, round, oc->pushed_step, deadline, err))) return rc;
+            log_warn("outer: the gateway lost this region's push of outer step %llu%s: "
+                     "sending it again", (unsigned long long)round, frag_name(oc, fr));
+            if ((rc = send_push(oc, fr, round, fr->pushed_step, deadline, err))) return rc;
             off = 0;
             continue;
         }
@@ -172,21 +245,23 @@ static int pull(outer_client *oc, uint64_t round, int wait, cirrus_error *err)
             off = 0; /* a round completing mid-pull: every slice from one state */
             continue;
         }
-        if (off > 0 && a.done != oc->outer_step)
+        if (off > 0 && a.done != fr->outer_step)
             return cirrus_fail(err, CIRRUS_EMISMATCH, "the gateway moved from outer step %llu "
-                               "to %llu during a pull", (unsigned long long)oc->outer_step,
+                               "to %llu during a pull", (unsigned long long)fr->outer_step,
                                (unsigned long long)a.done);
-        oc->outer_step = a.done;
-        oc->digest = a.digest;
-        memcpy(oc->global + off, a.floats, count * sizeof(float));
+        fr->outer_step = a.done;
+        fr->digest = a.digest;
+        memcpy(fr->global + off, a.floats, count * sizeof(float));
         off += count;
     }
     return 0;
 }
 
-int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err)
+/* The head of a PULL (no floats): the region's place among the job's and the gateway's
+ * fragments. */
+static int head_pull(outer_client *oc, outer_pull_ok *a, cirrus_error *err)
 {
-    const outer_pull q = {0, 0, 0}; /* no floats: only the reply's head */
+    const outer_pull q = {0, 0, 0, 0};
     wire_writer w;
     wire_writer_init(&w, 64);
     outer_msg_put_pull(&w, &q);
@@ -197,111 +272,131 @@ int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_erro
     if (rc) return rc;
     wire_reader r;
     wire_reader_init(&r, reply, len);
-    outer_pull_ok a;
-    if (outer_msg_get_pull_ok(&r, 0, &a))
+    if (outer_msg_get_pull_ok(&r, 0, a))
         return cirrus_fail(err, CIRRUS_ECORRUPT, "malformed PULL reply from the gateway");
+    return 0;
+}
+
+int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err)
+{
+    outer_pull_ok a;
+    int rc = head_pull(oc, &a, err);
+    if (rc) return rc;
     *rank = a.region;
     *world = a.regions;
     return 0;
 }
 
-/* The gateway's latest global parameters, installed as the region's. A gateway with none
- * (restarted, alone) adopts the region's own first (round 0). */
-static int take_latest(outer_client *oc, cirrus_error *err)
+/* The gateway's latest global parameters of fragment fr, installed as the region's. A
+ * gateway with none (restarted, alone) adopts the region's own first (round 0). */
+static int take_latest(outer_client *oc, frag *fr, cirrus_error *err)
 {
-    int rc = push(oc, 0, pipeline_steps_done(oc->p), err);
-    if (!rc) rc = pull(oc, 0, 1, err);
-    if (!rc) rc = pipeline_gather_params(oc->p, oc->now, err);
+    int rc = push(oc, fr, 0, pipeline_steps_done(oc->p), err);
+    if (!rc) rc = pull(oc, fr, 0, 1, err);
+    if (!rc) rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->now, err);
     if (!rc) {
-        sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
-        rc = pipeline_set_params(oc->p, oc->now, err);
+        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
+        rc = install(oc, fr, err);
     }
-    oc->pending = 0;
+    fr->pending = 0;
     return rc;
 }
 
 int outer_client_begin(outer_client *oc, cirrus_error *err)
 {
     const uint64_t step = pipeline_steps_done(oc->p);
-    int rc = take_latest(oc, err);
+    int rc = 0;
+    for (int f = 0; f < oc->n_frags && !rc; f++) rc = take_latest(oc, &oc->frag[f], err);
+    uint64_t outer_step, wan_bytes, digest;
+    outer_client_progress(oc, &outer_step, &wan_bytes, &digest);
     if (!rc)
         log_info("outer: region at inner step %llu takes the global parameters of outer step "
                  "%llu (digest %016llx)", (unsigned long long)step,
-                 (unsigned long long)oc->outer_step, (unsigned long long)oc->digest);
+                 (unsigned long long)outer_step, (unsigned long long)digest);
     /* Inner steps already taken belong to rounds before this one: count from here. */
     return rc;
 }
 
-/* The round pushed at step `pushed_at` is applied: its global parameters replace the
- * region's. Where the region trained on meanwhile (overlap), the progress it made since
+/* Fragment fr's round pushed at step `pushed_at` is applied: its global parameters replace
+ * the region's. Where the region trained on meanwhile (overlap), the progress it made since
  * the push is kept on top: theta = global + (theta_now - theta_at_push), the delayed merge
  * of one-step-delayed outer updates. Without wait, a round not done yet is left pending
  * (OUTER_NOT_YET). */
-static int apply_round(outer_client *oc, int wait, cirrus_error *err)
+static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
 {
-    int rc = pull(oc, oc->pending_round, wait, err);
+    int rc = pull(oc, fr, fr->pending_round, wait, err);
     if (rc == OUTER_NOT_YET && !wait) return rc;
     if (rc == OUTER_ABANDONED && oc->stop && *oc->stop) {
         log_warn("%s", err->msg); /* the region ends with its own parameters */
-        oc->pending = 0;
+        fr->pending = 0;
         return 0;
     }
     if (rc) return rc;
-    if (pipeline_steps_done(oc->p) != oc->pushed_at) {
-        log_info("outer: outer step %llu merged at inner step %llu (pushed at %llu)",
-                 (unsigned long long)oc->pending_round,
-                 (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)oc->pushed_at);
-        if ((rc = pipeline_gather_params(oc->p, oc->now, err))) return rc;
-        sync_params_pack(&oc->sp, oc->now, oc->scratch);
-        for (uint64_t i = 0; i < oc->m; i++)
-            oc->scratch[i] = oc->global[i] + (oc->scratch[i] - oc->pushed_sync[i]);
-        sync_params_unpack(&oc->sp, oc->scratch, oc->now);
+    if (pipeline_steps_done(oc->p) != fr->pushed_at) {
+        log_info("outer: outer step %llu merged at inner step %llu (pushed at %llu)%s",
+                 (unsigned long long)fr->pending_round,
+                 (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)fr->pushed_at,
+                 frag_name(oc, fr));
+        if ((rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->now, err)))
+            return rc;
+        sync_params_pack(&fr->sp, oc->now, oc->scratch);
+        for (uint64_t i = 0; i < fr->m; i++)
+            oc->scratch[i] = fr->global[i] + (oc->scratch[i] - fr->pushed_sync[i]);
+        sync_params_unpack(&fr->sp, oc->scratch, oc->now);
     } else {
+        /* No step since the push: the stages hold what was pushed, unless another
+         * fragment installed since (then they are gathered again). */
+        if (oc->installs != fr->installs_at_push) {
+            if ((rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->pushed, err)))
+                return rc;
+        }
         memcpy(oc->now, oc->pushed, oc->n * sizeof(float));
-        sync_params_unpack(&oc->sp, oc->global, oc->now); /* the rest stays regional */
+        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
     }
-    rc = pipeline_set_params(oc->p, oc->now, err);
-    oc->pending = 0;
+    rc = install(oc, fr, err);
+    fr->pending = 0;
     return rc;
 }
 
-int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
-                            cirrus_error *err)
+/* Fragment fr after inner step `step` (see outer_client_after_step). */
+static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_error *err)
 {
-    oc->tokens += tokens;
+    const uint64_t every = (uint64_t)oc->every, at = step + fr->lead; /* its own clock */
     int rc = 0;
     /* Overlap: from `delay` steps after the push on, the result is merged as soon as it is
-     * in; the region waits for it only when the next outer step is due (its push must
-     * start from the merged parameters) or the run ends. So a sync that takes longer than
-     * `delay` steps, or a region that pushed later than this one, costs no waiting as long
-     * as the round is done within the window. */
-    if (oc->pending && step >= oc->pushed_at + (uint64_t)oc->delay) {
-        const int due = step % (uint64_t)oc->every == 0 || step >= oc->final_step;
-        rc = apply_round(oc, due, err);
+     * in; the region waits for it only when the fragment's next outer step is due (its push
+     * must start from the merged parameters) or the run ends. So a sync that takes longer
+     * than `delay` steps, or a region that pushed later than this one, costs no waiting as
+     * long as the round is done within the window. */
+    if (fr->pending && step >= fr->pushed_at + (uint64_t)oc->delay) {
+        const int due = at % every == 0 || step >= oc->final_step;
+        rc = apply_round(oc, fr, due, err);
         if (rc == OUTER_NOT_YET && !due) rc = 0;
         if (rc) return rc;
     }
     /* The last step is an outer step too (every region ends at the same step): the run
      * ends with the global model whatever its length. */
-    if (step % (uint64_t)oc->every == 0 || step == oc->final_step) {
-        /* Outer step k is pushed at inner step k x every in every region (the last step's
-         * is the one after), so the regions stay in step however one of them rejoined. */
-        const uint64_t want = (step + (uint64_t)oc->every - 1) / (uint64_t)oc->every;
+    if (at % every == 0 || step == oc->final_step) {
+        /* Outer step k of fragment f is pushed at inner step k x every - lead in every
+         * region (the last step's is the one after), so the regions stay in step however
+         * one of them rejoined. */
+        const uint64_t want = (at + every - 1) / every;
         const int64_t deadline = net_now_ms() + oc->timeout_ms;
-        oc->pending_round = want;
-        oc->pushed_at = step;
-        oc->pending = 1;
+        fr->pending_round = want;
+        fr->pushed_at = step;
+        fr->pending = 1;
         for (;;) {
-            rc = push(oc, want, step, err);
+            rc = push(oc, fr, want, step, err);
             if (rc == CIRRUS_ECONFLICT) {
                 /* The gateway took a later global state from another region (this region
                  * was cut off, or its gateway restarted or repaired): the region takes it
                  * too, and joins this round if the job is not past it yet. */
-                log_warn("outer: %s; the region takes the global parameters", err->msg);
-                oc->tokens = 0;
-                if ((rc = take_latest(oc, err))) return rc;
-                if (oc->outer_step >= want) return 0; /* the job is past it */
-                oc->pending = 1;
+                log_warn("outer: %s; the region takes the global parameters%s", err->msg,
+                         frag_name(oc, fr));
+                fr->tokens = 0;
+                if ((rc = take_latest(oc, fr, err))) return rc;
+                if (fr->outer_step >= want) return 0; /* the job is past it */
+                fr->pending = 1;
                 continue;
             }
             if (rc != CIRRUS_ENOENT || net_now_ms() > deadline || (oc->stop && *oc->stop))
@@ -309,40 +404,66 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
             usleep(200 * 1000); /* the gateway is behind the job and catching up */
         }
         if (rc) return rc;
-        oc->tokens = 0;
+        fr->tokens = 0;
     }
     /* The last step waits for its round: the model the run ends with is the global one. */
-    if (oc->pending && (oc->delay == 0 || step >= oc->final_step)) rc = apply_round(oc, 1, err);
+    if (fr->pending && (oc->delay == 0 || step >= oc->final_step))
+        rc = apply_round(oc, fr, 1, err);
+    return rc;
+}
+
+int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
+                            cirrus_error *err)
+{
+    int rc = 0;
+    for (int f = 0; f < oc->n_frags && !rc; f++) {
+        oc->frag[f].tokens += tokens;
+        rc = frag_after_step(oc, &oc->frag[f], step, err);
+    }
     return rc;
 }
 
 int outer_client_restore(outer_client *oc, cirrus_error *err)
 {
-    const uint64_t round = oc->pending ? oc->pending_round : 0; /* 0: the latest */
-    int rc = pull(oc, round, 1, err);
+    int rc = 0;
+    for (int f = 0; f < oc->n_frags && !rc; f++) {
+        frag *fr = &oc->frag[f];
+        rc = pull(oc, fr, fr->pending ? fr->pending_round : 0 /* the latest */, 1, err);
+    }
     float *m = NULL, *v = NULL;
     if (!rc && (!(m = malloc(oc->n * sizeof(float))) || !(v = malloc(oc->n * sizeof(float)))))
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the optimizer's state");
     if (!rc) rc = pipeline_gather_state_as_is(oc->p, oc->now, m, v, err);
     if (!rc) {
-        sync_params_unpack(&oc->sp, oc->global, oc->now);
+        for (int f = 0; f < oc->n_frags; f++)
+            sync_params_unpack(&oc->frag[f].sp, oc->frag[f].global, oc->now);
+        oc->installs++;
         rc = pipeline_set_state(oc->p, oc->now, m, v, pipeline_steps_done(oc->p), err);
     }
     free(m);
     free(v);
-    oc->pending = 0;
+    for (int f = 0; f < oc->n_frags; f++) oc->frag[f].pending = 0;
+    uint64_t outer_step, wan_bytes, digest;
+    outer_client_progress(oc, &outer_step, &wan_bytes, &digest);
     if (!rc)
         log_info("outer: the region is restored at inner step %llu from the global parameters "
                  "of outer step %llu (digest %016llx)",
-                 (unsigned long long)pipeline_steps_done(oc->p),
-                 (unsigned long long)oc->outer_step, (unsigned long long)oc->digest);
+                 (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)outer_step,
+                 (unsigned long long)digest);
     return rc;
 }
 
 uint64_t outer_client_job_step(const outer_client *oc)
 {
-    const uint64_t at = oc->outer_step * (uint64_t)oc->every;
-    return at < oc->final_step ? at : oc->final_step;
+    /* The latest push step of any fragment's latest outer step. */
+    uint64_t job = 0;
+    for (int f = 0; f < oc->n_frags; f++) {
+        const frag *fr = &oc->frag[f];
+        const uint64_t at = fr->outer_step * (uint64_t)oc->every;
+        const uint64_t step = at > fr->lead ? at - fr->lead : 0;
+        job = step > job ? step : job;
+    }
+    return job < oc->final_step ? job : oc->final_step;
 }
 
 int outer_client_join_job(outer_client *oc, cirrus_error *err)
@@ -353,13 +474,16 @@ int outer_client_join_job(outer_client *oc, cirrus_error *err)
     /* `pushed` is free between rounds (nothing is pending after the round that told us). */
     int rc = m && v ? pipeline_gather_state(oc->p, oc->pushed, m, v, &steps, err)
                     : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the optimizer's state");
+    oc->installs++;
     if (!rc) rc = pipeline_set_state(oc->p, oc->pushed, m, v, to, err);
     free(m);
     free(v);
-    oc->pending = 0;
+    for (int f = 0; f < oc->n_frags; f++) oc->frag[f].pending = 0;
+    uint64_t outer_step, wan_bytes, digest;
+    outer_client_progress(oc, &outer_step, &wan_bytes, &digest);
     if (!rc)
         log_info("outer: the job is at outer step %llu: the region joins it at inner step %llu "
-                 "(it was at %llu)", (unsigned long long)oc->outer_step, (unsigned long long)to,
+                 "(it was at %llu)", (unsigned long long)outer_step, (unsigned long long)to,
                  (unsigned long long)from);
     return rc;
 }
@@ -367,7 +491,14 @@ int outer_client_join_job(outer_client *oc, cirrus_error *err)
 void outer_client_progress(const outer_client *oc, uint64_t *outer_step, uint64_t *wan_bytes,
                            uint64_t *digest)
 {
-    *outer_step = oc->outer_step;
+    /* The latest outer step every fragment took part in, and one digest of them all. */
+    uint64_t digests[OUTER_MAX_FRAGMENTS];
+    *outer_step = UINT64_MAX;
+    for (int f = 0; f < oc->n_frags; f++) {
+        const frag *fr = &oc->frag[f];
+        *outer_step = fr->outer_step < *outer_step ? fr->outer_step : *outer_step;
+        digests[f] = fr->digest;
+    }
     *wan_bytes = oc->wan_bytes;
-    *digest = oc->digest;
+    *digest = outer_fragments_digest(digests, oc->n_frags);
 }

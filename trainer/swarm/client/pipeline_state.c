@@ -144,12 +144,33 @@ static int gather_stage_params(pipeline *p, int s, float *params, cirrus_error *
     }
 }
 
+uint64_t pipeline_stages_of(const pipeline *p, const gpt_span *spans, size_t n_spans)
+{
+    uint64_t stages = 0;
+    for (int s = 0; s < p->n; s++) {
+        gpt_span mine[2];
+        const int n_mine = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, mine);
+        for (int i = 0; i < n_mine; i++)
+            for (size_t j = 0; j < n_spans; j++)
+                if (spans[j].offset < mine[i].offset + mine[i].count &&
+                    mine[i].offset < spans[j].offset + spans[j].count)
+                    stages |= (uint64_t)1 << s;
+    }
+    return stages;
+}
+
 int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err)
+{
+    return pipeline_gather_params_of(p, UINT64_MAX, params, err);
+}
+
+int pipeline_gather_params_of(pipeline *p, uint64_t stages, float *params, cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "parameters are gathered between steps");
     /* Last stage first: its copy of the tied wte is then overwritten by the first stage's
      * (they are equal: both take the same folded gradient). */
     for (int s = p->n - 1; s >= 0; s--) {
+        if (!(stages >> s & 1)) continue;
         int rc = gather_stage_params(p, s, params, err);
         if (rc) return rc;
     }
@@ -160,11 +181,12 @@ int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err)
  * (PARAMS_SET, m and v NULL: the peers must be at the client's step) or the whole state
  * (STATE_SET: the peers take `steps` with it). A peer that fails at the transport is
  * dropped: no peer serves on with other parameters than its stage's. */
-static int install(pipeline *p, uint16_t type, const float *params, const float *m,
-                   const float *v, uint64_t steps, cirrus_error *err)
+static int install(pipeline *p, uint64_t stages, uint16_t type, const float *params,
+                   const float *m, const float *v, uint64_t steps, cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "parameters are installed between steps");
     for (int s = 0; s < p->n; s++) {
+        if (!(stages >> s & 1)) continue;
         stage_run runs[STAGE_MAX_RUNS];
         uint64_t n;
         const int n_runs = stage_runs(p, s, (float *)params, (float *)m, (float *)v, runs, &n);
@@ -203,7 +225,13 @@ static int install(pipeline *p, uint16_t type, const float *params, const float 
 
 int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err)
 {
-    return install(p, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
+    return install(p, UINT64_MAX, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
+}
+
+int pipeline_set_params_of(pipeline *p, uint64_t stages, const float *params,
+                           cirrus_error *err)
+{
+    return install(p, stages, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
 }
 
 int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
@@ -212,7 +240,7 @@ int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
     if (!params || !adam_m || !adam_v || steps == STAGE_STEPS_UNKNOWN)
         return cirrus_fail(err, CIRRUS_EINVAL, "a state to install needs parameters, both "
                            "moments and a step");
-    int rc = install(p, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
+    int rc = install(p, UINT64_MAX, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
     /* Every live peer took the whole state: they are all at `steps` (a peer that failed
      * was dropped), and a stage that had lost its state has one again. */
     if (!rc) {
