@@ -144,9 +144,17 @@ done
 # chosen so that one q8 message needs 80% of the window of H = 50 inner steps (measured
 # first, without syncs); the time a step takes then, with the regions syncing every 50 steps
 # and merging the result once in from 25 steps later on (--sync-delay 25), against without
-# syncs, and with blocking syncs (--sync-delay 0). A step's time from the client's per-step tokens/s, averaged over the steady state:
-# from the first sync's step to the step before the last (the run's last step always waits
-# for its sync, whatever the delay: the run ends with the global model).
+# syncs; the same with the parameters in 4 fragments synchronised at staggered times
+# (--fragments 4, Streaming DiLoCo: each fragment's quarter of the bytes has the whole
+# window); with blocking syncs (--sync-delay 0); and syncing over an unshaped link (what
+# syncing costs besides the link: gathering and installing parameters, the gateways' work,
+# the faster region waiting for the slower). Eight processes share this machine's cores, so
+# one run's step time varies by several percent: each configuration but the blocking one
+# runs WAN_BENCH_OVERLAP_REPS times (default 3), interleaved, and the ratios are medians of
+# each repetition's ratio to the run without syncs beside it. A step's time from the
+# client's per-step tokens/s, averaged over the steady state: from the first sync's step to
+# the step before the last (the run's last step always waits for its sync, whatever the
+# delay: the run ends with the global model).
 step_s() { python3 -c 'import json, sys
 lo, hi = 50, int(sys.argv[1]) - 1
 v = [json.loads(l) for f in sys.argv[2:] for l in open(f) if l.startswith("{\"step\"") and "final" not in l]
@@ -155,37 +163,45 @@ print(sum(t) / len(t))' "$steps" "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
 echo
 sync=0 steps=400 client_flags=(--log-every 1)
 for i in 0 1; do wan_unshape "$i"; done
-run overlap-none q8 1 "${small[@]}"
-base=$(step_s overlap-none)
+run overlap-none-1 q8 1 "${small[@]}"
+base=$(step_s overlap-none-1)
 msg=$(python3 -c "import math; n=$("$bin" train "${small[@]}" --steps 1 2>/dev/null | sed -n 's/.* \([0-9]*\) params).*/\1/p'); print(math.ceil(n / 64) * 68)")
 # The bytes on the wire: TCP/IP and TLS headers add ~6% to a message at MTU 1500.
 orate=$(python3 -c "print(int($msg * 1.06 * 8 / (0.8 * 50 * $base)))")
 echo "cirrus: overlap: ${small[*]}, $steps steps; without syncs $(python3 -c "print(f'{$base * 1000:.1f}')") ms a step;" \
     "a $msg-byte q8 message, link ${orate} bit/s (80% of a 50-step window)"
-for i in 0 1; do wan_shape "$i" "${orate}bit"; done
-sync=50 client_flags=(--log-every 1 --sync-delay 25)
-run overlap-delay q8 1 "${small[@]}"
-client_flags=(--log-every 1)
-run overlap-block q8 1 "${small[@]}"
-# The same link, the parameters in 4 fragments synchronised at staggered times (Streaming
-# DiLoCo): each fragment's quarter of the bytes has the whole window, a quarter of it at a time.
-client_flags=(--log-every 1 --sync-delay 25) gateway_flags=(--fragments 4)
-run overlap-frag q8 1 "${small[@]}"
-gateway_flags=()
-# The same syncs over an unshaped link: what syncing costs besides the link (gathering and
-# installing parameters, the gateways' work, the faster region waiting for the slower).
-for i in 0 1; do wan_unshape "$i"; done
-client_flags=(--log-every 1 --sync-delay 25)
-run overlap-fast q8 1 "${small[@]}"
-python3 - "$base" "$(step_s overlap-delay)" "$(step_s overlap-block)" "$(step_s overlap-fast)" \
-    "$(step_s overlap-frag)" <<'PY'
-import sys
-base, delay, block, fast, frag = map(float, sys.argv[1:])
-print(f"cirrus: overlap: a step {delay * 1000:.2f} ms syncing with --sync-delay 25 ({delay / base - 1:+.1%}), "
-      f"{frag * 1000:.2f} ms with --fragments 4 too ({frag / base - 1:+.1%}; goal <= +5%), "
-      f"{block * 1000:.2f} ms with blocking syncs ({block / base - 1:+.1%}), {base * 1000:.2f} ms without; "
-      f"{fast * 1000:.2f} ms syncing with --sync-delay 25 on an unshaped link ({fast / base - 1:+.1%}): "
-      f"the link's share {delay / fast - 1:+.1%}")
+reps=${WAN_BENCH_OVERLAP_REPS:-3}
+for rep in $(seq 1 "$reps"); do
+    if [ "$rep" -gt 1 ]; then
+        sync=0 client_flags=(--log-every 1)
+        for i in 0 1; do wan_unshape "$i"; done
+        run "overlap-none-$rep" q8 1 "${small[@]}"
+    fi
+    sync=50 client_flags=(--log-every 1 --sync-delay 25)
+    run "overlap-fast-$rep" q8 1 "${small[@]}"
+    for i in 0 1; do wan_shape "$i" "${orate}bit"; done
+    run "overlap-delay-$rep" q8 1 "${small[@]}"
+    gateway_flags=(--fragments 4)
+    run "overlap-frag-$rep" q8 1 "${small[@]}"
+    gateway_flags=()
+    if [ "$rep" = 1 ]; then
+        client_flags=(--log-every 1)
+        run overlap-block q8 1 "${small[@]}"
+    fi
+done
+python3 - "$reps" "$(step_s overlap-block)" $(for rep in $(seq 1 "$reps"); do
+    for k in none delay frag fast; do step_s "overlap-$k-$rep"; done; done) <<'PY'
+import statistics, sys
+reps, block = int(sys.argv[1]), float(sys.argv[2])
+v = [float(x) for x in sys.argv[3:]]
+runs = [dict(zip(("none", "delay", "frag", "fast"), v[4 * r:4 * r + 4])) for r in range(reps)]
+def med(k): return statistics.median(r[k] / r["none"] - 1 for r in runs)
+def each(k): return ", ".join(f"{r[k] / r['none'] - 1:+.1%}" for r in runs)
+base = statistics.median(r["none"] for r in runs)
+print(f"cirrus: overlap ({reps} repetitions; medians of each one's ratio): without syncs {base * 1000:.2f} ms a step; "
+      f"--sync-delay 25 {med('delay'):+.1%} ({each('delay')}); with --fragments 4 too {med('frag'):+.1%} "
+      f"({each('frag')}; goal <= +5%); blocking syncs {block / runs[0]['none'] - 1:+.1%}; "
+      f"--sync-delay 25 on an unshaped link {med('fast'):+.1%} ({each('fast')})")
 PY
 
 # 100 MB of parameters (--codec none: 4 bytes each) at 100 Mbit/s, over TLS: ideal 8 s a

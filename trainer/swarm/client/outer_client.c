@@ -31,7 +31,6 @@ typedef struct frag {
     int pending;          /* a round was pushed and is not applied yet */
     uint64_t pending_round, pushed_at;
     uint64_t pushed_step; /* the inner step of the parameters last pushed */
-    uint64_t installs_at_push; /* the client's installs then: `pushed` still current? */
     uint64_t tokens, outer_step, digest;
 } frag;
 
@@ -41,11 +40,10 @@ struct outer_client {
     uint64_t n;    /* the model's parameters */
     int every, timeout_ms;
     int delay;     /* inner steps the region trains on while a round runs */
-    /* The region's whole parameters when last gathered for a push, and now (n); scratch
-     * for one fragment's floats. */
+    /* Whole-model buffers (n) of which a fragment's floats are used at a time: as gathered
+     * for a push, and as installed; scratch for one fragment's floats. */
     float *pushed, *now, *scratch;
     uint64_t final_step; /* the run's last inner step */
-    uint64_t installs;   /* parameter installs on the stages so far (any fragment) */
     const volatile sig_atomic_t *stop;
     uint64_t wan_bytes;
     int n_frags;
@@ -178,27 +176,24 @@ static int send_push(outer_client *oc, frag *fr, uint64_t round, uint64_t step,
     return rc;
 }
 
-/* The stages holding fragment fr's floats: only they are gathered and installed for it. */
-static uint64_t frag_stages(const outer_client *oc, const frag *fr)
+/* Fragment fr's floats of buf, gathered from the stages holding them, and installed. */
+static int gather(outer_client *oc, frag *fr, float *buf, cirrus_error *err)
 {
-    return pipeline_stages_of(oc->p, fr->sp.spans, fr->sp.n_spans);
+    return pipeline_gather_spans(oc->p, fr->sp.spans, fr->sp.n_spans, buf, err);
+}
+
+static int install(outer_client *oc, frag *fr, const float *buf, cirrus_error *err)
+{
+    return pipeline_set_spans(oc->p, fr->sp.spans, fr->sp.n_spans, buf, err);
 }
 
 static int push(outer_client *oc, frag *fr, uint64_t round, uint64_t step, cirrus_error *err)
 {
-    int rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->pushed, err);
+    int rc = gather(oc, fr, oc->pushed, err);
     if (rc) return rc;
     sync_params_pack(&fr->sp, oc->pushed, fr->pushed_sync);
     fr->pushed_step = step;
-    fr->installs_at_push = oc->installs;
     return send_push(oc, fr, round, step, net_now_ms() + oc->timeout_ms, err);
-}
-
-/* Fragment fr's parameters installed on the stages holding them, from `now`. */
-static int install(outer_client *oc, frag *fr, cirrus_error *err)
-{
-    oc->installs++;
-    return pipeline_set_params_of(oc->p, frag_stages(oc, fr), oc->now, err);
 }
 
 /* PULL round's global parameters of fragment fr into fr->global once the gateway has them;
@@ -293,10 +288,9 @@ static int take_latest(outer_client *oc, frag *fr, cirrus_error *err)
 {
     int rc = push(oc, fr, 0, pipeline_steps_done(oc->p), err);
     if (!rc) rc = pull(oc, fr, 0, 1, err);
-    if (!rc) rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->now, err);
     if (!rc) {
         sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
-        rc = install(oc, fr, err);
+        rc = install(oc, fr, oc->now, err);
     }
     fr->pending = 0;
     return rc;
@@ -337,23 +331,15 @@ static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
                  (unsigned long long)fr->pending_round,
                  (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)fr->pushed_at,
                  frag_name(oc, fr));
-        if ((rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->now, err)))
-            return rc;
+        if ((rc = gather(oc, fr, oc->now, err))) return rc;
         sync_params_pack(&fr->sp, oc->now, oc->scratch);
         for (uint64_t i = 0; i < fr->m; i++)
             oc->scratch[i] = fr->global[i] + (oc->scratch[i] - fr->pushed_sync[i]);
         sync_params_unpack(&fr->sp, oc->scratch, oc->now);
     } else {
-        /* No step since the push: the stages hold what was pushed, unless another
-         * fragment installed since (then they are gathered again). */
-        if (oc->installs != fr->installs_at_push) {
-            if ((rc = pipeline_gather_params_of(oc->p, frag_stages(oc, fr), oc->pushed, err)))
-                return rc;
-        }
-        memcpy(oc->now, oc->pushed, oc->n * sizeof(float));
         sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
     }
-    rc = install(oc, fr, err);
+    rc = install(oc, fr, oc->now, err);
     fr->pending = 0;
     return rc;
 }
@@ -437,7 +423,6 @@ int outer_client_restore(outer_client *oc, cirrus_error *err)
     if (!rc) {
         for (int f = 0; f < oc->n_frags; f++)
             sync_params_unpack(&oc->frag[f].sp, oc->frag[f].global, oc->now);
-        oc->installs++;
         rc = pipeline_set_state(oc->p, oc->now, m, v, pipeline_steps_done(oc->p), err);
     }
     free(m);
@@ -474,7 +459,6 @@ int outer_client_join_job(outer_client *oc, cirrus_error *err)
     /* `pushed` is free between rounds (nothing is pending after the round that told us). */
     int rc = m && v ? pipeline_gather_state(oc->p, oc->pushed, m, v, &steps, err)
                     : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the optimizer's state");
-    oc->installs++;
     if (!rc) rc = pipeline_set_state(oc->p, oc->pushed, m, v, to, err);
     free(m);
     free(v);

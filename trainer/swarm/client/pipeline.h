@@ -165,15 +165,14 @@ int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err);
  * (PARAMS_SET); their AdamW moments stay. A peer that fails at the transport is dropped:
  * no peer serves on with other parameters than its stage's. */
 int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err);
-/* The stages (bit s: stage s) whose parameters hold any float of the spans (offsets into
- * the whole model): those to gather and install for an outer step of those spans alone
- * (one fragment, gateway/fragments.h). The tied embedding is in the first and last stage. */
-uint64_t pipeline_stages_of(const pipeline *p, const gpt_span *spans, size_t n_spans);
-/* pipeline_gather_params and pipeline_set_params for the stages in `stages` only: the
- * other stages' parts of params are neither written nor read. */
-int pipeline_gather_params_of(pipeline *p, uint64_t stages, float *params, cirrus_error *err);
-int pipeline_set_params_of(pipeline *p, uint64_t stages, const float *params,
-                           cirrus_error *err);
+/* pipeline_gather_params and pipeline_set_params for the floats of the spans alone
+ * (offsets into the whole model; an outer step's fragment, gateway/fragments.h), asked of
+ * and installed on the stages that hold them (the tied embedding on the first and the
+ * last); the rest of params is neither written nor read. */
+int pipeline_gather_spans(pipeline *p, const gpt_span *spans, size_t n_spans, float *params,
+                          cirrus_error *err);
+int pipeline_set_spans(pipeline *p, const gpt_span *spans, size_t n_spans, const float *params,
+                       cirrus_error *err);
 /* Between steps: the whole model's state (gpt_num_params() floats each of parameters and
  * AdamW moments, as pipeline_gather_state returns it) installed on every live peer of
  * every stage (STATE_SET), which then have taken `steps` optimizer steps: a client

@@ -107,9 +107,44 @@ int pipeline_gather_state_as_is(pipeline *p, float *params, float *adam_m, float
 
 /* ---- the parameters alone, for the outer step across regions ---- */
 
-/* Stage s's parameters from one live peer, slice by slice, into params; a peer that fails
- * at the transport is dropped and the next one asked. */
-static int gather_stage_params(pipeline *p, int s, float *params, cirrus_error *err)
+/* A range [lo, hi) of a stage's parameters, in the stage's own order (its spans one after
+ * the other, as STATE_GET and PARAMS_SET count them). */
+typedef struct stage_range {
+    uint64_t lo, hi;
+} stage_range;
+
+/* The ranges of stage s's parameters that fall in the model's spans (NULL: all of them),
+ * into *out (freed by the caller); how many, or -1 out of memory. */
+static int stage_ranges(const pipeline *p, int s, const gpt_span *spans, size_t n_spans,
+                        stage_range **out)
+{
+    gpt_span mine[2];
+    const int n_mine = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, mine);
+    *out = malloc((spans ? n_spans * 2 : 1) * sizeof **out + 1);
+    if (!*out) return -1;
+    int n = 0;
+    uint64_t local = 0; /* where mine[i] starts in the stage's order */
+    if (!spans) {
+        for (int i = 0; i < n_mine; i++) local += mine[i].count;
+        (*out)[n++] = (stage_range){0, local};
+        return n;
+    }
+    for (int i = 0; i < n_mine; local += mine[i].count, i++)
+        for (size_t j = 0; j < n_spans; j++) {
+            const size_t a = spans[j].offset > mine[i].offset ? spans[j].offset : mine[i].offset;
+            const size_t e1 = spans[j].offset + spans[j].count, e2 = mine[i].offset + mine[i].count;
+            const size_t b = e1 < e2 ? e1 : e2;
+            if (a < b)
+                (*out)[n++] = (stage_range){local + (a - mine[i].offset),
+                                            local + (b - mine[i].offset)};
+        }
+    return n;
+}
+
+/* Stage s's parameters in the given ranges from one live peer, slice by slice, into
+ * params; a peer that fails at the transport is dropped and the next one asked. */
+static int gather_stage_params(pipeline *p, int s, const stage_range *ranges, int n_ranges,
+                               float *params, cirrus_error *err)
 {
     stage_run runs[STAGE_MAX_RUNS];
     uint64_t n;
@@ -118,60 +153,50 @@ static int gather_stage_params(pipeline *p, int s, float *params, cirrus_error *
         const int k = pipe_any_live_peer(p, s);
         if (k < 0) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
         int rc = 0;
-        for (uint64_t off = 0; off < n && !rc;) {
-            const stage_state_get q = {off, n - off < STAGE_STATE_SLICE ? n - off
-                                                                        : STAGE_STATE_SLICE};
-            wire_writer w;
-            wire_reader r;
-            wire_writer_init(&w, 64);
-            stage_msg_put_state_get(&w, &q);
-            rc = pipe_call_peer(p, s, k, STAGE_STATE_GET, &w, &r, err);
-            wire_writer_free(&w);
-            stage_state_slice sl;
-            if (!rc && (stage_msg_get_state_slice(&r, q.count, &sl) || sl.n != n))
-                rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed state slice", s);
-            if (!rc && sl.steps != p->steps_done)
-                rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d is at step %llu, the client "
-                                 "at %llu", s, (unsigned long long)sl.steps,
-                                 (unsigned long long)p->steps_done);
-            if (rc) break;
-            stage_msg_take_runs(runs, n_runs, off, sl.floats, q.count);
-            off += q.count;
-        }
+        for (int g = 0; g < n_ranges && !rc; g++)
+            for (uint64_t off = ranges[g].lo; off < ranges[g].hi && !rc;) {
+                const uint64_t left = ranges[g].hi - off;
+                const stage_state_get q = {off, left < STAGE_STATE_SLICE ? left : STAGE_STATE_SLICE};
+                wire_writer w;
+                wire_reader r;
+                wire_writer_init(&w, 64);
+                stage_msg_put_state_get(&w, &q);
+                rc = pipe_call_peer(p, s, k, STAGE_STATE_GET, &w, &r, err);
+                wire_writer_free(&w);
+                stage_state_slice sl;
+                if (!rc && (stage_msg_get_state_slice(&r, q.count, &sl) || sl.n != n))
+                    rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed state slice", s);
+                if (!rc && sl.steps != p->steps_done)
+                    rc = cirrus_fail(err, CIRRUS_EMISMATCH, "stage %d is at step %llu, the "
+                                     "client at %llu", s, (unsigned long long)sl.steps,
+                                     (unsigned long long)p->steps_done);
+                if (rc) break;
+                stage_msg_take_runs(runs, n_runs, off, sl.floats, q.count);
+                off += q.count;
+            }
         if (!pipe_is_peer_fault(rc)) return rc;
         cirrus_error why = *err;
         if ((rc = pipe_peer_failed(p, s, k, &why, err))) return rc;
     }
 }
 
-uint64_t pipeline_stages_of(const pipeline *p, const gpt_span *spans, size_t n_spans)
-{
-    uint64_t stages = 0;
-    for (int s = 0; s < p->n; s++) {
-        gpt_span mine[2];
-        const int n_mine = gpt_stage_state_spans(&p->cfg, p->link[s].l0, p->link[s].l1, mine);
-        for (int i = 0; i < n_mine; i++)
-            for (size_t j = 0; j < n_spans; j++)
-                if (spans[j].offset < mine[i].offset + mine[i].count &&
-                    mine[i].offset < spans[j].offset + spans[j].count)
-                    stages |= (uint64_t)1 << s;
-    }
-    return stages;
-}
-
 int pipeline_gather_params(pipeline *p, float *params, cirrus_error *err)
 {
-    return pipeline_gather_params_of(p, UINT64_MAX, params, err);
+    return pipeline_gather_spans(p, NULL, 0, params, err);
 }
 
-int pipeline_gather_params_of(pipeline *p, uint64_t stages, float *params, cirrus_error *err)
+int pipeline_gather_spans(pipeline *p, const gpt_span *spans, size_t n_spans, float *params,
+                          cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "parameters are gathered between steps");
     /* Last stage first: its copy of the tied wte is then overwritten by the first stage's
      * (they are equal: both take the same folded gradient). */
     for (int s = p->n - 1; s >= 0; s--) {
-        if (!(stages >> s & 1)) continue;
-        int rc = gather_stage_params(p, s, params, err);
+        stage_range *ranges;
+        const int n_ranges = stage_ranges(p, s, spans, n_spans, &ranges);
+        if (n_ranges < 0) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        int rc = n_ranges ? gather_stage_params(p, s, ranges, n_ranges, params, err) : 0;
+        free(ranges);
         if (rc) return rc;
     }
     return 0;
@@ -181,57 +206,64 @@ int pipeline_gather_params_of(pipeline *p, uint64_t stages, float *params, cirru
  * (PARAMS_SET, m and v NULL: the peers must be at the client's step) or the whole state
  * (STATE_SET: the peers take `steps` with it). A peer that fails at the transport is
  * dropped: no peer serves on with other parameters than its stage's. */
-static int install(pipeline *p, uint64_t stages, uint16_t type, const float *params,
-                   const float *m, const float *v, uint64_t steps, cirrus_error *err)
+static int install(pipeline *p, const gpt_span *spans, size_t n_spans, uint16_t type,
+                   const float *params, const float *m, const float *v, uint64_t steps,
+                   cirrus_error *err)
 {
     if (p->n_mb) return cirrus_fail(err, CIRRUS_EINVAL, "parameters are installed between steps");
     for (int s = 0; s < p->n; s++) {
-        if (!(stages >> s & 1)) continue;
         stage_run runs[STAGE_MAX_RUNS];
         uint64_t n;
         const int n_runs = stage_runs(p, s, (float *)params, (float *)m, (float *)v, runs, &n);
-        const uint64_t total = m ? 3 * n : n;
-        int done = 0;
-        for (int k = 0; k < p->link[s].n; k++) {
-            int rc = 0;
-            for (uint64_t off = 0; off < total && !rc && p->link[s].peer[k].c;) {
-                const stage_params_set q = {
-                    .steps = steps, .n = n, .offset = off,
-                    .count = total - off < STAGE_STATE_SLICE ? total - off : STAGE_STATE_SLICE};
-                wire_writer w;
-                wire_reader r;
-                wire_writer_init(&w, 64 + q.count * sizeof(float));
-                stage_msg_put_params_set(&w, &q, NULL);
-                stage_msg_put_runs(&w, runs, n_runs, off, q.count);
-                rc = pipe_call_peer(p, s, k, type, &w, &r, err);
-                wire_writer_free(&w);
-                if (!rc && stage_msg_get_empty(&r))
-                    rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed reply to "
-                                     "%s", s, m ? "STATE_SET" : "PARAMS_SET");
-                off += q.count;
-            }
+        stage_range *ranges;
+        int n_ranges = stage_ranges(p, s, spans, n_spans, &ranges);
+        if (n_ranges < 0) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        if (m) ranges[0].hi = 3 * n; /* the whole state: parameters, then both moments */
+        int done = 0, rc = 0;
+        for (int k = 0; k < p->link[s].n && n_ranges; k++) {
+            rc = 0;
+            for (int g = 0; g < n_ranges && !rc; g++)
+                for (uint64_t off = ranges[g].lo; off < ranges[g].hi && !rc && p->link[s].peer[k].c;) {
+                    const uint64_t left = ranges[g].hi - off;
+                    const stage_params_set q = {
+                        .steps = steps, .n = n, .offset = off,
+                        .count = left < STAGE_STATE_SLICE ? left : STAGE_STATE_SLICE};
+                    wire_writer w;
+                    wire_reader r;
+                    wire_writer_init(&w, 64 + q.count * sizeof(float));
+                    stage_msg_put_params_set(&w, &q, NULL);
+                    stage_msg_put_runs(&w, runs, n_runs, off, q.count);
+                    rc = pipe_call_peer(p, s, k, type, &w, &r, err);
+                    wire_writer_free(&w);
+                    if (!rc && stage_msg_get_empty(&r))
+                        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "stage %d: a malformed reply "
+                                         "to %s", s, m ? "STATE_SET" : "PARAMS_SET");
+                    off += q.count;
+                }
             if (!rc && p->link[s].peer[k].c) done++;
             if (pipe_is_peer_fault(rc)) {
                 cirrus_error why = *err;
-                if ((rc = pipe_peer_failed(p, s, k, &why, err))) return rc;
-            } else if (rc) {
-                return rc;
+                rc = pipe_peer_failed(p, s, k, &why, err);
             }
+            if (rc) break;
         }
-        if (!done) return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
+        free(ranges);
+        if (rc) return rc;
+        if (!done && n_ranges)
+            return cirrus_fail(err, CIRRUS_ECLOSED, "stage %d has no live peer", s);
     }
     return 0;
 }
 
 int pipeline_set_params(pipeline *p, const float *params, cirrus_error *err)
 {
-    return install(p, UINT64_MAX, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
+    return pipeline_set_spans(p, NULL, 0, params, err);
 }
 
-int pipeline_set_params_of(pipeline *p, uint64_t stages, const float *params,
-                           cirrus_error *err)
+int pipeline_set_spans(pipeline *p, const gpt_span *spans, size_t n_spans, const float *params,
+                       cirrus_error *err)
 {
-    return install(p, stages, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
+    return install(p, spans, n_spans, STAGE_PARAMS_SET, params, NULL, NULL, p->steps_done, err);
 }
 
 int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
@@ -240,7 +272,7 @@ int pipeline_set_state(pipeline *p, const float *params, const float *adam_m,
     if (!params || !adam_m || !adam_v || steps == STAGE_STEPS_UNKNOWN)
         return cirrus_fail(err, CIRRUS_EINVAL, "a state to install needs parameters, both "
                            "moments and a step");
-    int rc = install(p, UINT64_MAX, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
+    int rc = install(p, NULL, 0, STAGE_STATE_SET, params, adam_m, adam_v, steps, err);
     /* Every live peer took the whole state: they are all at `steps` (a peer that failed
      * was dropped), and a stage that had lost its state has one again. */
     if (!rc) {
