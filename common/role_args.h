@@ -56,6 +56,7 @@
 #define ROLE_FLAG_CODEC "codec"               /* gateway: the WAN codec (wan_codec_parse) */
 #define ROLE_FLAG_OUTER_LR "outer-lr"         /* gateway: outer learning rate */
 #define ROLE_FLAG_OUTER_MOMENTUM "outer-momentum" /* gateway: outer Nesterov momentum */
+#define ROLE_FLAG_FRAGMENTS "fragments"       /* gateway: staggered fragments of the outer sync */
 #define ROLE_FLAG_CKPT "ckpt"                 /* client (0 only): checkpoint directory */
 #define ROLE_FLAG_CKPT_EVERY "ckpt-every"     /* client: steps between checkpoints */
 #define ROLE_FLAG_MAX_CONNECTIONS "max-connections" /* gateway, stage: connections served

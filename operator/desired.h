@@ -76,6 +76,8 @@
 /* The largest spec.gateway.outerMomentum (the CRD's maximum; the trainer's --outer-momentum
  * takes at most 0.999). */
 #define DESIRED_MAX_OUTER_MOMENTUM 0.999
+/* The most spec.gateway.fragments (the CRD's maximum; the trainer's OUTER_MAX_FRAGMENTS). */
+#define DESIRED_MAX_FRAGMENTS 8
 
 /* Longest object name built here (a DNS label). */
 #define CIRRUS_NAME_MAX 63

@@ -86,6 +86,7 @@ static void wan_args(json_t *args, int *bad, const job_view *v, const region_vie
     argf(args, bad, ROLE_ARG(ROLE_FLAG_WAN_LISTEN), "0.0.0.0:%lld", v->wan_port);
     arg(args, bad, ROLE_ARG(ROLE_FLAG_TLS_DIR), CIRRUS_TLS_DIR);
     arg(args, bad, ROLE_ARG(ROLE_FLAG_CODEC), v->codec);
+    argf(args, bad, ROLE_ARG(ROLE_FLAG_FRAGMENTS), "%lld", v->fragments);
     /* %.9g: every float the trainer's flags hold, and 0.7 stays "0.7". */
     argf(args, bad, ROLE_ARG(ROLE_FLAG_OUTER_LR), "%.9g", v->outer_lr);
     argf(args, bad, ROLE_ARG(ROLE_FLAG_OUTER_MOMENTUM), "%.9g", v->outer_momentum);

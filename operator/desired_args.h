@@ -33,7 +33,7 @@ typedef struct job_view {
     long long gw_port;
     const json_t *svc_annotations;
     /* The gateways' outer steps (spec.gateway), used with more than one region only. */
-    long long sync_every, wan_port;
+    long long sync_every, wan_port, fragments;
     const char *codec; /* a spec wan_codec_parse takes */
     double outer_lr, outer_momentum;
     /* Every region's name, in the spec's order (desired_build fills it before building). */

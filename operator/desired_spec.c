@@ -284,6 +284,8 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
         (rc = get_int(o, "wanPort", "spec.gateway", 1, 65535, DESIRED_DEFAULT_WAN_PORT,
                       &v->wan_port, err)) ||
         (rc = get_str(o, "codec", "spec.gateway", "q8", 1, &v->codec, err)) ||
+        (rc = get_int(o, "fragments", "spec.gateway", 1, DESIRED_MAX_FRAGMENTS, 1, &v->fragments,
+                      err)) ||
         (rc = get_num(o, "outerLearningRate", "spec.gateway", 0, 1, 10, 0, 0.7, &v->outer_lr,
                       err)) ||
         (rc = get_num(o, "outerMomentum", "spec.gateway", 0, 0, DESIRED_MAX_OUTER_MOMENTUM, 0,
@@ -296,6 +298,11 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
                            "spec.gateway.codec '%s' is not none, fp16, q8, topk:DENSITY[:8|:16] "
                            "(DENSITY in (0, 1]) or lowbit:2|4, optionally followed by +zstd",
                            v->codec);
+    if (v->fragments > v->sync_every)
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.gateway.fragments (%lld) must not exceed spec.gateway.syncEvery "
+                           "(%lld): each fragment syncs at an inner step of its own",
+                           v->fragments, v->sync_every);
     /* The gateway's Service has the ports coord (port), http and wan; its container listens
      * on ROLE_PORT_COORDINATOR, ROLE_PORT_HTTP and wanPort. */
     if (v->gw_port == ROLE_PORT_HTTP)

@@ -121,7 +121,7 @@ expect_eq "gateway Services" "tiny-bible-r1-gw tiny-bible-r2-gw" \
 # Two regions: the gateways take outer steps together over their WAN port.
 gw_args=$(kn get pod tiny-bible-r2-gw -o jsonpath='{.spec.containers[0].args[*]}')
 check "r2's gateway: outer steps every 100, every region's gateway Service on the WAN port, the job's certificates" \
-    grep -q -- "--model tiny --sync-every 100 --region r2 --regions r1=tiny-bible-r1-gw.$NS.svc:7443,r2=tiny-bible-r2-gw.$NS.svc:7443 --wan-listen 0.0.0.0:7443 --tls-dir /etc/cirrus/tls --codec q8 --outer-lr 0.7 --outer-momentum 0.9" <<<"$gw_args"
+    grep -q -- "--model tiny --sync-every 100 --region r2 --regions r1=tiny-bible-r1-gw.$NS.svc:7443,r2=tiny-bible-r2-gw.$NS.svc:7443 --wan-listen 0.0.0.0:7443 --tls-dir /etc/cirrus/tls --codec q8 --fragments 1 --outer-lr 0.7 --outer-momentum 0.9" <<<"$gw_args"
 expect_eq "r2's gateway Service ports" "coord:7400:coord http:7480:http wan:7443:wan" \
     "$(kn get svc tiny-bible-r2-gw -o jsonpath='{range .spec.ports[*]}{.name}:{.port}:{.targetPort} {end}' | sed 's/ $//')"
 expect_eq "r2's gateway container ports" "coord:7400 http:7480 wan:7443" \

@@ -21,7 +21,8 @@ TEST(desired_outer_two_regions)
                "--sync-every 100 "
                "--region r1 --regions r1=tiny-bible-r1-gw.train.svc:7443,"
                "r2=tiny-bible-r2-gw.train.svc:7443 --wan-listen 0.0.0.0:7443 "
-               "--tls-dir /etc/cirrus/tls --codec q8 --outer-lr 0.7 --outer-momentum 0.9",
+               "--tls-dir /etc/cirrus/tls --codec q8 --fragments 1 --outer-lr 0.7 "
+               "--outer-momentum 0.9",
                "r1 gateway args");
     assert_str(arg_of(pod(&d, "tiny-bible-r2-gw"), "--region"), "r2", "r2 --region");
     assert_str(arg_of(pod(&d, "tiny-bible-r2-gw"), "--regions"),
@@ -59,6 +60,7 @@ TEST(desired_outer_two_regions)
     json_object_set_new(g, "codec", json_string("topk:0.01:8+zstd"));
     json_object_set_new(g, "outerLearningRate", json_integer(1));
     json_object_set_new(g, "outerMomentum", json_real(0));
+    json_object_set_new(g, "fragments", json_integer(4));
     json_object_set_new(spec_of(job), "model",
                         json_pack("{s:s, s:i, s:i, s:i, s:i}", "preset", "small", "layers", 5,
                                   "width", 256, "heads", 8, "context", 64));
@@ -72,7 +74,7 @@ TEST(desired_outer_two_regions)
                "--context 64 --sync-every 25 --region eu-west-1 "
                "--regions r1=tiny-bible-r1-gw.train.svc:9443,r2=tiny-bible-r2-gw.train.svc:9443,"
                "eu-west-1=tiny-bible-eu-west-1-gw.train.svc:9443 --wan-listen 0.0.0.0:9443 "
-               "--tls-dir /etc/cirrus/tls --codec topk:0.01:8+zstd --outer-lr 1 "
+               "--tls-dir /etc/cirrus/tls --codec topk:0.01:8+zstd --fragments 4 --outer-lr 1 "
                "--outer-momentum 0",
                "eu-west-1 gateway args");
     assert_str(arg_of(pod(&d, "tiny-bible-r1-c0"), "--sync-every"), "25", "client --sync-every");
@@ -100,6 +102,7 @@ TEST(desired_outer_two_regions)
     assert_str(arg_of(gp, "--wan-listen"), "0.0.0.0:7443", "default --wan-listen");
     assert_str(arg_of(gp, "--outer-lr"), "0.7", "default --outer-lr");
     assert_str(arg_of(gp, "--outer-momentum"), "0.9", "default --outer-momentum");
+    assert_str(arg_of(gp, "--fragments"), "1", "default --fragments");
     desired_job_free(&d);
     json_decref(job);
 }
@@ -175,10 +178,12 @@ TEST(desired_outer_errors)
     /* The outer steps' numbers. */
     const char *field[] = {"syncEvery", "syncEvery", "syncEvery", "outerLearningRate",
                            "outerLearningRate", "outerLearningRate", "outerMomentum",
-                           "outerMomentum", "outerMomentum", "outerMomentum"};
+                           "outerMomentum", "outerMomentum", "outerMomentum", "fragments",
+                           "fragments", "fragments", "fragments"};
     json_t *value[] = {json_integer(0), json_integer(1000001), json_real(1.5), json_integer(0),
                        json_real(10.5), json_string("0.7"), json_integer(1), json_real(-0.1),
-                       json_real(0.9995), json_null()};
+                       json_real(0.9995), json_null(), json_integer(0), json_integer(9),
+                       json_real(2.5), json_null()};
     for (size_t i = 0; i < sizeof field / sizeof *field; i++) {
         j = sample_job();
         char what[64];
@@ -195,6 +200,11 @@ TEST(desired_outer_errors)
         json_object_set_new(gateway_spec(j), field[i], value[i]);
         expect_invalid(j, what);
     }
+    /* More fragments than inner steps between outer steps: each needs a step of its own. */
+    j = sample_job();
+    json_object_set_new(gateway_spec(j), "syncEvery", json_integer(3));
+    json_object_set_new(gateway_spec(j), "fragments", json_integer(4));
+    expect_invalid(j, "must not exceed spec.gateway.syncEvery");
     /* Codecs: the forms wan_codec_parse takes, and only those. */
     const char *good[] = {"none", "fp16", "q8", "lowbit:2", "lowbit:4", "topk:0.01", "topk:1",
                           "topk:1.0", "topk:01.00", "topk:.5", "topk:00.5", "topk:0.05:16",

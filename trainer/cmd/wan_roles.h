@@ -49,7 +49,7 @@ typedef struct wan_flags {
          "cap what each gateway sends on the WAN, in Mbit/s, TLS included (a link's rate "    \
          "for --codec auto to adapt to; 0: no cap; default 0)",                               \
          0},                                                                                  \
-        {"fragments", FLAG_INT, &(w).fragments, 1, OUTER_MAX_FRAGMENTS,                       \
+        {ROLE_FLAG_FRAGMENTS, FLAG_INT, &(w).fragments, 1, OUTER_MAX_FRAGMENTS,                       \
          "cut the synchronised parameters into this many groups of layers, each synchronised " \
          "on its own at staggered times within the --sync-every window, spreading the WAN "   \
          "traffic over it (Streaming DiLoCo; every region's gateway alike; default 1)",       \
