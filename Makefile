@@ -176,6 +176,8 @@ test-wan: $(BIN)/cirrus-trainer $(ASAN_BUILD)/bin/cirrus-trainer $(CORPUS)
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/gateways.sh $(BIN)/cirrus-trainer
 	@echo "cirrus: the gateway restart again, every process under ASan + UBSan"
 	CIRRUS_CORPUS=$(CORPUS) ASAN_OPTIONS=detect_leaks=0 bash tests/wan/gateways.sh $(ASAN_BUILD)/bin/cirrus-trainer
+	@echo "cirrus: the gateway restart with the parameters in 2 fragments (--fragments), under ASan + UBSan"
+	FRAGMENTS=2 CIRRUS_CORPUS=$(CORPUS) ASAN_OPTIONS=detect_leaks=0 bash tests/wan/gateways.sh $(ASAN_BUILD)/bin/cirrus-trainer
 	CIRRUS_CORPUS=$(CORPUS) bash tests/wan/shaped.sh $(BIN)/cirrus-trainer
 
 test-cli: $(BIN)/cirrus-trainer $(CORPUS)
