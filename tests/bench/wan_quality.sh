@@ -9,7 +9,7 @@
 # itself are about 1%, as large as the gaps measured) and the largest gap of one seed against
 # data parallel of the same seed.
 # Usage: wan_quality.sh TRAINER [STEPS]   (CIRRUS_CORPUS names the corpus)
-#   SEEDS (default "1337 7 99"), CONFIGS ("H codec outer-lr sync-params delay;..." )
+#   SEEDS (default "1337 7 99"), CONFIGS ("H codec outer-lr sync-params delay [fragments];...")
 set -u
 bin=$1 steps=${2:-3000}
 seeds=(${SEEDS:-1337 7 99})
@@ -45,7 +45,8 @@ row "data parallel (fp32, per step)" "$dp_bytes" $(for s in "${seeds[@]}"; do ec
 default="100 none 0.7 all 0;50 none 0.7 all 0;100 q8 0.7 all 0;100 lowbit:4+zstd 0.7 all 0"
 default+=";100 lowbit:2+zstd 0.7 all 0;50 lowbit:2+zstd 0.7 all 0;50 lowbit:2+zstd 0.5 all 0"
 default+=";50 lowbit:2+zstd 0.5 no-embed 0;100 lowbit:2+zstd 0.5 no-embed 0"
-default+=";50 lowbit:2+zstd 0.5 no-embed 10;100 topk:0.01+zstd 0.7 all 0"
+default+=";50 lowbit:2+zstd 0.5 no-embed 10;50 lowbit:2+zstd 0.5 no-embed 10 4"
+default+=";100 topk:0.01+zstd 0.7 all 0"
 IFS=';' read -ra configs <<<"${CONFIGS:-$default}"
 for cfg in "${configs[@]}"; do
     set -- $cfg
@@ -53,9 +54,10 @@ for cfg in "${configs[@]}"; do
     for s in "${seeds[@]}"; do
         out=$("$bin" local --regions 2 "${model[@]}" --batch 8 --steps "$steps" --seed "$s" \
             --sync-every "$1" --codec "$2" --outer-lr "$3" --sync-params "$4" --sync-delay "$5" \
-            --json 2>/dev/null)
+            --fragments "${6:-1}" --json 2>/dev/null)
         vals+=("$(val <<<"$out")")
         w=${w:-$(wan <<<"$out")}
     done
-    row "H=$1 $2 lr $3 $4$([ "$5" != 0 ] && echo " delay $5")" "$w" "${vals[@]}"
+    row "H=$1 $2 lr $3 $4$([ "$5" != 0 ] && echo " delay $5")$([ "${6:-1}" != 1 ] && echo " frag $6")" \
+        "$w" "${vals[@]}"
 done
