@@ -331,5 +331,14 @@ else
     bad unknown_codec_refused; cat "$tmp/bad.err"
 fi
 
+# More fragments than inner steps between syncs: refused with one line (exit 2).
+"$bin" local --regions 2 --fragments 4 --sync-every 3 --steps 1 >/dev/null 2>"$tmp/bad.err"
+if [ $? -eq 2 ] && grep -q -- "--fragments 4 needs --sync-every 4" "$tmp/bad.err" &&
+    [ "$(wc -l <"$tmp/bad.err")" -eq 1 ]; then
+    ok more_fragments_than_steps_refused
+else
+    bad more_fragments_than_steps_refused; cat "$tmp/bad.err"
+fi
+
 echo "wan: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -379,6 +379,11 @@ int roles_cmd_local(int argc, char **argv)
     wan_codec_params codec_check;
     if (wan.sync_every && (strcmp(wan.codec, "auto") && wan_codec_parse(wan.codec, &codec_check, &err)))
         return cli_fail_input("local", &err);
+    if (wan.sync_every && wan.fragments > wan.sync_every) {
+        cirrus_fail(&err, CIRRUS_EINVAL, "--fragments %d needs --sync-every %d or more: each "
+                    "fragment pushes at an inner step of its own", wan.fragments, wan.fragments);
+        return cli_fail_input("local", &err);
+    }
     ckpt_meta held;
     if (n_regions > 1 && o.ckpt_dir && ckpt_read_meta(o.ckpt_dir, &held, &err) != CIRRUS_ENOENT) {
         /* Region 0 alone writes the checkpoint (the regions end with one model); resuming
