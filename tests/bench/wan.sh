@@ -154,12 +154,23 @@ done
 # each repetition's ratio to the run without syncs beside it. A step's time from the
 # client's per-step tokens/s, averaged over the steady state: from the first sync's step to
 # the step before the last (the run's last step always waits for its sync, whatever the
-# delay: the run ends with the global model).
+# delay: the run ends with the global model). Stalls: the time steps took beyond 3x the
+# median step (a client waiting for a sync), as a share of all the steps' time; what is left
+# of the slowdown is every step being slower (the gateway, the clients' gathering and
+# installing, and the shaped link's emulation all share the training's cores here).
 step_s() { python3 -c 'import json, sys
 lo, hi = 50, int(sys.argv[1]) - 1
 v = [json.loads(l) for f in sys.argv[2:] for l in open(f) if l.startswith("{\"step\"") and "final" not in l]
 t = [4 * 32 / o["tokens_per_s"] for o in v if lo <= o["step"] < hi]
 print(sum(t) / len(t))' "$steps" "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
+stall_share() { python3 -c 'import json, statistics, sys
+lo, hi, out = 50, int(sys.argv[1]) - 1, []
+for f in sys.argv[2:]:
+    v = [json.loads(l) for l in open(f) if l.startswith("{\"step\"") and "final" not in l]
+    t = [4 * 32 / o["tokens_per_s"] for o in v if lo <= o["step"] < hi]
+    m = statistics.median(t)
+    out.append(sum(x - m for x in t if x > 3 * m) / sum(t))
+print(sum(out) / len(out))' "$steps" "$tmp/$1/c0.out" "$tmp/$1/c1.out"; }
 echo
 sync=0 steps=400 client_flags=(--log-every 1)
 for i in 0 1; do wan_unshape "$i"; done
@@ -190,11 +201,13 @@ for rep in $(seq 1 "$reps"); do
     fi
 done
 python3 - "$reps" "$(step_s overlap-block)" $(for rep in $(seq 1 "$reps"); do
-    for k in none delay frag fast; do step_s "overlap-$k-$rep"; done; done) <<'PY'
+    for k in none delay frag fast; do step_s "overlap-$k-$rep"; done
+    for k in delay frag; do stall_share "overlap-$k-$rep"; done; done) <<'PY'
 import statistics, sys
 reps, block = int(sys.argv[1]), float(sys.argv[2])
 v = [float(x) for x in sys.argv[3:]]
-runs = [dict(zip(("none", "delay", "frag", "fast"), v[4 * r:4 * r + 4])) for r in range(reps)]
+keys = ("none", "delay", "frag", "fast", "delay_stall", "frag_stall")
+runs = [dict(zip(keys, v[6 * r:6 * r + 6])) for r in range(reps)]
 def med(k): return statistics.median(r[k] / r["none"] - 1 for r in runs)
 def each(k): return ", ".join(f"{r[k] / r['none'] - 1:+.1%}" for r in runs)
 base = statistics.median(r["none"] for r in runs)
@@ -202,6 +215,9 @@ print(f"cirrus: overlap ({reps} repetitions; medians of each one's ratio): witho
       f"--sync-delay 25 {med('delay'):+.1%} ({each('delay')}); with --fragments 4 too {med('frag'):+.1%} "
       f"({each('frag')}; goal <= +5%); blocking syncs {block / runs[0]['none'] - 1:+.1%}; "
       f"--sync-delay 25 on an unshaped link {med('fast'):+.1%} ({each('fast')})")
+stalls = lambda k: ", ".join(f"{r[k]:.1%}" for r in runs)
+print(f"cirrus: overlap: share of the step time spent stalled on a sync: --sync-delay 25 "
+      f"{stalls('delay_stall')}; with --fragments 4 {stalls('frag_stall')}")
 PY
 
 # 100 MB of parameters (--codec none: 4 bytes each) at 100 Mbit/s, over TLS: ideal 8 s a
