@@ -160,7 +160,13 @@ want_counts() {
     echo "${out% }"
 }
 counts_right() { local j; for j in fa fb fc; do [[ "$(counts_of $j)" == "$(want_counts $j)" ]] || return 1; done; }
-converged() { all_pods_up && counts_right; }
+# The phase too: it follows the pods' readiness, which the operator hears of after the pods
+# run, so it may turn Running a reconcile after the counts are right.
+phases_running() {
+    local j
+    for j in fa fb fc; do [[ "$(kn get sj "$j" -o jsonpath='{.status.phase}')" == Running ]] || return 1; done
+}
+converged() { all_pods_up && counts_right && phases_running; }
 if poll_until "$converge_s" converged; then
     ok "converged $(($(date +%s) - t_calm)) s after the proxy began to behave (limit $converge_s s)"
 else
