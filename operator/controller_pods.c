@@ -319,6 +319,9 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
  * error (it waits for the retry). Costs what re-applying them did before: one request
  * each. */
 enum { NOT_ASKED = -1, GONE = 0, EXISTS = 1, NEVER_KNOWN = 2 };
+/* The uid remembered for a pod surely made whose create answer was cut short: no real uid
+ * (those are UUIDs), so the pod's first sighting replaces it. */
+#define UID_MADE "made"
 static void confirm_unseen(controller *ctl, const json_t *job, job_mem *m,
                            const char *const *names, size_t n, int *found, int *rcs,
                            cirrus_error *errs)
@@ -347,8 +350,10 @@ static void confirm_unseen(controller *ctl, const json_t *job, job_mem *m,
         if (!calls[c].rc) {
             found[i] = EXISTS;
             /* A create whose answer was lost did make it: now its uid is known. */
-            if (uid && !*uid && got) ctl_mark_seen(m, names[i], got, 0, 0);
+            if (uid && (!*uid || !strcmp(uid, UID_MADE)) && got)
+                ctl_mark_seen(m, names[i], got, 0, 0);
         } else if (calls[c].rc == CIRRUS_ENOENT) {
+            /* Gone: a preemption if it was ever made (its uid known, or UID_MADE). */
             found[i] = uid && *uid ? GONE : NEVER_KNOWN;
         } else {
             rcs[i] = calls[c].rc;
@@ -415,12 +420,15 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
         rcs[i] = calls[c].rc;
         if (rcs[i]) {
             errs[i] = calls[c].err;
-            /* Perhaps made with its answer lost (no answer: a timeout, a cut connection; a
-             * 5xx; a 2xx body cut short): the next reconcile asks whether it exists before
+            /* Made with its answer cut short (a 2xx whose body did not parse: it exists,
+             * its uid unknown, UID_MADE), or perhaps made (no answer: a timeout, a cut
+             * connection; a 5xx: uid ""): the next reconcile asks whether it exists before
              * making it again, so that a pod made here and deleted before the cache showed
-             * it is still counted. A refusal (4xx) made nothing. */
+             * it is still counted, always when it was surely made. A refusal (4xx) made
+             * nothing. */
             long http = calls[c].http_status;
-            if (http == 0 || http >= 500 || http < 300) ctl_mark_seen(m, names[i], "", 0, 0);
+            if (http >= 200 && http < 300) ctl_mark_seen(m, names[i], UID_MADE, 0, 0);
+            else if (http == 0 || http >= 500) ctl_mark_seen(m, names[i], "", 0, 0);
         } else {
             ctl->stats.pods_created++;
             const char *uid = meta_str(calls[c].response, "uid");
