@@ -17,6 +17,8 @@
 
 typedef struct outer_lane outer_lane;
 
+#define WAN_ADDR_MAX 279 /* bytes of a gateway's HOST:PORT */
+
 /* One region's message of one round, as it arrives (or, for this region, as sent). */
 typedef struct round_slot {
     uint64_t round;      /* 0: empty */
@@ -50,7 +52,7 @@ struct outer_lane {
     outer_sync_options o;
     char job[WIRE_JOB_ID_MAX + 1];
     char names[WAN_MAX_REGIONS][WAN_REGION_MAX + 1];
-    char addrs[WAN_MAX_REGIONS][280];
+    char addrs[WAN_MAX_REGIONS][WAN_ADDR_MAX + 1];
     uint64_t n;
     size_t max_message;        /* the largest codec message any gateway may send */
     int lfd;

@@ -234,7 +234,7 @@ int outer_sync_start(const outer_sync_options *o, outer_sync **out, cirrus_error
         return cirrus_fail(err, CIRRUS_EINVAL, "--fragments %d needs --sync-every %d or more: "
                            "each fragment pushes at an inner step of its own", lanes, lanes);
     for (int r = 0; r < o->n_regions; r++)
-        if (strlen(o->region_names[r]) > WAN_REGION_MAX || strlen(o->wan_addrs[r]) >= 280)
+        if (strlen(o->region_names[r]) > WAN_REGION_MAX || strlen(o->wan_addrs[r]) > WAN_ADDR_MAX)
             return cirrus_fail(err, CIRRUS_EINVAL, "region %d: name or address too long", r);
     outer_sync *g = calloc(1, sizeof *g);
     if (!g) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the outer sync");

@@ -1,6 +1,7 @@
 /* outer_client: see outer_client.h. */
 #include "outer_client.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -32,6 +33,7 @@ typedef struct frag {
     uint64_t pending_round, pushed_at;
     uint64_t pushed_step; /* the inner step of the parameters last pushed */
     uint64_t tokens, outer_step, digest;
+    char name[48];        /* " (fragment f of P)" in logs; "" with one fragment */
 } frag;
 
 struct outer_client {
@@ -46,29 +48,12 @@ struct outer_client {
     uint64_t final_step; /* the run's last inner step */
     const volatile sig_atomic_t *stop;
     uint64_t wan_bytes;
+    int region, regions;  /* the region's index among the job's and their number (PULL_OK) */
     int n_frags;
     frag frag[OUTER_MAX_FRAGMENTS];
 };
 
 static int head_pull(outer_client *oc, outer_pull_ok *a, cirrus_error *err);
-
-/* " (fragment f of P)" for logs; "" with one fragment. */
-static const char *frag_name(const outer_client *oc, const frag *fr)
-{
-    static const char *const names[OUTER_MAX_FRAGMENTS][OUTER_MAX_FRAGMENTS] = {
-#define N(f, p) " (fragment " #f " of " #p ")"
-        {""},
-        {N(0, 2), N(1, 2)},
-        {N(0, 3), N(1, 3), N(2, 3)},
-        {N(0, 4), N(1, 4), N(2, 4), N(3, 4)},
-        {N(0, 5), N(1, 5), N(2, 5), N(3, 5), N(4, 5)},
-        {N(0, 6), N(1, 6), N(2, 6), N(3, 6), N(4, 6), N(5, 6)},
-        {N(0, 7), N(1, 7), N(2, 7), N(3, 7), N(4, 7), N(5, 7), N(6, 7)},
-        {N(0, 8), N(1, 8), N(2, 8), N(3, 8), N(4, 8), N(5, 8), N(6, 8), N(7, 8)},
-#undef N
-    };
-    return names[oc->n_frags - 1][fr->f];
-}
 
 int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int every,
                       int delay, const char *sync_spec, uint64_t final_step, int timeout_ms,
@@ -89,7 +74,11 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
     outer_pull_ok a;
     /* The gateway says how many fragments it cuts the parameters into. */
     int rc = head_pull(oc, &a, err);
-    if (!rc) oc->n_frags = a.fragments;
+    if (!rc) {
+        oc->n_frags = a.fragments;
+        oc->region = a.region;
+        oc->regions = a.regions;
+    }
     if (!rc && every < oc->n_frags)
         rc = cirrus_fail(err, CIRRUS_EINVAL, "--sync-every %d is below the gateway's %d "
                          "fragments: each needs an inner step of its own", every, oc->n_frags);
@@ -104,6 +93,8 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
         outer_fragment_range(all.count, oc->n_frags, f, &lo, &hi);
         fr->f = f;
         fr->lead = outer_fragment_lead(every, oc->n_frags, f);
+        if (oc->n_frags > 1)
+            snprintf(fr->name, sizeof fr->name, " (fragment %d of %d)", f, oc->n_frags);
         rc = sync_params_slice(&all, lo, hi, &fr->sp, err);
         fr->m = fr->sp.count;
         widest = fr->m > widest ? fr->m : widest;
@@ -222,7 +213,7 @@ static int pull(outer_client *oc, frag *fr, uint64_t round, int wait, cirrus_err
             /* The gateway does not hold our push (it restarted and took the job's state
              * from another region): push the same parameters again. */
             log_warn("outer: the gateway lost this region's push of outer step %llu%s: "
-                     "sending it again", (unsigned long long)round, frag_name(oc, fr));
+                     "sending it again", (unsigned long long)round, fr->name);
             if ((rc = send_push(oc, fr, round, fr->pushed_step, deadline, err))) return rc;
             off = 0;
             continue;
@@ -274,11 +265,9 @@ static int head_pull(outer_client *oc, outer_pull_ok *a, cirrus_error *err)
 
 int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err)
 {
-    outer_pull_ok a;
-    int rc = head_pull(oc, &a, err);
-    if (rc) return rc;
-    *rank = a.region;
-    *world = a.regions;
+    (void)err; /* told by the gateway at outer_client_open */
+    *rank = oc->region;
+    *world = oc->regions;
     return 0;
 }
 
@@ -330,7 +319,7 @@ static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
         log_info("outer: outer step %llu merged at inner step %llu (pushed at %llu)%s",
                  (unsigned long long)fr->pending_round,
                  (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)fr->pushed_at,
-                 frag_name(oc, fr));
+                 fr->name);
         if ((rc = gather(oc, fr, oc->now, err))) return rc;
         sync_params_pack(&fr->sp, oc->now, oc->scratch);
         for (uint64_t i = 0; i < fr->m; i++)
@@ -378,7 +367,7 @@ static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_err
                  * was cut off, or its gateway restarted or repaired): the region takes it
                  * too, and joins this round if the job is not past it yet. */
                 log_warn("outer: %s; the region takes the global parameters%s", err->msg,
-                         frag_name(oc, fr));
+                         fr->name);
                 fr->tokens = 0;
                 if ((rc = take_latest(oc, fr, err))) return rc;
                 if (fr->outer_step >= want) return 0; /* the job is past it */

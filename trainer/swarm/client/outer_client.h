@@ -36,9 +36,9 @@ int outer_client_open(pipeline *p, coord_client *cc, const gpt_config *cfg, int 
                       cirrus_error *err);
 void outer_client_close(outer_client *oc);
 
-/* The region's index among the job's regions and their number, as its gateway says: the
- * region trains on that shard of every global batch (train_options data_rank, data_world),
- * so that the regions' pseudo-gradients come from disjoint data. */
+/* The region's index among the job's regions and their number, as its gateway said at
+ * outer_client_open: the region trains on that shard of every global batch (train_options
+ * data_rank, data_world), so that the regions' pseudo-gradients come from disjoint data. */
 int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err);
 
 /* Round 0, before the first step. */
