@@ -57,7 +57,6 @@ struct outer_lane {
     size_t max_message;        /* the largest codec message any gateway may send */
     int lfd;
     atomic_int stopping;
-    net_pacer *pacer;          /* --wan-mbit: every WAN connection's sends; NULL: none */
     pthread_t acceptor, worker;
     int acceptor_started, worker_started;
 

@@ -180,7 +180,6 @@ static int lane_new(outer_sync *g, const outer_sync_options *o, int f, uint64_t 
     os->max_message = wan_encode_bound(os->n, &widest);
     os->round = -1;
     os->lfd = f == 0 ? o->listen_fd : -1;
-    os->pacer = g->pacer;
     pthread_mutex_init(&os->mu, NULL);
     pthread_cond_init(&os->changed, NULL);
     os->theta = malloc(os->n * sizeof(float));

@@ -442,7 +442,7 @@ static void *accept_main(void *arg)
         cirrus_error err = {0};
         int rc = net_accept(os->lfd, WAN_POLL_MS, &c, &err);
         if (rc == CIRRUS_ETIMEDOUT) continue;
-        if (!rc) net_conn_set_pacer(c, os->pacer); /* its answers (a state fetch) go up too */
+        if (!rc) net_conn_set_pacer(c, os->group->pacer); /* its answers (a state fetch) go up too */
         if (rc) {
             log_warn("outer: accept: %s", err.msg);
             usleep(50 * 1000);
@@ -575,7 +575,7 @@ static int sender_connect(outer_lane *os, int j, cirrus_error *err)
     if (!rc) rc = net_connect(host, port, WAN_CONNECT_MS, &c, err);
     if (rc) return rc;
     keep_alive(c);
-    net_conn_set_pacer(c, os->pacer);
+    net_conn_set_pacer(c, os->group->pacer);
     pthread_mutex_lock(&os->mu);
     pe->out = c;
     pthread_mutex_unlock(&os->mu);
