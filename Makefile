@@ -130,13 +130,16 @@ test: deps
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
 	@# real nodes' set-up downloads and builds images; the CUDA build mostly downloads while
-	@# the real-node suite trains. Fuzzing runs alone: its 1 s per-input limit is wall time.
+	@# the real-node suite trains. Fuzzing runs beside no other suite: its 1 s per-input limit
+	@# is wall time.
 	@# &test-prefetch: the Go builds of the control plane, helm and the real nodes' binaries, at
 	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
 	@# time); the suites that need the binaries wait for the build if it is still running.
+	@# On a cold machine the build outlasts the suites that do not need it by minutes: fuzzing
+	@# comes last among those, filling that wait instead of adding to the run's end.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-cluster \
-	  test-operator+nodes-prep test-fuzz test-cuda-build+test-nodes
+	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz test-cluster \
+	  test-operator+nodes-prep test-cuda-build+test-nodes
 
 # What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
 # niced, so that a cold run builds it while the first suites run (the installers take locks:
