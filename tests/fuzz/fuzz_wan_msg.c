@@ -1,12 +1,14 @@
 /* fuzz_wan_msg: the bodies of the messages between the gateways of a job's regions
- * (trainer/gateway/wan_msg.c: JOIN and JOIN_OK, PART, DONE, DONE_OK, STATE, STATE_OK) and
+ * (trainer/gateway/wan_msg.c: JOIN and JOIN_OK, PART, DONE, DONE_OK, STATE, STATE_OK, HAVE,
+ * HAVE_OK) and
  * between a region's leader client and its gateway (trainer/gateway/outer_msg.c: PUSH,
  * PULL, PULL_OK), as their receivers meet them.
  *
  * Input: byte 0 selects the decoder, bytes 1-8 are the little-endian u64 its caller
- * supplies (the model's n: PUSH, PULL and STATE take it as it is, PART and DONE the
+ * supplies (the model's n: PUSH, PULL and STATE take it as it is, PART, DONE and HAVE the
  * largest message a gateway may send for it, wan_encode_bound(n, none+zstd), as
- * outer_sync.c computes it; the count asked for: STATE_OK, PULL_OK), the rest is the
+ * outer_sync.c computes it; the count asked for: STATE_OK, PULL_OK; the message's size:
+ * HAVE_OK), the rest is the
  * frame's payload. Invariants:
  *   the verdict is that of the format in the headers, recomputed here from the bytes:
  *     exact length, every documented cap (offset + count within n or 2n, count within
@@ -27,14 +29,18 @@
 #include "../../trainer/gateway/wan_codec.h"
 #include "../../trainer/gateway/wan_msg.h"
 
-enum { M_JOIN, M_PART, M_DONE, M_DONE_OK, M_STATE, M_STATE_OK, M_PUSH, M_PULL, M_PULL_OK, M_COUNT };
+enum {
+    M_JOIN, M_PART, M_DONE, M_DONE_OK, M_STATE, M_STATE_OK, M_PUSH, M_PULL, M_PULL_OK, M_HAVE,
+    M_HAVE_OK, M_COUNT
+};
 
 typedef struct decoded {
     int rc;
     wan_join join;
     wan_part part;
     wan_done done;
-    uint64_t u0, u1; /* DONE_OK's round and receive ms; STATE's offset and count */
+    uint64_t u0, u1; /* DONE_OK's round and receive ms; STATE's offset and count; HAVE's
+                      * round and total; HAVE_OK's got and hash */
     wan_state_slice slice;
     outer_push push;
     outer_pull pull;
@@ -88,6 +94,8 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
         return offset <= 2 * arg && count <= 2 * arg - offset && count <= WAN_STATE_SLICE;
     }
     case M_STATE_OK: return arg <= WAN_STATE_SLICE && len == 16 + 4 * arg;
+    case M_HAVE: return len == 16 && le_get(b + 8, 8) <= max_message(arg);
+    case M_HAVE_OK: return len == 16 && le_get(b, 8) <= arg;
     case M_PUSH: {
         if (len < 50) return 0;
         uint64_t n_params = le_get(b + 26, 8), offset = le_get(b + 34, 8), count = le_get(b + 42, 8);
@@ -120,6 +128,8 @@ static decoded decode(int sel, uint64_t arg, const uint8_t *b, size_t len)
     case M_DONE_OK: d.rc = wan_msg_get_done_ok(&r, &d.u0, &d.u1); break;
     case M_STATE: d.rc = wan_msg_get_state(&r, arg, &d.u0, &d.u1); break;
     case M_STATE_OK: d.rc = wan_msg_get_state_ok(&r, arg, &d.slice); break;
+    case M_HAVE: d.rc = wan_msg_get_have(&r, max_message(arg), &d.u0, &d.u1); break;
+    case M_HAVE_OK: d.rc = wan_msg_get_have_ok(&r, arg, &d.u0, &d.u1); break;
     case M_PUSH: d.rc = outer_msg_get_push(&r, arg, &d.push); break;
     case M_PULL: d.rc = outer_msg_get_pull(&r, arg, &d.pull); break;
     default: d.rc = outer_msg_get_pull_ok(&r, arg, &d.pull_ok); break;
@@ -185,6 +195,16 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         FUZZ_CHECK(arg <= WAN_STATE_SLICE && d->slice.floats == b + 16 && len == 16 + 4 * arg,
                    "STATE_OK floats not the %llu at the payload's end", (unsigned long long)arg);
         break;
+    case M_HAVE:
+        FUZZ_CHECK(d->u0 == le_get(b, 8) && d->u1 == le_get(b + 8, 8), "HAVE fields differ");
+        FUZZ_CHECK(d->u1 <= max_message(arg), "HAVE total %llu over the cap %llu",
+                   (unsigned long long)d->u1, (unsigned long long)max_message(arg));
+        break;
+    case M_HAVE_OK:
+        FUZZ_CHECK(d->u0 == le_get(b, 8) && d->u1 == le_get(b + 8, 8), "HAVE_OK fields differ");
+        FUZZ_CHECK(d->u0 <= arg, "HAVE_OK got %llu of a %llu-byte message", (unsigned long long)d->u0,
+                   (unsigned long long)arg);
+        break;
     case M_PUSH: {
         const outer_push *q = &d->push;
         FUZZ_CHECK(q->fragment == le_get(b, 2) && q->round == le_get(b + 2, 8) &&
@@ -243,6 +263,8 @@ static void encode(int sel, uint64_t arg, const decoded *d, wire_writer *w)
         x = floats_of(d->slice.floats, arg);
         wan_msg_put_state_ok(w, d->slice.round, d->slice.digest, x, arg);
         break;
+    case M_HAVE: wan_msg_put_have(w, d->u0, d->u1); break;
+    case M_HAVE_OK: wan_msg_put_have_ok(w, d->u0, d->u1); break;
     case M_PUSH:
         x = floats_of(d->push.floats, d->push.count);
         outer_msg_put_push(w, &d->push, x);
@@ -269,7 +291,9 @@ static int same_fields(int sel, const decoded *a, const uint8_t *b1, const decod
                a->part.bytes - b1 == b->part.bytes - b2;
     case M_DONE: return !memcmp(&a->done, &b->done, sizeof a->done);
     case M_DONE_OK:
-    case M_STATE: return a->u0 == b->u0 && a->u1 == b->u1;
+    case M_STATE:
+    case M_HAVE:
+    case M_HAVE_OK: return a->u0 == b->u0 && a->u1 == b->u1;
     case M_STATE_OK:
         return a->slice.round == b->slice.round && a->slice.digest == b->slice.digest &&
                a->slice.floats - b1 == b->slice.floats - b2;

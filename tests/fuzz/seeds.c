@@ -316,7 +316,7 @@ static void wan_msg_seed(const char *name, int sel, uint64_t arg, const wire_wri
 static void wan_msg_seeds(void)
 {
     /* the selectors of fuzz_wan_msg.c */
-    enum { JOIN, PART, DONE, DONE_OK, STATE, STATE_OK, PUSH, PULL, PULL_OK };
+    enum { JOIN, PART, DONE, DONE_OK, STATE, STATE_OK, PUSH, PULL, PULL_OK, HAVE, HAVE_OK };
     const uint64_t n = 1000; /* the model's parameters */
     const float x[6] = {0.5f, -1.25f, 3e-5f, 0.0f, 1e20f, -7.0f};
     static const uint8_t message[40] = "CWAN\001\002\000\010 a q8 message's first bytes";
@@ -359,6 +359,12 @@ static void wan_msg_seeds(void)
     a.done = 2, a.ready = 0, a.pushed = 0;
     outer_msg_put_pull_ok(&w, &a, NULL, 6);
     wan_msg_seed("pull-ok-waiting", PULL_OK, 6, &w);
+    w.len = 0;
+    wan_msg_put_have(&w, 3, 3800000);
+    wan_msg_seed("have", HAVE, 1000000, &w);
+    w.len = 0;
+    wan_msg_put_have_ok(&w, 1048576, 0x00112233aabbccddull);
+    wan_msg_seed("have-ok", HAVE_OK, 3800000, &w);
     wire_writer_free(&w);
 }
 

@@ -239,6 +239,33 @@ TEST(wan_msg_join_part_done_round_trip_and_refusals)
     wire_writer_free(&w);
 }
 
+/* HAVE (where a cut message stands) and its answer: fields kept, a total over the cap and
+ * an answer claiming more bytes than the message has refused. */
+TEST(wan_msg_have_round_trip_and_refusals)
+{
+    wire_writer w;
+    wire_reader r;
+    uint64_t round, total, got, hash;
+    wire_writer_init(&w, 64);
+    wan_msg_put_have(&w, 7, 3000);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(wan_msg_get_have(&r, 3000, &round, &total));
+    ASSERT(round == 7 && total == 3000);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_have(&r, 2999, &round, &total) != 0); /* over the largest message */
+    wire_reader_init(&r, w.data, w.len - 1);
+    ASSERT(wan_msg_get_have(&r, 3000, &round, &total) != 0); /* short */
+    wire_writer_free(&w);
+    wire_writer_init(&w, 64);
+    wan_msg_put_have_ok(&w, 1024, 0xabcdef);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(wan_msg_get_have_ok(&r, 3000, &got, &hash));
+    ASSERT(got == 1024 && hash == 0xabcdef);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT(wan_msg_get_have_ok(&r, 1023, &got, &hash) != 0); /* more than the message */
+    wire_writer_free(&w);
+}
+
 #include "../../trainer/gateway/adapt.h"
 
 /* The codec follows the link: a fast link sends fp32; 20 -> 2 Mbit/s compresses harder;

@@ -6,7 +6,8 @@
 #      over TLS, every byte through the shaped interface
 #   b. a 5 Mbit/s link cut for 3 s in the middle of a round's transfer, twice (with the
 #      kernel's TCP settings, and with TCP giving up after ~1.4 s): every round completes
-#      and the regions stay one model; the gateways reconnect and send the message again;
+#      and the regions stay one model; the gateways reconnect and send the rest of the
+#      message (from what the receiver holds);
 #      the rate, raised to 50 Mbit/s mid-run, speeds the last round up
 #   c. garbage at a gateway's WAN port while (a) trains (random bytes, a truncated frame, a
 #      plaintext HELLO to the TLS port, another CA's certificate, a certificate of the job's
@@ -364,7 +365,7 @@ stop_regions
 #            connects again; either way the round completes
 #   round 3: cut for 3 s with tcp_retries2 2 (TCP gives up after ~1.4 s of unanswered
 #            retransmissions, as it would after minutes by default): the gateways connect
-#            again and send the message anew
+#            again and send the rest of the message (from what the receiver holds)
 #   round 4: the link raised to 50 Mbit/s (tc qdisc change): a faster round
 job=job-b layers=2 batch=4 steps=20 sync=5 rate_bps=5000000
 model=(--layers "$layers" --width 192 --heads 4 --context 32)
@@ -399,6 +400,15 @@ if [ "$reconnects" -ge 1 ] && [ "$(grep -c 'WAN link to region r1 (.*) up' "$tmp
     ok b_gateway_reconnected_after_the_cut
 else
     bad b_gateway_reconnected_after_the_cut
+fi
+# Round 3's cut killed the connection after at least 1 MB of the message had reached r1: the
+# new connection asked what r1 holds (HAVE) and sent only the rest.
+resumed=$(sed -n 's/.*outer round 3: the message to region r1 resumes at byte \([0-9]*\) of \([0-9]*\).*/\1 \2/p' "$tmp/b/gw0.err" | head -n 1)
+echo "    round 3: resumed at byte ${resumed% *} of ${resumed#* }"
+if [ -n "$resumed" ] && [ "${resumed% *}" -ge 1000000 ] && [ "${resumed% *}" -le "${resumed#* }" ]; then
+    ok b_cut_message_resumed_from_what_arrived
+else
+    bad b_cut_message_resumed_from_what_arrived; grep 'round 3' "$tmp/b/gw0.err" | head
 fi
 # How often each gateway's sender failed during round K (between rounds K - 1 and K done).
 failures_in() {

@@ -123,3 +123,29 @@ int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s)
     s->floats = count <= WAN_STATE_SLICE ? wire_get_bytes(r, (size_t)count * sizeof(float)) : NULL;
     return !s->floats || wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }
+
+void wan_msg_put_have(wire_writer *w, uint64_t round, uint64_t total)
+{
+    wire_put_u64(w, round);
+    wire_put_u64(w, total);
+}
+
+int wan_msg_get_have(wire_reader *r, uint64_t max_total, uint64_t *round, uint64_t *total)
+{
+    *round = wire_get_u64(r);
+    *total = wire_get_u64(r);
+    return wire_reader_done(r) || *total > max_total ? CIRRUS_ECORRUPT : 0;
+}
+
+void wan_msg_put_have_ok(wire_writer *w, uint64_t got, uint64_t hash)
+{
+    wire_put_u64(w, got);
+    wire_put_u64(w, hash);
+}
+
+int wan_msg_get_have_ok(wire_reader *r, uint64_t total, uint64_t *got, uint64_t *hash)
+{
+    *got = wire_get_u64(r);
+    *hash = wire_get_u64(r);
+    return wire_reader_done(r) || *got > total ? CIRRUS_ECORRUPT : 0;
+}

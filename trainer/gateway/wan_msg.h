@@ -6,7 +6,8 @@
  * region. Each round's message (a wan_codec message) goes as PARTs, one-way frames of at
  * most WAN_PART_BYTES, pipelined without waiting, then DONE, which is answered once the
  * receiver holds the whole message and it hashes right. A connection cut mid-message is
- * re-established and the message sent again; the receiver keeps a round it has once.
+ * re-established and the message sent on from what the receiver holds (HAVE); the
+ * receiver keeps a round it has once.
  *
  *   JOIN     str region, u32 index, u32 n_regions, u64 n_params, u64 round, u64 digest,
  *            u32 fragment, u32 n_fragments
@@ -19,6 +20,13 @@
  *            message's first PART to its DONE, as the receiver saw them: what the link
  *            carried, without the reply's way back, which queues behind the other
  *            direction's message; 0 when the receiver had the message already)
+ *
+ *   HAVE     u64 round, u64 total -> OK: u64 got, u64 hash (XXH3-64 of those got bytes)
+ *            How much of the sender's message of `round` (of `total` bytes) the receiver
+ *            holds, in order, from an earlier connection: a sender whose connection was cut
+ *            mid-message asks on the new one, and when the hash matches its own first got
+ *            bytes, sends PARTs from there instead of the whole message again. got is 0 when
+ *            the receiver holds none of it; total when it holds all of it.
  *
  *   STATE    u64 offset, u64 count -> OK: u64 round, u64 digest, count f32: floats
  *            [offset, offset + count) of the sender's global state (n parameters, then n
@@ -46,6 +54,8 @@ enum wan_msg {
     WAN_PART = 196, /* one-way */
     WAN_STATE = 198,
     WAN_STATE_OK = 199,
+    WAN_HAVE = 200,
+    WAN_HAVE_OK = 201,
 };
 
 #define WAN_STATE_SLICE ((uint64_t)1 << 20) /* floats per STATE_OK (4 MiB) at most */
@@ -98,6 +108,12 @@ int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *co
 void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
                           uint64_t count);
 int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s);
+void wan_msg_put_have(wire_writer *w, uint64_t round, uint64_t total);
+/* Refuses total over max_total. */
+int wan_msg_get_have(wire_reader *r, uint64_t max_total, uint64_t *round, uint64_t *total);
+void wan_msg_put_have_ok(wire_writer *w, uint64_t got, uint64_t hash);
+/* Refuses got over total (the message the sender asked about). */
+int wan_msg_get_have_ok(wire_reader *r, uint64_t total, uint64_t *got, uint64_t *hash);
 void wan_msg_put_done_ok(wire_writer *w, uint64_t round, uint64_t receive_ms);
 int wan_msg_get_done_ok(wire_reader *r, uint64_t *round, uint64_t *receive_ms);
 
