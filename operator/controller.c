@@ -313,13 +313,17 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     phase = jobstatus_phase(&obs, old_phase, 0);
     int final = jobstatus_phase_final(phase), stop = obs.suspended || final;
     if (stop) {
-        /* Nothing runs while suspended or once the job is over, except clients that finished. */
+        /* Nothing runs while suspended or once the job is over, except clients that finished
+         * (under successPolicy Any, the other regions' clients still training stop too: the
+         * job is over without them). */
         json_object_foreach(have, pname, pod)
         {
             const char *role = label(pod, CIRRUS_LABEL_ROLE);
             enum pod_state st = pod_state_of(pod, NULL, 0);
             if (pod_state_ended(st) || st == POD_TERMINATING) continue;
-            if (phase == PHASE_SUCCEEDED && role && !strcmp(role, CIRRUS_ROLE_CLIENT)) continue;
+            if (phase == PHASE_SUCCEEDED && !obs.success_any && role &&
+                !strcmp(role, CIRRUS_ROLE_CLIENT))
+                continue;
             ctl_mark_seen(m, pname, meta_str(pod, "uid") ? meta_str(pod, "uid") : "", 1, 1);
             json_object_set_new(doomed, pname, json_pack("{s:s, s:b, s:b}", "uid",
                                                          meta_str(pod, "uid"), "force", 0,

@@ -156,6 +156,7 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
         ro->min = (int)int_at(r, "peers", "min", 1);
         ro->clients = (int)int_at(r, "clients", NULL, 0);
     }
+    jobstatus_read_success_policy(spec, obs);
 }
 
 /* One observed pod of the job: fold it into obs, judge its end once (a preemption or a

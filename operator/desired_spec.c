@@ -208,6 +208,46 @@ static int read_model(const json_t *spec, job_view *v, cirrus_error *err)
     return 0;
 }
 
+/* spec.successPolicy: operator All or Any; targetRegions, if set, names regions of the job
+ * that run clients (a region without clients could never finish), each once. Checked here
+ * too, as the CRD does: the object may come from an older CRD. */
+static int check_success_policy(const json_t *spec, const json_t *regions, cirrus_error *err)
+{
+    const json_t *sp, *targets;
+    const char *op;
+    int rc = get_obj(spec, "successPolicy", "spec", &sp, err);
+    if (!rc) rc = get_str(sp, "operator", "spec.successPolicy", "All", 1, &op, err);
+    if (!rc) rc = get_arr(sp, "targetRegions", "spec.successPolicy", &targets, err);
+    if (rc) return rc;
+    if (strcmp(op, "All") && strcmp(op, "Any"))
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.successPolicy.operator '%s' is not All or "
+                           "Any", op);
+    size_t k, i;
+    const json_t *t, *r;
+    json_array_foreach(targets, k, t)
+    {
+        const char *name = json_string_value(t);
+        int found = 0;
+        json_array_foreach(regions, i, r)
+        {
+            const json_t *c = json_object_get(r, "clients");
+            if (name && json_is_string(json_object_get(r, "name")) &&
+                !strcmp(name, json_string_value(json_object_get(r, "name"))))
+                found = !c || json_integer_value(c) > 0 ? 1 : -1;
+        }
+        for (size_t j = 0; j < k && found > 0; j++)
+            if (json_equal(t, json_array_get(targets, j))) found = -2;
+        if (found <= 0)
+            return cirrus_fail(err, CIRRUS_EINVAL, "spec.successPolicy.targetRegions[%zu]: %s",
+                               k, !name ? "not a string"
+                                  : found == 0 ? "no region of the job has that name"
+                                  : found == -1 ? "that region runs no clients, so it never "
+                                                  "finishes"
+                                                : "named twice");
+    }
+    return 0;
+}
+
 int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cirrus_error *err)
 {
     memset(v, 0, sizeof *v);
@@ -324,7 +364,7 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
         return cirrus_fail(err, CIRRUS_EINVAL, "spec.regions lists %zu regions; at most %d",
                            json_array_size(*regions), DESIRED_MAX_REGIONS);
     v->n_regions = (int)json_array_size(*regions);
-    return 0;
+    return check_success_policy(spec, *regions, err);
 }
 
 int desired_read_region(const job_view *v, const json_t *regions, size_t k, region_view *r,

@@ -32,6 +32,69 @@ static int64_t total_failures(const job_observed *obs)
     return f;
 }
 
+void jobstatus_read_success_policy(const json_t *spec, job_observed *obs)
+{
+    const json_t *sp = json_object_get(spec, "successPolicy");
+    const char *op = json_string_value(json_object_get(sp, "operator"));
+    const json_t *targets = json_object_get(sp, "targetRegions");
+    obs->success_any = op && !strcmp(op, "Any");
+    for (int i = 0; i < obs->n_regions; i++) {
+        region_observed *r = &obs->regions[i];
+        r->success_ignored = json_array_size(targets) > 0;
+        size_t k;
+        const json_t *t;
+        json_array_foreach(targets, k, t)
+        {
+            const char *name = json_string_value(t);
+            if (name && !strcmp(name, r->name)) r->success_ignored = 0;
+        }
+    }
+}
+
+int jobstatus_region_finished(const region_observed *r)
+{
+    return r->clients > 0 && r->clients_succeeded >= r->clients;
+}
+
+/* spec.successPolicy met: every target region that runs clients finished (All; at least
+ * one runs some), or one of them did (Any). */
+static int success_policy_met(const job_observed *obs)
+{
+    int running = 0, finished = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        const region_observed *r = &obs->regions[i];
+        if (r->success_ignored || r->clients <= 0) continue;
+        running++;
+        finished += jobstatus_region_finished(r);
+    }
+    return running > 0 && (obs->success_any ? finished > 0 : finished == running);
+}
+
+/* The Succeeded condition's message: which regions' clients finished. */
+static void success_message(const job_observed *obs, char *buf, size_t n)
+{
+    int all = 1, any = 0;
+    for (int i = 0; i < obs->n_regions; i++) {
+        const int done = jobstatus_region_finished(&obs->regions[i]);
+        if (obs->regions[i].clients > 0 && !done) all = 0;
+        any |= done;
+    }
+    if (all || !any) { /* !any: the finished clients' pods are gone since */
+        snprintf(buf, n, "every client finished its steps");
+        return;
+    }
+    size_t used = (size_t)snprintf(buf, n, "every client of region");
+    const char *sep = " ";
+    for (int i = 0; i < obs->n_regions && used < n; i++) {
+        if (!jobstatus_region_finished(&obs->regions[i])) continue;
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", sep, obs->regions[i].name);
+        sep = ", ";
+    }
+    if (used < n)
+        snprintf(buf + used, n - used, " finished its steps (successPolicy %s)",
+                 obs->success_any ? "Any" : "All");
+}
+
 enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
                                int started_before)
 {
@@ -40,12 +103,7 @@ enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
     if (obs->policy_failure || total_failures(obs) > obs->backoff_limit ||
         obs->deadline_exceeded)
         return PHASE_FAILED;
-    int clients = 0, done = 0;
-    for (int i = 0; i < obs->n_regions; i++) {
-        clients += obs->regions[i].clients;
-        done += obs->regions[i].clients_succeeded;
-    }
-    if (clients > 0 && done == clients) return PHASE_SUCCEEDED;
+    if (success_policy_met(obs)) return PHASE_SUCCEEDED;
     if (obs->suspended) return PHASE_SUSPENDED;
     int full = obs->n_regions > 0, any = 0;
     for (int i = 0; i < obs->n_regions; i++) {
@@ -297,11 +355,10 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                   ph == PHASE_SUSPENDED ? "spec.suspend is true: pods deleted"
                                         : "spec.suspend is false",
                   now, g);
+    if (ph == PHASE_SUCCEEDED) success_message(obs, msg, sizeof msg);
     add_condition(c, old_status, "Succeeded", ph == PHASE_SUCCEEDED,
                   ph == PHASE_SUCCEEDED ? "ClientsFinished" : "NotFinished",
-                  ph == PHASE_SUCCEEDED ? "every client finished its steps"
-                                        : "clients still training",
-                  now, g);
+                  ph == PHASE_SUCCEEDED ? msg : "clients still training", now, g);
     /* A FailJob rule's verdict: from this reconcile, else as the status already says it (a
      * new leader or a restarted operator no longer knows the pod that matched). */
     const json_t *old_failed = old_condition(old_status, "Failed");

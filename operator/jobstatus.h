@@ -72,6 +72,8 @@ typedef struct region_observed {
     int unschedulable;                    /* pods pending for want of a node */
     int gateway_ready;
     int clients, clients_succeeded;
+    int success_ignored;                  /* spec.successPolicy.targetRegions names regions,
+                                           * and not this one: its clients do not count */
     int64_t preemptions, failures;        /* totals since the job started */
     /* The gateway's latest valid /status (progress.h); has_progress 0: none. loss and
      * tokens_per_s NAN when the gateway has none yet. */
@@ -109,6 +111,9 @@ typedef struct job_observed {
     int n_regions;
     region_observed regions[JOBSTATUS_MAX_REGIONS];
     int64_t backoff_limit;
+    /* spec.successPolicy.operator: Any (1): the job Succeeded once every client of one
+     * target region has; All (0): once every client of every target region has. */
+    int success_any;
     int suspended;
     int deadline_exceeded; /* runPolicy.activeDeadlineSeconds has passed since startTime */
     /* A pod matched a FailJob rule of runPolicy.podFailurePolicy: the Failed condition's
@@ -130,6 +135,13 @@ typedef struct job_observed {
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,
                  PHASE_SUCCEEDED, PHASE_FAILED };
+
+/* spec.successPolicy into obs (success_any, each region's success_ignored), once obs's
+ * regions are filled from the spec. Unset or malformed fields (the CRD refuses them) read
+ * as the default: All, every region. */
+void jobstatus_read_success_policy(const json_t *spec, job_observed *obs);
+/* Whether region r of obs has finished: it runs clients and every one Succeeded. */
+int jobstatus_region_finished(const region_observed *r);
 
 /* The phase for obs, given the phase in the current status (NULL or "" if none): final
  * phases stay final. */

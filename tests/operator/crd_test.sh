@@ -85,6 +85,7 @@ expect_eq "minimal: model.preset, pipeline.stages, steps" "tiny 1 1000" \
     "$(sj_get minimal '.spec.model.preset} {.spec.pipeline.stages} {.spec.steps')"
 expect_eq "minimal: peers replicas/min/max, clients" "2 1  1" \
     "$(sj_get minimal '.spec.regions[0].peers.replicas} {.spec.regions[0].peers.min} {.spec.regions[0].peers.max} {.spec.regions[0].clients')"
+expect_eq "minimal: default successPolicy.operator" All "$(sj_get minimal .spec.successPolicy.operator)"
 expect_eq "minimal: gateway syncEvery/codec/wanPort/outerLearningRate/outerMomentum/serviceType/fragments" \
     "100 q8 7443 0.7 0.9 ClusterIP 1" \
     "$(sj_get minimal '.spec.gateway.syncEvery} {.spec.gateway.codec} {.spec.gateway.wanPort} {.spec.gateway.outerLearningRate} {.spec.gateway.outerMomentum} {.spec.gateway.serviceType} {.spec.gateway.fragments')"
@@ -228,6 +229,14 @@ refuse "outerMomentum above 0.999 (the trainer's largest)" "spec.gateway.outerMo
     '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":0.9995}]'
 refuse "negative outerMomentum" "spec.gateway.outerMomentum" "greater than or equal to 0" \
     '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":-0.5}]'
+refuse "successPolicy.operator Some" "spec.successPolicy.operator" "Unsupported value" \
+    '[{"op":"add","path":"/spec/successPolicy","value":{"operator":"Some"}}]'
+refuse "successPolicy.targetRegions naming no region" "spec.successPolicy.targetRegions" "must name regions of spec.regions that run clients" \
+    '[{"op":"add","path":"/spec/successPolicy","value":{"targetRegions":["r9"]}}]'
+refuse "successPolicy.targetRegions naming a region without clients" "spec.successPolicy.targetRegions" "must name regions of spec.regions that run clients" \
+    '[{"op":"add","path":"/spec/successPolicy","value":{"targetRegions":["r2"]}},{"op":"add","path":"/spec/regions/1/clients","value":0}]'
+refuse "successPolicy.targetRegions naming a region twice" "spec.successPolicy.targetRegions[1]" "Duplicate value" \
+    '[{"op":"add","path":"/spec/successPolicy","value":{"targetRegions":["r1","r1"]}}]'
 refuse "fragments 0" "spec.gateway.fragments" "greater than or equal to 1" \
     '[{"op":"add","path":"/spec/gateway/fragments","value":0}]'
 refuse "fragments 9 (the trainer's most is 8)" "spec.gateway.fragments" "less than or equal to 8" \
@@ -282,6 +291,8 @@ for codec in none fp16 q8 q8+zstd lowbit:2 lowbit:4+zstd topk:0.01 topk:1 topk:.
 done
 accept "outerMomentum 0, outerLearningRate 10, syncEvery 1, wanPort 443" \
     '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":0},{"op":"replace","path":"/spec/gateway/outerLearningRate","value":10},{"op":"replace","path":"/spec/gateway/syncEvery","value":1},{"op":"add","path":"/spec/gateway/wanPort","value":443}]'
+accept "successPolicy Any of region r2" \
+    '[{"op":"add","path":"/spec/successPolicy","value":{"operator":"Any","targetRegions":["r2"]}}]'
 accept "fragments 8 with syncEvery 8" \
     '[{"op":"add","path":"/spec/gateway/fragments","value":8},{"op":"replace","path":"/spec/gateway/syncEvery","value":8}]'
 accept "one region with 3 clients (no outer steps)" \

@@ -291,6 +291,30 @@ TEST(desired_errors)
     j = sample_job();
     json_object_set_new(spec_of(j), "steps", json_string("many"));
     expect_invalid(j, "spec.steps");
+    /* successPolicy: the CRD's rules, checked again. */
+    j = sample_job();
+    json_object_set_new(spec_of(j), "successPolicy", json_pack("{s:s}", "operator", "Some"));
+    expect_invalid(j, "spec.successPolicy.operator 'Some' is not All or Any");
+    j = sample_job();
+    json_object_set_new(spec_of(j), "successPolicy", json_pack("{s:[s]}", "targetRegions", "r9"));
+    expect_invalid(j, "spec.successPolicy.targetRegions[0]: no region of the job has that name");
+    j = sample_job();
+    json_object_set_new(spec_of(j), "successPolicy",
+                        json_pack("{s:[s,s]}", "targetRegions", "r2", "r2"));
+    expect_invalid(j, "spec.successPolicy.targetRegions[1]: named twice");
+    j = sample_job();
+    json_object_set_new(json_array_get(json_object_get(spec_of(j), "regions"), 1), "clients",
+                        json_integer(0));
+    json_object_set_new(spec_of(j), "successPolicy", json_pack("{s:[s]}", "targetRegions", "r2"));
+    expect_invalid(j, "spec.successPolicy.targetRegions[0]: that region runs no clients");
+    j = sample_job();
+    json_object_set_new(spec_of(j), "successPolicy",
+                        json_pack("{s:s, s:[s]}", "operator", "Any", "targetRegions", "r2"));
+    desired_job ok_job;
+    cirrus_error why = {0};
+    if (desired_build(j, &ok_job, &why)) TEST_FAIL("a valid successPolicy refused: %s", why.msg);
+    desired_job_free(&ok_job);
+    json_decref(j);
     /* An object the CRD's rules did not check (an older CRD): never more than max. */
     j = sample_job();
     json_object_set_new(json_object_get(json_array_get(json_object_get(spec_of(j), "regions"), 0),

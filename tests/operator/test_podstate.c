@@ -178,6 +178,57 @@ TEST(jobstatus_phases)
     json_decref(st);
 }
 
+/* spec.successPolicy: All (every target region's clients finished) and Any (one target
+ * region's), targets from the spec, and the Succeeded condition's message. */
+TEST(jobstatus_success_policy)
+{
+    job_observed o = {.backoff_limit = 2};
+    region(&o, "r1", 2, 2, 1);
+    region(&o, "r2", 2, 2, 1);
+    region(&o, "r3", 2, 2, 1);
+    o.regions[2].clients = 0; /* a region of peers only never finishes, and never counts */
+    json_error_t e;
+    json_t *spec = json_loads("{}", 0, &e);
+    jobstatus_read_success_policy(spec, &o);
+    ASSERT(!o.success_any && !o.regions[0].success_ignored && !o.regions[2].success_ignored);
+    o.regions[0].clients_succeeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_RUNNING); /* All: r2 still trains */
+    o.regions[1].clients_succeeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUCCEEDED);
+    json_decref(spec);
+
+    o.regions[0].clients_succeeded = o.regions[1].clients_succeeded = 0;
+    spec = json_loads("{\"successPolicy\":{\"operator\":\"Any\"}}", 0, &e);
+    jobstatus_read_success_policy(spec, &o);
+    ASSERT(o.success_any);
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_RUNNING);
+    o.regions[1].clients_succeeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUCCEEDED); /* r2 alone is enough */
+    json_t *st = jobstatus_build(&o, NULL, "2026-11-28T10:00:00Z");
+    const char *msg = NULL;
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(st, "conditions"), i, c)
+    {
+        if (!strcmp(json_string_value(json_object_get(c, "type")), "Succeeded"))
+            msg = json_string_value(json_object_get(c, "message"));
+    }
+    ASSERT(msg && !strcmp(msg, "every client of region r2 finished its steps (successPolicy Any)"));
+    json_decref(st);
+    json_decref(spec);
+
+    /* Targets: only r1 counts, whatever the others did. */
+    spec = json_loads("{\"successPolicy\":{\"operator\":\"All\",\"targetRegions\":[\"r1\"]}}",
+                      0, &e);
+    jobstatus_read_success_policy(spec, &o);
+    ASSERT(!o.regions[0].success_ignored && o.regions[1].success_ignored &&
+           o.regions[2].success_ignored);
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_RUNNING); /* r2 finished: not a target */
+    o.regions[0].clients_succeeded = 1;
+    ASSERT_EQ(jobstatus_phase(&o, "Running", 1), PHASE_SUCCEEDED);
+    json_decref(spec);
+}
+
 static const char *cond(const json_t *st, const char *type, const char *field)
 {
     size_t i;
