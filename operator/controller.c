@@ -277,6 +277,11 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     if (!rc) rc = ctl_ensure_secret(ctl, job, m, d.secret, 0, err);
     if (!rc) rc = ctl_ensure_services(ctl, job, d.services, m->services_gen, err);
     if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
+    /* Without its gang's PodGroup a region's pods are not made: scheduled one by one, they
+     * would break the all-or-nothing the spec asks for. */
+    cirrus_error groups_err = {0};
+    const int groups_rc = rc || obs.suspended ? 0
+                          : ctl_ensure_pod_groups(ctl, job, m, d.pod_groups, &groups_err);
     /* Observed pods of this job (the informer caches every pod the operator manages;
      * pods_by_job names this job's). */
     const char *pkey;
@@ -345,8 +350,14 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     cirrus_error errs[CREATE_BATCH_MAX];
     size_t batch = 1;
     int refused_batches = 0, secret_rechecked = 0;
+    if (groups_rc) {
+        first = groups_rc;
+        first_err = groups_err;
+        obs.not_created_reason = "PodGroupFailed";
+        obs.not_created_message = groups_err.msg;
+    }
     void *it = json_object_iter(d.pods);
-    while (!rc && !stop && leading(ctl) && refused_batches < 3) {
+    while (!rc && !groups_rc && !stop && leading(ctl) && refused_batches < 3) {
         size_t n = 0;
         for (; it && n < batch; it = json_object_iter_next(d.pods, it))
             if (!json_object_get(have, json_object_iter_key(it))) {

@@ -1,6 +1,7 @@
 /* controller_children: a job's children other than its pods (controller_internal.h): the
  * job Secret, holding a per-job CA and every region's gateway certificate (made once and
- * never regenerated under running gateways), and the regions' gateway Services. */
+ * never regenerated under running gateways), the regions' gateway Services and, with
+ * spec.gangScheduling, their gang PodGroups. */
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,5 +119,82 @@ int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *servic
         int rc = kube_apply(ctl->client, path, svc, CONTROLLER_FIELD_MANAGER, NULL, err);
         if (rc) return rc;
     }
+    return 0;
+}
+
+/* ---- gang PodGroups (spec.gangScheduling) --------------------------------------------------- */
+
+static int64_t gang_min(const json_t *pod_group)
+{
+    return int_at(json_object_get(json_object_get(pod_group, "spec"), "schedulingPolicy"),
+                  "gang", "minCount", -1);
+}
+
+/* Make region's PodGroup `want` at path in coll. Under the API server's 404 for the
+ * collection: the API is not served. */
+static int make_pod_group(controller *ctl, const char *coll, const json_t *want,
+                          cirrus_error *err)
+{
+    int rc = kube_create(ctl->client, coll, want, NULL, err);
+    if (rc == CIRRUS_ENOENT)
+        return cirrus_fail(err, CIRRUS_ENOENT, "the API server does not serve %s %s: "
+                           "spec.gangScheduling needs Kubernetes's gang scheduling (the "
+                           "GenericWorkload and GangScheduling feature gates, that API "
+                           "version enabled)",
+                           DESIRED_POD_GROUP_API, DESIRED_POD_GROUP_RESOURCE);
+    return rc == CIRRUS_ECONFLICT ? 0 : rc; /* AlreadyExists: made meanwhile */
+}
+
+int ctl_ensure_pod_groups(controller *ctl, const json_t *job, job_mem *m, const json_t *groups,
+                          cirrus_error *err)
+{
+    const int64_t generation = int_at(job, "metadata", "generation", 0);
+    if (json_object_size(groups) == 0 || m->pod_groups_gen == generation) return 0;
+    int pending = 0; /* a group on its way out: looked at again on every reconcile */
+    const char *name;
+    json_t *want;
+    json_object_foreach((json_t *)groups, name, want)
+    {
+        char path[PATH_MAX_LEN], coll[PATH_MAX_LEN];
+        if (kube_path(path, sizeof path, "apis/" DESIRED_POD_GROUP_API, meta_str(job, "namespace"),
+                      DESIRED_POD_GROUP_RESOURCE, name) ||
+            kube_path(coll, sizeof coll, "apis/" DESIRED_POD_GROUP_API, meta_str(job, "namespace"),
+                      DESIRED_POD_GROUP_RESOURCE, NULL))
+            return cirrus_fail(err, CIRRUS_EINVAL, "PodGroup path too long");
+        json_t *have = NULL;
+        int rc = kube_get(ctl->client, path, &have, err);
+        if (!rc && meta_str(have, "deletionTimestamp")) {
+            /* Its protection finalizer keeps it while a pod names it. */
+            pending = 1;
+        } else if (!rc && gang_min(have) != gang_min(want)) {
+            /* A new peers.min. A gang's size cannot change in place, and a PodGroup goes
+             * only once no pod names it (its finalizer): the region's running pods keep the
+             * old one, and the new size is made once they are gone (the job suspended, or
+             * every pod of the region replaced), a reconcile after. */
+            json_t *pre = json_pack("{s:{s:s}}", "preconditions", "uid", meta_str(have, "uid"));
+            rc = kube_delete(ctl->client, path, pre, err);
+            json_decref(pre);
+            if (!rc || rc == CIRRUS_ENOENT)
+                ctl_event(ctl, job, 0, "PodGroupResized", "PodGroup %s: gang minCount %lld -> "
+                          "%lld once no pod names the old one (the region's pods replaced, or "
+                          "the job suspended)",
+                          name, (long long)gang_min(have), (long long)gang_min(want));
+            pending = 1;
+            rc = rc == CIRRUS_ENOENT ? 0 : rc;
+        } else if (rc == CIRRUS_ENOENT) {
+            int ex = ctl_job_exists(ctl, job, err);
+            if (ex <= 0) {
+                json_decref(have);
+                return ex;
+            }
+            rc = make_pod_group(ctl, coll, want, err);
+        }
+        json_decref(have);
+        if (rc) {
+            cirrus_error why = *err;
+            return cirrus_fail(err, rc, "PodGroup %s: %s", name, why.msg);
+        }
+    }
+    if (!pending) m->pod_groups_gen = generation;
     return 0;
 }

@@ -58,6 +58,7 @@ typedef struct job_mem {
     json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
     char phase[16]; /* the phase last written, for transition events */
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
+    int64_t pod_groups_gen; /* ... whose gang PodGroups were last made sure of (0: none) */
     int secret_ok;        /* its Secret was found or made (asked again before making pods) */
     /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
      * the status says Failed (after that the status keeps it). */
@@ -175,6 +176,12 @@ int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json
                       int recheck, cirrus_error *err);
 int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *services,
                         int64_t applied_gen, cirrus_error *err);
+/* spec.gangScheduling: every region's PodGroup exists with the desired gang size, once per
+ * generation of the job (and after a restart): made when missing, made again when its
+ * minCount differs (its policy is immutable). The error names the PodGroup, and says so
+ * when the API server does not serve the API (gang scheduling is off in the cluster). */
+int ctl_ensure_pod_groups(controller *ctl, const json_t *job, job_mem *m, const json_t *groups,
+                          cirrus_error *err);
 
 /* ---- controller_status.c --------------------------------------------------------------------- */
 

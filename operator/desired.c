@@ -62,6 +62,12 @@ int desired_name_client(char *buf, size_t size, const char *job, const char *reg
     return make_name(buf, size, err, "%s-%s-c%d", job, region, index);
 }
 
+int desired_name_group(char *buf, size_t size, const char *job, const char *region,
+                       cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s-%s", job, region);
+}
+
 int desired_name_secret(char *buf, size_t size, const char *job, cirrus_error *err)
 {
     return make_name(buf, size, err, "%s" SECRET_SUFFIX, job);
@@ -151,6 +157,32 @@ static json_t *container_new(const job_view *v, const char *role, json_t *args,
     return c;
 }
 
+/* Region r's pods: the gateway, stages x replicas peers, the clients. */
+static int region_pods(const job_view *v, const region_view *r)
+{
+    return 1 + v->stages * r->replicas + r->clients;
+}
+
+/* The region's group (spec.gangScheduling, Kueue) on pod: spec.schedulingGroup names the
+ * gang's PodGroup; Kueue's queue and pod-group labels, and the group's size. */
+static int pod_in_group(const job_view *v, const region_view *r, json_t *pod, json_t *spec,
+                        cirrus_error *err)
+{
+    if (!v->gang && !v->queue_name) return 0;
+    char group[CIRRUS_NAME_MAX + 1];
+    int rc = desired_name_group(group, sizeof group, v->name, r->name, err);
+    if (rc) return rc;
+    if (v->gang)
+        json_object_set_new(spec, "schedulingGroup", json_pack("{s:s}", "podGroupName", group));
+    if (v->queue_name) {
+        json_t *meta = json_object_get(pod, "metadata");
+        json_t *labels = json_object_get(meta, "labels");
+        json_object_set_new(labels, DESIRED_KUEUE_QUEUE, json_string(v->queue_name));
+        json_object_set_new(labels, DESIRED_KUEUE_GROUP, json_string(group));
+    }
+    return 0;
+}
+
 /* The Pod around container c (stolen); volumes (stolen, may be NULL). */
 static json_t *pod_new(const job_view *v, const region_view *r, const char *name,
                        json_t *labels, json_t *c, json_t *volumes, cirrus_error *err)
@@ -179,6 +211,11 @@ static json_t *pod_new(const job_view *v, const region_view *r, const char *name
     if (v->pull_secrets)
         json_object_set_new(spec, "imagePullSecrets", json_deep_copy(v->pull_secrets));
     if (volumes) json_object_set_new(spec, "volumes", volumes);
+    if (pod_in_group(v, r, pod, spec, err)) {
+        json_decref(pod);
+        json_decref(spec);
+        return NULL;
+    }
 
     char *text = json_dumps(spec, JSON_SORT_KEYS | JSON_COMPACT);
     if (!text) {
@@ -190,8 +227,13 @@ static json_t *pod_new(const job_view *v, const region_view *r, const char *name
     char hash[17];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)fnv1a64(text));
     free(text);
-    json_object_set_new(json_object_get(pod, "metadata"), "annotations",
-                        json_pack("{s:s}", CIRRUS_ANNOT_SPEC_HASH, hash));
+    json_t *annotations = json_pack("{s:s}", CIRRUS_ANNOT_SPEC_HASH, hash);
+    if (annotations && v->queue_name) {
+        char count[16];
+        snprintf(count, sizeof count, "%d", region_pods(v, r));
+        json_object_set_new(annotations, DESIRED_KUEUE_GROUP_COUNT, json_string(count));
+    }
+    json_object_set_new(json_object_get(pod, "metadata"), "annotations", annotations);
     json_object_set_new(pod, "spec", spec);
     return pod;
 }
@@ -330,6 +372,25 @@ static int build_service(const job_view *v, const region_view *r, const char *gw
     return json_object_set_new(d->services, gw, svc) ? CIRRUS_ENOMEM : 0;
 }
 
+/* spec.gangScheduling: region r's PodGroup, a gang of what the region trains with. */
+static int build_pod_group(const job_view *v, const region_view *r, desired_job *d,
+                           cirrus_error *err)
+{
+    char name[CIRRUS_NAME_MAX + 1];
+    int rc = desired_name_group(name, sizeof name, v->name, r->name, err);
+    if (rc) return rc;
+    json_t *pg = object_new(v, DESIRED_POD_GROUP_API, "PodGroup", name,
+                            labels_new(v, r->name, NULL, -1, -1));
+    json_t *spec = json_pack("{s:{s:{s:i}}}", "schedulingPolicy", "gang", "minCount",
+                             desired_gang_min(v->stages, r->min, r->clients));
+    if (!pg || !spec || json_object_set_new(pg, "spec", spec) ||
+        json_object_set_new(d->pod_groups, name, pg)) {
+        json_decref(pg);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "building PodGroup %s: out of memory", name);
+    }
+    return 0;
+}
+
 static int build_region(const job_view *v, const region_view *r, const char *secret,
                         desired_job *d, cirrus_error *err)
 {
@@ -345,6 +406,7 @@ static int build_region(const job_view *v, const region_view *r, const char *sec
         return rc;
     if ((rc = build_service(v, r, gw, d, err))) return rc;
     if (v->suspend) return 0;
+    if (v->gang && (rc = build_pod_group(v, r, d, err))) return rc;
     snprintf(coord, sizeof coord, "%s.%s.svc:%lld", gw, v->ns, v->gw_port);
     if ((rc = build_gateway(v, r, gw, secret, d, err))) return rc;
     for (int s = 0; s < v->stages; s++)
@@ -364,9 +426,9 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     if (rc) return rc;
     char secret[CIRRUS_NAME_MAX + 1];
     if ((rc = desired_name_secret(secret, sizeof secret, v.name, err))) return rc;
-    desired_job d = {json_object(), json_object(),
+    desired_job d = {json_object(), json_object(), json_object(),
                      object_new(&v, "v1", "Secret", secret, labels_new(&v, NULL, NULL, -1, -1))};
-    if (!d.pods || !d.services || !d.secret) {
+    if (!d.pods || !d.services || !d.pod_groups || !d.secret) {
         desired_job_free(&d);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     }
@@ -415,8 +477,9 @@ void desired_job_free(desired_job *d)
     if (!d) return;
     json_decref(d->pods);
     json_decref(d->services);
+    json_decref(d->pod_groups);
     json_decref(d->secret);
-    d->pods = d->services = d->secret = NULL;
+    d->pods = d->services = d->pod_groups = d->secret = NULL;
 }
 
 json_t *desired_gateway_dns_names(const json_t *job, const char *region)

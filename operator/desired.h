@@ -43,6 +43,22 @@
  * keys): the controller replaces a Pod whose hash differs from the desired Pod's. */
 #define CIRRUS_ANNOT_SPEC_HASH "cirrus.dev/spec-hash"
 
+/* Kueue (kueue.sigs.k8s.io): a SwarmJob labelled with a LocalQueue's name has its pods
+ * labelled so too, and each region's pods form one Kueue pod group (its name, and how many
+ * pods it has), which Kueue's pod integration admits as a whole. */
+#define DESIRED_KUEUE_QUEUE "kueue.x-k8s.io/queue-name"
+#define DESIRED_KUEUE_GROUP "kueue.x-k8s.io/pod-group-name"
+#define DESIRED_KUEUE_GROUP_COUNT "kueue.x-k8s.io/pod-group-total-count"
+
+/* spec.gangScheduling: each region's pods name a PodGroup of Kubernetes's gang scheduling
+ * (KEP-4671; scheduling.k8s.io/v1alpha2 in 1.36, behind the GenericWorkload and
+ * GangScheduling feature gates) in spec.schedulingGroup, whose minCount is what the region
+ * trains with: its gateway, peers.min peers per stage and its clients. The scheduler binds
+ * none of them until that many can be bound together; peers past peers.min are scheduled
+ * one by one after (the gang is the minimum, not the maximum). */
+#define DESIRED_POD_GROUP_API "scheduling.k8s.io/v1alpha2"
+#define DESIRED_POD_GROUP_RESOURCE "podgroups"
+
 /* Every Pod's one container (the trainer). */
 #define CIRRUS_CONTAINER "trainer"
 
@@ -85,6 +101,9 @@
 typedef struct desired_job {
     json_t *pods;     /* object: pod name -> Pod manifest */
     json_t *services; /* object: service name -> Service manifest */
+    json_t *pod_groups; /* object: name -> PodGroup manifest (spec.gangScheduling; a
+                         * region's is "<job>-<region>"); empty without, or while
+                         * suspended */
     json_t *secret;   /* the job Secret's manifest WITHOUT data (name, labels, owner, type
                        * Opaque); the controller fills data: "ca.crt" and, per region R,
                        * "R.crt" and "R.key" (the gateway Pods mount these: a gateway Pod
@@ -129,5 +148,14 @@ int desired_name_peer(char *buf, size_t size, const char *job, const char *regio
 int desired_name_client(char *buf, size_t size, const char *job, const char *region, int index,
                         cirrus_error *err);
 int desired_name_secret(char *buf, size_t size, const char *job, cirrus_error *err);
+/* A region's group: its gang PodGroup and its Kueue pod group, "<job>-<region>". */
+int desired_name_group(char *buf, size_t size, const char *job, const char *region,
+                       cirrus_error *err);
+/* The gang's minCount of a region of `stages` stages, peers.min `min` and `clients`
+ * clients: its gateway, min peers of every stage and its clients. */
+static inline int desired_gang_min(int stages, int min, int clients)
+{
+    return 1 + stages * min + clients;
+}
 
 #endif

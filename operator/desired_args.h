@@ -25,6 +25,10 @@ typedef struct job_view {
     long long layers, width, heads, context; /* 0: not overridden */
     int n_layer, n_context, stages, suspend;
     int peers_per_stage; /* spec.peersPerStage (the scale subresource); 0: unset */
+    int gang;            /* spec.gangScheduling: a gang PodGroup per region */
+    /* The job's kueue.x-k8s.io/queue-name label (NULL: none): passed to the pods, each
+     * region's pods made one Kueue pod group. */
+    const char *queue_name;
     long long batch, seq, seed; /* seq 0: unset */
     const char *data_path, *data_claim;
     const char *ckpt_claim, *ckpt_subpath;
@@ -44,6 +48,7 @@ typedef struct job_view {
 typedef struct region_view {
     const char *name;
     int replicas; /* peers per stage: spec.peersPerStage, else peers.replicas */
+    int min;      /* peers.min: the fewest per stage the region trains with */
     int max;      /* peers.max (peers.replicas when unset), the gateway's rebalancing cap */
     int clients;
     const char *region_label, *priority_class;

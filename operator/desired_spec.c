@@ -276,6 +276,15 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
     if (!rc) rc = get_int(spec, "steps", "spec", 1, 1000000000, DESIRED_DEFAULT_STEPS, &v->steps,
                              err);
     if (rc) return rc;
+    const json_t *gang = json_object_get(spec, "gangScheduling");
+    if (gang && !json_is_null(gang) && !json_is_boolean(gang))
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.gangScheduling must be a boolean");
+    v->gang = json_is_true(gang);
+    const json_t *queue = json_object_get(json_object_get(meta, "labels"), DESIRED_KUEUE_QUEUE);
+    if (queue && (!json_is_string(queue) || !desired_is_dns1123(json_string_value(queue))))
+        return cirrus_fail(err, CIRRUS_EINVAL, "metadata.labels[%s] must be a DNS label",
+                           DESIRED_KUEUE_QUEUE);
+    v->queue_name = json_string_value(queue);
     const json_t *susp = json_object_get(spec, "suspend");
     if (susp && !json_is_null(susp) && !json_is_boolean(susp))
         return cirrus_fail(err, CIRRUS_EINVAL, "spec.suspend must be a boolean");
@@ -406,6 +415,7 @@ int desired_read_region(const job_view *v, const json_t *regions, size_t k, regi
      * cap, stays the region's own: scaling changes no gateway (its Pod is not replaced). */
     long long min;
     if ((rc = get_int(o, "min", sub, 1, 256, 1, &min, err))) return rc;
+    r->min = (int)min;
     if (v->peers_per_stage) {
         if (v->peers_per_stage < min)
             return cirrus_fail(err, CIRRUS_EINVAL, "spec.peersPerStage (%d) is below %s.min (%lld)",

@@ -42,6 +42,10 @@ SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.0.0.0/24}
 SERVICE_IP=10.0.0.1 # first address of SERVICE_CIDR: the `kubernetes` Service
 START_TIMEOUT=${CLUSTER_START_TIMEOUT:-90}
 API_ADDRESS=${CLUSTER_API_ADDRESS:-127.0.0.1}
+# Kubernetes's gang scheduling (alpha in this release: the PodGroup API, pods' spec.
+# schedulingGroup, the scheduler's GangScheduling plugin, the controller-manager's PodGroup
+# protection), which a SwarmJob's spec.gangScheduling uses (tests/operator/gang_test.sh).
+FEATURE_GATES=GenericWorkload=true,GangScheduling=true
 
 # ---- helpers -------------------------------------------------------------------------------
 
@@ -350,6 +354,7 @@ cmd_up() {
         --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
         --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
         --kubelet-preferred-address-types InternalIP,Hostname \
+        --feature-gates "$FEATURE_GATES" --runtime-config scheduling.k8s.io/v1alpha2=true \
         --profiling=false
     wait_for "kube-apiserver /readyz" "$START_TIMEOUT" kube-apiserver k get --raw /readyz
 
@@ -365,12 +370,14 @@ cmd_up() {
         --root-ca-file "$PKI/ca.crt" \
         --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
         --service-cluster-ip-range "$SERVICE_CIDR" \
+        --feature-gates "$FEATURE_GATES" \
         --profiling=false
     start kube-scheduler kube-scheduler \
         --kubeconfig "$STATE/kube-scheduler.kubeconfig" \
         --bind-address 127.0.0.1 --secure-port "$CLUSTER_SCHED_PORT" \
         --tls-cert-file "$PKI/serving.crt" --tls-private-key-file "$PKI/serving.key" \
         --leader-elect=false \
+        --feature-gates "$FEATURE_GATES" \
         --profiling=false
     # kwok plays the kubelet for every node labelled kwok.x-k8s.io/node=fake (tests can remove
     # the label to make a node stop heart-beating, e.g. to simulate a lost spot node).

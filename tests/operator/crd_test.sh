@@ -86,6 +86,7 @@ expect_eq "minimal: model.preset, pipeline.stages, steps" "tiny 1 1000" \
 expect_eq "minimal: peers replicas/min/max, clients" "2 1  1" \
     "$(sj_get minimal '.spec.regions[0].peers.replicas} {.spec.regions[0].peers.min} {.spec.regions[0].peers.max} {.spec.regions[0].clients')"
 expect_eq "minimal: default successPolicy.operator" All "$(sj_get minimal .spec.successPolicy.operator)"
+expect_eq "minimal: default gangScheduling" false "$(sj_get minimal .spec.gangScheduling)"
 expect_eq "minimal: gateway syncEvery/codec/wanPort/outerLearningRate/outerMomentum/serviceType/fragments" \
     "100 q8 7443 0.7 0.9 ClusterIP 1" \
     "$(sj_get minimal '.spec.gateway.syncEvery} {.spec.gateway.codec} {.spec.gateway.wanPort} {.spec.gateway.outerLearningRate} {.spec.gateway.outerMomentum} {.spec.gateway.serviceType} {.spec.gateway.fragments')"
@@ -229,6 +230,8 @@ refuse "outerMomentum above 0.999 (the trainer's largest)" "spec.gateway.outerMo
     '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":0.9995}]'
 refuse "negative outerMomentum" "spec.gateway.outerMomentum" "greater than or equal to 0" \
     '[{"op":"replace","path":"/spec/gateway/outerMomentum","value":-0.5}]'
+refuse "gangScheduling a string" "spec.gangScheduling" "must be of type boolean" \
+    '[{"op":"add","path":"/spec/gangScheduling","value":"yes"}]'
 refuse "successPolicy.operator Some" "spec.successPolicy.operator" "Unsupported value" \
     '[{"op":"add","path":"/spec/successPolicy","value":{"operator":"Some"}}]'
 refuse "successPolicy.targetRegions naming no region" "spec.successPolicy.targetRegions" "must name regions of spec.regions that run clients" \
@@ -355,6 +358,9 @@ can get secrets -n "$NS"
 # A job's Secret is asked for by name: the operator cannot enumerate or change Secrets.
 for v in list watch update patch delete; do cannot "$v" secrets -n "$NS"; done
 cannot list secrets -A
+# spec.gangScheduling's PodGroups: made, asked for, made again; nothing more.
+for v in create get delete; do can "$v" podgroups.scheduling.k8s.io -n "$NS"; done
+for v in list update patch; do cannot "$v" podgroups.scheduling.k8s.io -n "$NS"; done
 can create events -n "$NS"
 can patch events.events.k8s.io -n "$NS"
 can create leases.coordination.k8s.io -n cirrus-system

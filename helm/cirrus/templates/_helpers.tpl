@@ -70,6 +70,11 @@ additionalProperties:
   # no list or watch, so the operator cannot enumerate the cluster's Secrets; no update,
   # patch or delete (never re-keyed; garbage collection removes it with its job).
   verbs: ["create", "get"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  # spec.gangScheduling: a region's PodGroup, made and, when its gang's size changes (its
+  # schedulingPolicy is immutable), made again.
+  verbs: ["create", "get", "delete"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
