@@ -72,9 +72,17 @@ static void index_pod(controller *ctl, const json_t *pod, int present)
     }
 }
 
+/* What the cache showed of a pod, for the job's memory (ctl_pod_cached). */
+static void pod_cached(controller *ctl, const json_t *pod)
+{
+    char key[KEY_MAX];
+    if (!job_key_of(pod, key, sizeof key)) ctl_pod_cached(ctl, key, pod);
+}
+
 static void pod_added(void *ctx, const json_t *pod)
 {
     index_pod(ctx, pod, 1);
+    pod_cached(ctx, pod);
     child_changed(ctx, pod);
 }
 
@@ -87,12 +95,14 @@ static void pod_updated(void *ctx, const json_t *old_pod, const json_t *pod)
         child_changed(ctx, old_pod);
     }
     index_pod(ctx, pod, 1);
+    pod_cached(ctx, pod);
     child_changed(ctx, pod);
 }
 
 static void pod_deleted(void *ctx, const json_t *pod)
 {
     index_pod(ctx, pod, 0);
+    pod_cached(ctx, pod);
     child_changed(ctx, pod);
 }
 

@@ -50,12 +50,20 @@
 /* Only what this operator made: its label is on every child (desired.h). */
 #define CHILD_SELECTOR "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dcirrus-operator"
 
+/* The uid remembered for a pod surely made whose create answer was cut short: no real uid
+ * (those are UUIDs), so the pod's first sighting replaces it. */
+#define UID_MADE "made"
+
 /* What the controller remembers of one job between reconciles. */
 typedef struct job_mem {
     char key[KEY_MAX];
     char uid[64];
     json_t *counts; /* region -> {"preemptions": n, "failures": n} */
     json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
+    /* pod name -> [uid, ...]: the last few incarnations under that name whose end was
+     * already accounted for here (ctl_create_pods makes the next one): a watch resumed
+     * from before one ended replays it, and it must not be taken for the current pod. */
+    json_t *gone;
     char phase[16]; /* the phase last written, for transition events */
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
     int64_t pod_groups_gen; /* ... whose gang PodGroups were last made sure of (0: none) */
@@ -138,6 +146,12 @@ int ctl_job_exists(controller *ctl, const json_t *job, cirrus_error *err);
 job_mem *ctl_mem_get(controller *ctl, const char *key, const json_t *job);
 void ctl_mem_forget(controller *ctl, const char *key);
 void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted);
+/* The pod cache showed pod (added, changed or deleted) of the job whose key is job_key: a
+ * pod made here and not seen cached yet, its uid perhaps unknown (a create answered late or
+ * cut short), is known to have existed from now on, so that if it is gone at the next
+ * reconcile its deletion counts as a preemption. Its ADDED and DELETED events can come
+ * together, between two reconciles, after a create answered past the client's timeout. */
+void ctl_pod_cached(controller *ctl, const char *job_key, const json_t *pod);
 void ctl_observe_spec(const json_t *job, job_observed *obs);
 
 /* ROLL_POD: a running pod built from an older spec; peers are replaced a stage at a time

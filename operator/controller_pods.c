@@ -21,8 +21,10 @@ static void mem_reset(job_mem *m, const json_t *job)
 {
     json_decref(m->counts);
     json_decref(m->seen);
+    json_decref(m->gone);
     m->counts = json_object();
     m->seen = json_object();
+    m->gone = json_object();
     m->fail_job[0] = 0;
     snprintf(m->uid, sizeof m->uid, "%s", meta_str(job, "uid") ? meta_str(job, "uid") : "");
     const json_t *st = json_object_get(job, "status");
@@ -68,6 +70,7 @@ void ctl_mem_forget(controller *ctl, const char *key)
         *p = m->next;
         json_decref(m->counts);
         json_decref(m->seen);
+        json_decref(m->gone);
         free(m);
         return;
     }
@@ -125,6 +128,57 @@ void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, 
                                                  observed, "counted", counted));
 }
 
+/* Incarnations kept per pod name in job_mem.gone: more than can come and go under one name
+ * while a watch is down (each needs a create, a start and a deletion). */
+#define GONE_KEPT 16
+
+/* Whether the cache's pod `uid` under `name` is an older incarnation than the one remembered:
+ * one whose end was accounted for here already, or any but the one made here last and not
+ * cached yet (only this process makes pods under these names, and only once the last one is
+ * gone). A watch resumed from before such a pod ended replays it as if it were there:
+ * taken for the current pod, its end would be counted a second time (an over-count), and
+ * the current pod's uid forgotten. */
+static int stale_incarnation(const job_mem *m, const char *name, const char *uid)
+{
+    size_t i;
+    const json_t *u;
+    json_array_foreach(json_object_get(m->gone, name), i, u)
+    {
+        if (json_string_value(u) && !strcmp(json_string_value(u), uid)) return 1;
+    }
+    const json_t *s = json_object_get(m->seen, name);
+    const char *cur = json_string_value(json_object_get(s, "uid"));
+    return cur && *cur && strcmp(cur, UID_MADE) && strcmp(cur, uid) &&
+           !json_is_true(json_object_get(s, "observed"));
+}
+
+/* Forget name's incarnation before making the next one: its uid, when known, joins gone. */
+static void retire(job_mem *m, const char *name)
+{
+    const char *uid = json_string_value(json_object_get(json_object_get(m->seen, name), "uid"));
+    if (uid && *uid && strcmp(uid, UID_MADE)) {
+        if (!m->gone) m->gone = json_object();
+        json_t *list = json_object_get(m->gone, name);
+        if (!list && m->gone) json_object_set_new(m->gone, name, list = json_array());
+        json_array_append_new(list, json_string(uid));
+        if (json_array_size(list) > GONE_KEPT) json_array_remove(list, 0);
+    }
+    json_object_del(m->seen, name);
+}
+
+void ctl_pod_cached(controller *ctl, const char *job_key, const json_t *pod)
+{
+    const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
+    job_mem *m = ctl->mems;
+    while (m && strcmp(m->key, job_key)) m = m->next;
+    if (!m || !name || !uid) return;
+    const json_t *s = json_object_get(m->seen, name);
+    if (!s || json_is_true(json_object_get(s, "observed")) ||
+        json_is_true(json_object_get(s, "counted")) || stale_incarnation(m, name, uid))
+        return;
+    ctl_mark_seen(m, name, uid, 1, 0);
+}
+
 static region_observed *region_obs(job_observed *obs, const char *name)
 {
     for (int i = 0; name && i < obs->n_regions; i++)
@@ -171,6 +225,8 @@ enum pod_action ctl_observe_pod(controller *ctl, const json_t *job, job_mem *m,
     const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
     const char *region = label(pod, CIRRUS_LABEL_REGION), *role = label(pod, CIRRUS_LABEL_ROLE);
     if (!name || !uid) return KEEP_POD;
+    /* A replay of a pod already gone: not this job's pod any more, whatever it shows. */
+    if (stale_incarnation(m, name, uid)) return KEEP_POD;
     const json_t *seen = json_object_get(m->seen, name);
     const char *seen_uid = json_string_value(json_object_get(seen, "uid"));
     int counted = seen_uid && !strcmp(seen_uid, uid) &&
@@ -320,9 +376,6 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
  * error (it waits for the retry). Costs what re-applying them did before: one request
  * each. */
 enum { NOT_ASKED = -1, GONE = 0, EXISTS = 1, NEVER_KNOWN = 2 };
-/* The uid remembered for a pod surely made whose create answer was cut short: no real uid
- * (those are UUIDs), so the pod's first sighting replaces it. */
-#define UID_MADE "made"
 static void confirm_unseen(controller *ctl, const json_t *job, job_mem *m,
                            const char *const *names, size_t n, int *found, int *rcs,
                            cirrus_error *errs)
@@ -404,7 +457,7 @@ void ctl_create_pods(controller *ctl, const json_t *job, job_mem *m, const char 
             ctl_event(ctl, job, 1, "PodPreempted", "pod %s was deleted; replacing it in place",
                       name);
         }
-        json_object_del(m->seen, name);
+        retire(m, name);
         char path[PATH_MAX_LEN];
         rcs[i] = child_path(path, job, "pods", name)
                      ? cirrus_fail(&errs[i], CIRRUS_EINVAL, "pod path too long")

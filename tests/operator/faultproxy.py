@@ -25,6 +25,8 @@ Faults, each counted by kind (the keys of FAULTS):
                      resourceVersion
 Besides, not at random: with --refuse-watches-of PART --refuse-while FILE, every watch whose
 path contains PART is answered 500 while FILE exists (a watch that stays down; LISTs pass).
+Besides, with --delay-first REGEX, the first request whose "METHOD PATH" matches REGEX is
+held like a delayed one, whatever the rates and --calm (a focused test's one late answer).
 A request takes at most one fault. Watches (GET with watch=1) may take 429 or 500 at their
 start, then are planned to be cut or ended by 410 after 0-3 relayed events.
 
@@ -39,6 +41,7 @@ import http.server
 import json
 import os
 import random
+import re
 import signal
 import socket
 import ssl
@@ -64,6 +67,17 @@ class State:
         self.requests = 0
         self.watches = 0
         self.calm = False
+        self.delay_first_done = False
+
+    def delay_first(self, what):
+        """Whether this request ("METHOD PATH") is the one --delay-first names."""
+        if not self.args.delay_first:
+            return False
+        with self.lock:
+            if self.delay_first_done or not re.search(self.args.delay_first, what):
+                return False
+            self.delay_first_done = True
+            return True
 
     def draw(self):
         with self.lock:
@@ -181,6 +195,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             log("refused watch (while %s exists): %s" % (a.refuse_while, what))
             return self.answer(500, status_body(500, "InternalError", "watch refused by the test"))
         fault = STATE.pick(method, watch)
+        if not watch and STATE.delay_first("%s %s" % (method, self.path)):
+            fault = "delayed"
         if fault == "too_many_requests":
             wait = STATE.randint(1, 3)
             STATE.count(fault, "%s (Retry-After %d)" % (what, wait))
@@ -286,6 +302,8 @@ def main():
     p.add_argument("--rate-delay", type=float, default=0.01)
     p.add_argument("--max-delays", type=int, default=2)
     p.add_argument("--delay-s", type=float, default=35.0)
+    p.add_argument("--delay-first", metavar="REGEX",
+                   help='hold the answer of the first request whose "METHOD PATH" matches')
     p.add_argument("--rate-truncate", type=float, default=0.04)
     p.add_argument("--rate-cut", type=float, default=0.25, help="of watches")
     p.add_argument("--rate-gone", type=float, default=0.15, help="of watches")
