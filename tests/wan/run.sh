@@ -193,11 +193,12 @@ else
     bad one_region_h1_ran; tail -5 "$tmp/one.err"
 fi
 
-# 3. While two regions train, region 0's /status shows the outer sync (step, digest, WAN
-#    bytes, the link to r1 up) and /metrics the same series; SIGTERM ends every region after
-#    the step in progress (an outer step still waiting is abandoned), as a finished run.
+# 3. While two regions train (their parameters in 2 fragments), region 0's /status shows
+#    the outer sync (step, digest, WAN bytes, the link to r1 up, each fragment's step and
+#    codec) and /metrics the same series; SIGTERM ends every region after the step in
+#    progress (an outer step still waiting is abandoned), as a finished run.
 status_port=$(python3 "$(dirname "$0")/../swarm/free_port.py")
-"$bin" local --regions 2 --stages 2 "${model[@]}" --steps 1000000 --sync-every 5 --json \
+"$bin" local --regions 2 --stages 2 "${model[@]}" --steps 1000000 --sync-every 5 --fragments 2 --json \
     --status-port "$status_port" >"$tmp/status.json" 2>"$tmp/status.err" &
 pid=$!
 if python3 - "$status_port" <<'PY'; then ok outer_sync_on_status_and_metrics; else bad outer_sync_on_status_and_metrics; fi
@@ -221,6 +222,11 @@ assert o["digest_mismatches"] == 0 and o["codec"] == "q8" and o["sync_every"] ==
 assert (link["region"], link["up"], link["last_error"]) == ("r1", True, ""), o
 assert link["rate_mbit_s"] > 0 and link["last_message_bytes"] > 0 and link["last_message_s"] > 0, o
 assert o["last_sync_unix_s"] > 1.7e9 and o["last_sync_duration_s"] >= 0, o
+frags = o["fragments"]
+assert [f["fragment"] for f in frags] == [0, 1], o
+assert all(f["codec"] == "q8" and f["codec_reason"] for f in frags), o
+# The job's outer step is the latest both fragments completed.
+assert min(f["step"] for f in frags) == o["step"], o
 metrics = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode().splitlines()
 assert 'cirrus_wan_link_up{region="r1"} 1' in metrics, metrics
 assert any(l.startswith('cirrus_wan_link_rate_bytes_per_second{region="r1"} ') and

@@ -173,26 +173,38 @@ static uint64_t winning_digest(const outer_lane *os, uint64_t k, int *winner_reg
 }
 
 /* Average the present regions' deltas of round k (decoded from their bytes, in region
- * order, weighted by tokens) and take the outer step. Under mu. */
+ * order, weighted by tokens) and take the outer step. Called and returns under mu, which it
+ * releases while decoding and averaging (a PULL or /status need not wait for that): round
+ * k's complete messages stay as they are meanwhile, since receivers leave a complete slot
+ * alone and take no message of a round past round + 2, and only this thread moves the
+ * round on. The outer step itself changes theta and mom, which PULLs and STATE fetches
+ * read under mu: it runs under mu. */
 static int take_step(outer_lane *os, uint64_t k, float *avg, float *dec, int *present,
                      cirrus_error *err)
 {
+    struct { const uint8_t *bytes; uint64_t total, tokens; } in[WAN_MAX_REGIONS];
     double tokens = 0.0;
     *present = 0;
     for (int r = 0; r < os->o.n_regions; r++) {
         const round_slot *sl = &os->slot[k & 1][r];
-        if (sl->round == k && sl->complete) tokens += (double)sl->tokens, (*present)++;
-    }
-    memset(avg, 0, os->n * sizeof(float));
-    for (int r = 0; r < os->o.n_regions; r++) {
-        round_slot *sl = &os->slot[k & 1][r];
         if (sl->round != k || !sl->complete) continue;
-        int rc = wan_decode(sl->bytes, sl->total, dec, os->n, err);
-        if (rc) return rc;
-        /* Equal weights when no tokens were reported (every region alike). */
-        const float w = tokens > 0 ? (float)((double)sl->tokens / tokens) : 1.0f / (float)*present;
-        for (uint64_t i = 0; i < os->n; i++) avg[i] += w * dec[i];
+        in[*present].bytes = sl->bytes;
+        in[*present].total = sl->total;
+        in[*present].tokens = sl->tokens;
+        tokens += (double)sl->tokens;
+        (*present)++;
     }
+    pthread_mutex_unlock(&os->mu);
+    memset(avg, 0, os->n * sizeof(float));
+    int rc = 0;
+    for (int i = 0; i < *present && !rc; i++) {
+        rc = wan_decode(in[i].bytes, in[i].total, dec, os->n, err);
+        /* Equal weights when no tokens were reported (every region alike). */
+        const float w = tokens > 0 ? (float)((double)in[i].tokens / tokens) : 1.0f / (float)*present;
+        for (uint64_t j = 0; !rc && j < os->n; j++) avg[j] += w * dec[j];
+    }
+    pthread_mutex_lock(&os->mu);
+    if (rc) return rc;
     outer_step(&os->o.opt, os->theta, os->mom, avg, os->n);
     os->digest = outer_state_digest(os->theta, os->mom, os->n);
     os->round = (int64_t)k;

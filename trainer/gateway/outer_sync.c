@@ -281,7 +281,10 @@ void outer_sync_stop(outer_sync *g)
 
 /* The gateway's outer step, as /status says it: the latest every fragment has completed,
  * with one digest of all fragments' states; bytes and counts summed over the lanes; the
- * codec and the links as the first lane sees them (every lane sees the same links). */
+ * codec and the links' rates as the first lane sees them (every lane sees the same links),
+ * and each lane's own step, codec and window. */
+_Static_assert(COORD_OUTER_FRAGMENTS >= OUTER_MAX_FRAGMENTS, "/status shows every lane");
+
 int outer_sync_view(void *ctx, coord_outer_view *v)
 {
     outer_sync *g = ctx;
@@ -297,6 +300,14 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
             snprintf(v->codec_reason, sizeof v->codec_reason, "%s", os->codec_why);
         }
         v->step = os->round < v->step ? os->round : v->step;
+        if (f < COORD_OUTER_FRAGMENTS) {
+            v->fragments[f].step = os->round < 0 ? -1 : os->round;
+            wan_codec_format(&os->o.codec, v->fragments[f].codec, sizeof v->fragments[f].codec);
+            snprintf(v->fragments[f].codec_reason, sizeof v->fragments[f].codec_reason, "%s",
+                     os->codec_why);
+            v->fragments[f].window_s = os->window_s;
+            v->n_fragments = (uint32_t)f + 1;
+        }
         digests[f] = os->digest;
         v->wan_sent += os->wan_sent;
         v->wan_received += os->wan_received;

@@ -144,6 +144,16 @@ static json_t *outer_json(const coord_outer_view *v, int *bad)
     put(o, "codec", json_string(v->codec), bad);
     put(o, "codec_reason", json_string(v->codec_reason), bad);
     put(o, "sync_every", count(v->sync_every), bad);
+    json_t *frags = json_array();
+    for (uint32_t f = 0; frags && f < v->n_fragments && f < COORD_OUTER_FRAGMENTS; f++)
+        append(frags, json_pack("{s:I,s:I,s:s,s:s,s:o}", "fragment", (json_int_t)f, "step",
+                                (json_int_t)v->fragments[f].step, "codec",
+                                v->fragments[f].codec, "codec_reason",
+                                v->fragments[f].codec_reason, "window_s",
+                                v->fragments[f].window_s > 0 ? json_real(v->fragments[f].window_s)
+                                                             : json_null()),
+               bad);
+    put(o, "fragments", frags, bad);
     for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
         append(links, json_pack("{s:s,s:b,s:s,s:f,s:I,s:f}", "region", v->links[i].region, "up",
                                 v->links[i].up, "last_error", v->links[i].last_error,

@@ -35,6 +35,7 @@ typedef struct coord_move {
 /* The gateway's outer sync across regions, as /status and /metrics show it (filled by the
  * coordinator's extension: coordinator_options.ext_status). */
 #define COORD_OUTER_LINKS 16
+#define COORD_OUTER_FRAGMENTS 8 /* the gateway's OUTER_MAX_FRAGMENTS */
 typedef struct coord_outer_view {
     int64_t step;                 /* latest outer step; -1: no global parameters yet */
     uint64_t digest;              /* of the global parameters and momentum after it */
@@ -45,9 +46,18 @@ typedef struct coord_outer_view {
     uint64_t wan_dropped;         /* WAN connections dropped after it (a bad frame) */
     double last_sync_unix_s;      /* when the last outer step completed; 0: never */
     double last_duration_s;       /* from the region's push to the new global parameters */
-    char codec[48];
+    char codec[48];               /* the first fragment's (and the only one's without) */
     char codec_reason[200];       /* why this codec (--codec auto: the link and window) */
     uint32_t sync_every;
+    /* Each fragment's lane (--fragments; 1 without): its own outer step, codec choice and
+     * window (--codec auto: the region's compute time between two of its syncs). */
+    uint32_t n_fragments;
+    struct {
+        int64_t step;
+        char codec[48];
+        char codec_reason[200];
+        double window_s;          /* 0: not measured yet */
+    } fragments[COORD_OUTER_FRAGMENTS];
     uint32_t n_links;
     struct {
         char region[64];
