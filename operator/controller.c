@@ -1,6 +1,6 @@
 /* controller: the reconcile loop itself (controller.h): informer handlers that queue a job's
- * key, reconcile() that makes one job's children match desired.h and writes its status, the
- * Events it records, and the public API. The pods, the other children and the status have
+ * key, reconcile() that makes one job's children match desired.h and writes its status, and
+ * the public API. The pods, the other children and the status have
  * their own files (controller_internal.h says which). */
 #include "controller.h"
 
@@ -146,37 +146,6 @@ static void node_added(void *ctx, const json_t *node)
 }
 
 /* ---- events -------------------------------------------------------------------------------- */
-
-void ctl_event(controller *ctl, const json_t *job, int warning, const char *reason,
-               const char *fmt, ...)
-{
-    char msg[1024], now[32], path[PATH_MAX_LEN], gen[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    jobstatus_now(now, sizeof now);
-    snprintf(gen, sizeof gen, "%s.", meta_str(job, "name"));
-    if (child_path(path, job, "events", NULL)) return;
-    json_t *ev = json_pack(
-        "{s:s, s:s, s:{s:s, s:s}, s:{s:s, s:s, s:s, s:s, s:s}, s:s, s:s, s:s, s:s, s:s, s:i,"
-        " s:{s:s}, s:s, s:s}",
-        "apiVersion", "v1", "kind", "Event", "metadata", "generateName", gen, "namespace",
-        meta_str(job, "namespace"), "involvedObject", "apiVersion", CIRRUS_API_VERSION, "kind",
-        CIRRUS_KIND, "name", meta_str(job, "name"), "namespace", meta_str(job, "namespace"),
-        "uid", meta_str(job, "uid"), "reason", reason, "message", msg, "type",
-        warning ? "Warning" : "Normal", "firstTimestamp", now, "lastTimestamp", now, "count", 1,
-        "source", "component", "cirrus-operator", "reportingComponent", "cirrus-operator",
-        "reportingInstance", ctl->identity);
-    cirrus_error err = {0};
-    if (!ev || kube_create(ctl->client, path, ev, NULL, &err))
-        log_warn("event %s for %s not recorded: %s", reason, meta_str(job, "name"),
-                 ev ? err.msg : "out of memory");
-    else
-        ctl->stats.events++;
-    json_decref(ev);
-    log_info("%s/%s: %s: %s", meta_str(job, "namespace"), meta_str(job, "name"), reason, msg);
-}
 
 /* Before creating anything for a job: does it still exist? The cache can lag a deletion by
  * seconds (a re-list in progress), and children made for a deleted job are deleted again by
@@ -507,9 +476,10 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     ctl->queue = kube_workqueue_new(NULL, NULL);
     ctl->gone_nodes = json_object();
     ctl->pods_by_job = json_object();
+    ctl->events = json_array();
     const char *ns = o->watch_namespace && *o->watch_namespace ? o->watch_namespace : NULL;
     char jobs[PATH_MAX_LEN], pods[PATH_MAX_LEN], svcs[PATH_MAX_LEN];
-    int rc = ctl->queue && ctl->gone_nodes && ctl->pods_by_job
+    int rc = ctl->queue && ctl->gone_nodes && ctl->pods_by_job && ctl->events
                  ? 0
                  : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc && (kube_path(jobs, sizeof jobs, SWARMJOB_API, ns, "swarmjobs", NULL) ||
@@ -536,6 +506,8 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
 void controller_free(controller *ctl)
 {
     if (!ctl) return;
+    ctl_flush_events(ctl);
+    json_decref(ctl->events);
     kube_informer_free(ctl->jobs);
     kube_informer_free(ctl->pods);
     kube_informer_free(ctl->services);
@@ -570,6 +542,7 @@ int controller_process(controller *ctl, int max_keys)
         int64_t requeue_ms = 0;
         double t0 = clock_now_s();
         int rc = reconcile(ctl, key, &requeue_ms, &err);
+        ctl_flush_events(ctl); /* the reconcile's Events, side by side */
         double dt = clock_now_s() - t0;
         ctl->stats.reconciles++;
         enum op_result res = OP_RESULT_SUCCESS;

@@ -83,6 +83,8 @@ struct controller {
      * (ctl_ensure_secret). */
     kube_informer *jobs, *pods, *services, *nodes;
     json_t *gone_nodes; /* node name -> true: deleted nodes whose pods are lost */
+    /* Events recorded and not sent yet: [{"path", "event"}] (controller_events.c). */
+    json_t *events;
     /* "ns/job" -> {pod name: true}: the cached pods of each job, kept by the pod informer's
      * handlers so that a reconcile visits its own job's pods, not every pod in the cache
      * (with 1,000 jobs that scan was 20,000 pods per reconcile). */
@@ -135,11 +137,18 @@ static inline int leading(const controller *ctl)
 /* ---- controller.c ---------------------------------------------------------------------------- */
 
 void ctl_enqueue(controller *ctl, const char *key);
-/* A Normal (warning 0) or Warning Event on the job, and the same line in the log. */
-void ctl_event(controller *ctl, const json_t *job, int warning, const char *reason,
-               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* 1: the job still exists (asked once per reconcile); 0: gone or going; < 0: error. */
 int ctl_job_exists(controller *ctl, const json_t *job, cirrus_error *err);
+
+/* ---- controller_events.c --------------------------------------------------------------------- */
+
+/* A Normal (warning 0) or Warning Event on the job, and the same line in the log at once;
+ * the Event is sent with the others of the same reconcile (ctl_flush_events). */
+void ctl_event(controller *ctl, const json_t *job, int warning, const char *reason,
+               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Send the Events recorded since the last flush, side by side (kube_request_all): a
+ * reconcile that counts 100 preemptions costs one round trip for their Events, not 100. */
+void ctl_flush_events(controller *ctl);
 
 /* ---- controller_pods.c ----------------------------------------------------------------------- */
 
@@ -191,9 +200,11 @@ int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json
 int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *services,
                         int64_t applied_gen, cirrus_error *err);
 /* spec.gangScheduling: every region's PodGroup exists with the desired gang size, once per
- * generation of the job (and after a restart): made when missing, made again when its
- * minCount differs (its policy is immutable). The error names the PodGroup, and says so
- * when the API server does not serve the API (gang scheduling is off in the cluster). */
+ * generation of the job (and after a restart): made when missing; deleted when its minCount
+ * differs (its policy is immutable), which its finalizer holds until no pod names it, and
+ * made anew once gone (asked again on every reconcile meanwhile). The error names the
+ * PodGroup, and says so when the API server does not serve the API (gang scheduling is off
+ * in the cluster). */
 int ctl_ensure_pod_groups(controller *ctl, const json_t *job, job_mem *m, const json_t *groups,
                           cirrus_error *err);
 

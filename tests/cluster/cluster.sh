@@ -9,6 +9,8 @@
 #   cluster.sh restart-apiserver
 #                     stop kube-apiserver and start it again with the same flags (what an
 #                     upgrade or a crash looks like to clients), wait until it is ready
+#   cluster.sh fake-node NAME REGION POOL
+#                     print the manifest of one more kwok node like `up` makes
 #
 # State (certificates, kubeconfigs, etcd data, logs, PIDs) lives in CLUSTER_STATE_DIR
 # (default: <repo>/build/cluster). Ports are free random ones unless set with
@@ -185,29 +187,26 @@ extendedKeyUsage=clientAuth"
 
 # ---- fake nodes ----------------------------------------------------------------------------
 
-node_manifests() {
-    local r p i name
-    for r in "${REGIONS[@]}"; do
-        for p in "${POOLS[@]}"; do
-            for ((i = 0; i < NODES_PER_POOL; i++)); do
-                name="cirrus-$r-$p-$i"
-                cat <<EOF
+# fake_node NAME REGION POOL: one kwok node's manifest (32 CPUs, 110 pods) in REGION's zone
+# REGION-a and pool POOL (also `cluster.sh fake-node`, for tests that add a node).
+fake_node() {
+    cat <<EOF
 ---
 apiVersion: v1
 kind: Node
 metadata:
-  name: $name
+  name: $1
   annotations:
     node.alpha.kubernetes.io/ttl: "0"
   labels:
-    kubernetes.io/hostname: $name
+    kubernetes.io/hostname: $1
     kubernetes.io/os: linux
     kubernetes.io/arch: amd64
     type: kwok
     kwok.x-k8s.io/node: fake
-    topology.kubernetes.io/region: $r
-    topology.kubernetes.io/zone: $r-a
-    cirrus.dev/pool: $p
+    topology.kubernetes.io/region: $2
+    topology.kubernetes.io/zone: $2-a
+    cirrus.dev/pool: $3
 spec: {}
 status:
   capacity: &capacity
@@ -222,7 +221,13 @@ status:
     operatingSystem: linux
     kubeletVersion: fake
 EOF
-            done
+}
+
+node_manifests() {
+    local r p i
+    for r in "${REGIONS[@]}"; do
+        for p in "${POOLS[@]}"; do
+            for ((i = 0; i < NODES_PER_POOL; i++)); do fake_node "cirrus-$r-$p-$i" "$r" "$p"; done
         done
     done
 }
@@ -435,11 +440,12 @@ cmd_restart_apiserver() {
 case "${1:-}" in
 up) cmd_up ;;
 restart-apiserver) cmd_restart_apiserver ;;
+fake-node) fake_node "${2:?NAME}" "${3:?REGION}" "${4:?POOL}" ;;
 down) cmd_down ;;
 env) cmd_env ;;
 status) cmd_status ;;
 *)
-    echo "usage: $0 up|down|env|status|restart-apiserver" >&2
+    echo "usage: $0 up|down|env|status|restart-apiserver|fake-node NAME REGION POOL" >&2
     exit 2
     ;;
 esac

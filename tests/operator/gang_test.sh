@@ -32,12 +32,7 @@ test_operator_start "$work" "$NS" || fail_fast "operator not leading: $(tail -3 
 
 # gang_job NAME GANG: the region above; GANG true or false.
 gang_job() {
-    kn apply -f - >/dev/null <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
+    job_apply "$1" <<EOF
   gangScheduling: $2
   pipeline: {stages: 2}
   regions:
@@ -70,27 +65,7 @@ sleep 8
 expect_eq "only 2 of the 4 peers the gang needs fit: no pod bound" 0 "$(bound gang)"
 
 for n in "${extra_nodes[@]}"; do
-    kubectl apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Node
-metadata:
-  name: $n
-  annotations: {node.alpha.kubernetes.io/ttl: "0"}
-  labels:
-    kubernetes.io/hostname: $n
-    kubernetes.io/os: linux
-    kubernetes.io/arch: amd64
-    type: kwok
-    kwok.x-k8s.io/node: fake
-    topology.kubernetes.io/region: r1
-    topology.kubernetes.io/zone: r1-a
-    cirrus.dev/pool: spot
-spec: {}
-status:
-  capacity: {cpu: "32", memory: 256Gi, pods: "110"}
-  allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
-  nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: fake}
-EOF
+    "$root/tests/cluster/cluster.sh" fake-node "$n" r1 spot | kubectl apply -f - >/dev/null
 done
 six_bound() { [[ "$(bound gang)" == 6 ]]; }
 check "two nodes more: the gang stands (6 pods bound)" poll_until 60 six_bound

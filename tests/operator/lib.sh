@@ -167,15 +167,16 @@ faultproxy_start() {
 # one_region_job NAME RUNPOLICY: applies a one-region job (a gateway, one peer, one client)
 # with that runPolicy (a YAML flow mapping).
 one_region_job() {
-    kn apply -f - >/dev/null <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
+    job_apply "$1" <<EOF
   regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}]
   runPolicy: $2
 EOF
+}
+# job_apply NAME: applies SwarmJob NAME (image cirrus:latest) in NS, the rest of its spec,
+# indented two spaces, on stdin.
+job_apply() {
+    { printf 'apiVersion: cirrus.dev/v1alpha1\nkind: SwarmJob\nmetadata: {name: %s}\nspec:\n  image: cirrus:latest\n' "$1"
+      cat; } | kn apply -f - >/dev/null
 }
 # one_region_job_running NAME: its three pods are Running.
 one_region_job_running() {

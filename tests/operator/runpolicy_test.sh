@@ -34,12 +34,7 @@ one_region_job done-no-ttl '{}'
 one_region_job late-ttl '{activeDeadlineSeconds: 1, ttlSecondsAfterFinished: 2}'
 # two_region_job NAME SUCCESS_POLICY: regions r1 and r2, one peer and one client each.
 two_region_job() {
-    kn apply -f - >/dev/null <<EOF
-apiVersion: cirrus.dev/v1alpha1
-kind: SwarmJob
-metadata: {name: $1}
-spec:
-  image: cirrus:latest
+    job_apply "$1" <<EOF
   regions: [{name: r1, peers: {replicas: 1, min: 1}, clients: 1}, {name: r2, peers: {replicas: 1, min: 1}, clients: 1}]
   successPolicy: $2
 EOF
