@@ -120,6 +120,13 @@ class State:
             if self.calm:
                 return None
             r = self.rng.random()
+            # Watches are few (a reconnect each) and the watch faults rarer: once a few have
+            # passed, a watch fault not seen yet is the next watch's, so that every kind of
+            # fault is met in a run of a minute (the test waits for every kind).
+            if watch and self.watches > 3:
+                for kind in ("watch_cut", "watch_gone"):
+                    if self.counts[kind] == 0:
+                        return kind
             table = [("too_many_requests", a.rate_429), ("server_error", a.rate_500)]
             if watch:
                 table += [("watch_cut", a.rate_cut), ("watch_gone", a.rate_gone)]

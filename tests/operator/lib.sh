@@ -112,7 +112,8 @@ test_operator_stop() {
 
 # focused_test_begin NAME NAMESPACE_PREFIX: what a focused test (created_test.sh,
 # runpolicy_test.sh, podsecurity_test.sh) starts with: NS (PREFIX-PID), work (a temporary
-# folder), kn (kubectl in NS), an EXIT trap that kills the operator and deletes NS and work,
+# folder), kn (kubectl in NS), an EXIT trap that kills the operator (and the fault proxy,
+# faultproxy_start's) and deletes NS and work,
 # finish (the operator log's last 40 lines on failure, then the "NAME: N passed" summary and
 # exit), fail_fast; then the operator installed (work/kubeconfig) and NS created. The test
 # starts its operator itself (test_operator_start), after anything NS must have first.
@@ -121,8 +122,10 @@ focused_test_begin() {
     NS=$2-$$
     work=$(mktemp -d)
     kn() { kubectl -n "$NS" "$@"; }
+    proxy_pid=
     focused_cleanup() {
         [[ -n "$op_pid" ]] && kill -KILL "$op_pid" 2>/dev/null
+        [[ -n "$proxy_pid" ]] && kill -TERM "$proxy_pid" 2>/dev/null
         kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
         rm -rf "$work"
     }
@@ -144,8 +147,8 @@ focused_test_begin() {
 # faultproxy_start ARGS...: faultproxy.py (with ARGS) before the real API server, for the
 # operator in $work/op: the proxy's self-signed certificate, its port in $work/proxy.port, its
 # log in $work/proxy.log, and $work/op/kubeconfig (the test's, its ServiceAccount's token,
-# with the proxy as server and its certificate as the authority). Sets proxy_pid; fails the
-# test at once if the proxy does not start. The caller kills proxy_pid in its EXIT trap.
+# with the proxy as server and its certificate as the authority). Sets proxy_pid, which
+# focused_test_begin's EXIT trap kills; fails the test at once if the proxy does not start.
 faultproxy_start() {
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
         -keyout "$work/proxy.key" -out "$work/proxy.crt" -subj /CN=cirrus-fault-proxy \

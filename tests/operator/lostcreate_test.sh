@@ -14,12 +14,6 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/operator/lib.sh
 source "$root/tests/operator/lib.sh"
 focused_test_begin lostcreate cirrus-lostcreate-test
-proxy_pid=
-lostcreate_cleanup() {
-    [[ -n "$proxy_pid" ]] && kill -TERM "$proxy_pid" 2>/dev/null
-    focused_cleanup
-}
-trap lostcreate_cleanup EXIT
 
 faultproxy_start --calm --delay-first '^PATCH /api/v1/namespaces/[^/]+/pods/[^/?]+[?]'
 test_operator_start "$work/op" "$NS" || fail_fast "operator not leading through the proxy: $(tail -3 "$work/op/operator.log")"

@@ -14,12 +14,6 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=tests/operator/lib.sh
 source "$root/tests/operator/lib.sh"
 focused_test_begin unseen cirrus-unseen-test
-proxy_pid=
-unseen_cleanup() {
-    [[ -n "$proxy_pid" ]] && kill -TERM "$proxy_pid" 2>/dev/null
-    focused_cleanup
-}
-trap unseen_cleanup EXIT
 
 touch "$work/refuse" # the pod watch is down from the start
 faultproxy_start --calm --refuse-watches-of /pods --refuse-while "$work/refuse"

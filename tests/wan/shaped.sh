@@ -99,6 +99,17 @@ elif sys.argv[1] == "wait-inflight":
                 sys.exit(0)
         time.sleep(0.05)
     sys.exit(f"round {k}: not {need} bytes in flight within {sys.argv[4]} s")
+elif sys.argv[1] == "refused":
+    # The gateway's count of refused WAN connections, once it reaches N (else its last value
+    # after SECONDS): read afresh, since the watcher's samples may lag the last refusal.
+    need, end, seen = int(sys.argv[2]), time.time() + float(sys.argv[3]), 0
+    while True:
+        o = outer()
+        seen = o.get("wan_connections_refused", 0) if o else seen
+        if seen >= need or time.time() > end:
+            break
+        time.sleep(0.1)
+    print(seen)
 PY
 
 cat >"$tmp/garbage.py" <<'PY'
@@ -337,9 +348,9 @@ fi
 sed 's/^/    /' "$tmp/a/garbage.out"
 # The run (checked above) went on after the garbage, and the gateway refused every piece.
 # (Counted by the gateway's /status; its log samples them by kind.)
-refused=$(tail -1 "$tmp/a/status1.jsonl" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("wan_connections_refused", 0))' 2>/dev/null)
-refused=${refused:-0}
 conns=$(sed -n 's/^connections \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
+refused=$(wan_exec 1 python3 "$tmp/status.py" refused "${conns:-1}" 10 2>/dev/null)
+refused=${refused:-0}
 rounds_after=$(sed -n 's/^rounds-done-before \([0-9]*\)$/\1/p' "$tmp/a/garbage.out")
 if [ -n "$conns" ] && [ "$refused" -ge "$conns" ] && kill -0 "${gw_pid[1]}" 2>/dev/null &&
     [ -n "$rounds_after" ] && [ "$(rounds_of "$tmp/a/gw1.err" | wc -l)" -gt "$rounds_after" ]; then
