@@ -44,11 +44,17 @@ static void mem_reset(job_mem *m, const json_t *job)
     }
 }
 
+/* The memory of the job whose key is key; NULL when none is kept. */
+static job_mem *mem_find(controller *ctl, const char *key)
+{
+    job_mem *m = ctl->mems;
+    while (m && strcmp(m->key, key)) m = m->next;
+    return m;
+}
+
 job_mem *ctl_mem_get(controller *ctl, const char *key, const json_t *job)
 {
-    job_mem *m;
-    for (m = ctl->mems; m; m = m->next)
-        if (!strcmp(m->key, key)) break;
+    job_mem *m = mem_find(ctl, key);
     if (!m) {
         m = calloc(1, sizeof *m);
         if (!m) return NULL;
@@ -138,6 +144,12 @@ void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, 
  * gone). A watch resumed from before such a pod ended replays it as if it were there:
  * taken for the current pod, its end would be counted a second time (an over-count), and
  * the current pod's uid forgotten. */
+/* A pod's real uid: not "" (perhaps made) nor UID_MADE (made, its uid unknown). */
+static int uid_known(const char *uid)
+{
+    return uid && *uid && strcmp(uid, UID_MADE);
+}
+
 static int stale_incarnation(const job_mem *m, const char *name, const char *uid)
 {
     size_t i;
@@ -148,18 +160,16 @@ static int stale_incarnation(const job_mem *m, const char *name, const char *uid
     }
     const json_t *s = json_object_get(m->seen, name);
     const char *cur = json_string_value(json_object_get(s, "uid"));
-    return cur && *cur && strcmp(cur, UID_MADE) && strcmp(cur, uid) &&
-           !json_is_true(json_object_get(s, "observed"));
+    return uid_known(cur) && strcmp(cur, uid) && !json_is_true(json_object_get(s, "observed"));
 }
 
 /* Forget name's incarnation before making the next one: its uid, when known, joins gone. */
 static void retire(job_mem *m, const char *name)
 {
     const char *uid = json_string_value(json_object_get(json_object_get(m->seen, name), "uid"));
-    if (uid && *uid && strcmp(uid, UID_MADE)) {
-        if (!m->gone) m->gone = json_object();
+    if (uid_known(uid)) {
         json_t *list = json_object_get(m->gone, name);
-        if (!list && m->gone) json_object_set_new(m->gone, name, list = json_array());
+        if (!list) json_object_set_new(m->gone, name, list = json_array());
         json_array_append_new(list, json_string(uid));
         if (json_array_size(list) > GONE_KEPT) json_array_remove(list, 0);
     }
@@ -169,8 +179,7 @@ static void retire(job_mem *m, const char *name)
 void ctl_pod_cached(controller *ctl, const char *job_key, const json_t *pod)
 {
     const char *name = meta_str(pod, "name"), *uid = meta_str(pod, "uid");
-    job_mem *m = ctl->mems;
-    while (m && strcmp(m->key, job_key)) m = m->next;
+    job_mem *m = mem_find(ctl, job_key);
     if (!m || !name || !uid) return;
     const json_t *s = json_object_get(m->seen, name);
     if (!s || json_is_true(json_object_get(s, "observed")) ||

@@ -226,24 +226,21 @@ static int check_success_policy(const json_t *spec, const json_t *regions, cirru
     const json_t *t, *r;
     json_array_foreach(targets, k, t)
     {
-        const char *name = json_string_value(t);
-        int found = 0;
+        const char *name = json_string_value(t), *why = "no region of the job has that name";
         json_array_foreach(regions, i, r)
         {
-            const json_t *c = json_object_get(r, "clients");
-            if (name && json_is_string(json_object_get(r, "name")) &&
-                !strcmp(name, json_string_value(json_object_get(r, "name"))))
-                found = !c || json_integer_value(c) > 0 ? 1 : -1;
+            const char *region = json_string_value(json_object_get(r, "name"));
+            const json_t *clients = json_object_get(r, "clients");
+            if (name && region && !strcmp(name, region))
+                why = !clients || json_integer_value(clients) > 0
+                          ? NULL
+                          : "that region runs no clients, so it never finishes";
         }
-        for (size_t j = 0; j < k && found > 0; j++)
-            if (json_equal(t, json_array_get(targets, j))) found = -2;
-        if (found <= 0)
+        for (size_t j = 0; j < k && name && !why; j++)
+            if (json_equal(t, json_array_get(targets, j))) why = "named twice";
+        if (!name || why)
             return cirrus_fail(err, CIRRUS_EINVAL, "spec.successPolicy.targetRegions[%zu]: %s",
-                               k, !name ? "not a string"
-                                  : found == 0 ? "no region of the job has that name"
-                                  : found == -1 ? "that region runs no clients, so it never "
-                                                  "finishes"
-                                                : "named twice");
+                               k, name ? why : "not a string");
     }
     return 0;
 }
