@@ -60,8 +60,12 @@ void cache_slim_pod(json_t *pod)
 
 void cache_slim_node(json_t *node)
 {
-    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec"};
+    static const char *const top[] = {"apiVersion", "kind", "metadata", "spec", "status"};
+    /* The addresses: a NodePort gateway Service is reached at a node's (controller_members.c). */
+    static const char *const status[] = {"addresses"};
     keep_only(without_managed_fields(node), top, N_OF(top));
+    json_t *o = json_object_get(node, "status");
+    if (json_is_object(o)) keep_only(o, status, N_OF(status));
 }
 
 void cache_slim_to_metadata(json_t *obj)

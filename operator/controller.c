@@ -218,10 +218,15 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         progress_forget(ctl->opt.progress, key);
         return 0;
     }
-    /* Being deleted, or another controller's (spec.managedBy): nothing to do here. */
+    /* Being deleted, or another controller's (spec.managedBy): nothing to do here, but
+     * for a job with member clusters, deleting its copies there (the finalizer). */
     if (meta_str(job, "deletionTimestamp") || !desired_managed_here(job)) {
         progress_forget(ctl->opt.progress, key);
-        return 0;
+        if (!meta_str(job, "deletionTimestamp") || !desired_managed_here(job)) return 0;
+        json_incref((json_t *)job);
+        int rc = ctl_release_members(ctl, job, requeue_ms, err);
+        json_decref((json_t *)job);
+        return rc;
     }
     json_incref((json_t *)job); /* requests below run the event loop's transfers, not its
                                    handlers, but hold it anyway */
@@ -253,6 +258,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     /* Before the pods: a final phase reached earlier stays; Failed from counts is decided
      * after accounting below. */
     const int secret_known = m->secret_ok;
+    /* The finalizer before anything in a member cluster is made. */
+    if (!rc) rc = ctl_members_finalizer(ctl, job, err);
     if (!rc) rc = ctl_ensure_secret(ctl, job, m, d.secret, 0, err);
     if (!rc) rc = ctl_ensure_services(ctl, job, d.services, m->services_gen, err);
     if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
@@ -334,6 +341,9 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         first_err = groups_err;
         obs.not_created_reason = "PodGroupFailed";
         obs.not_created_message = groups_err.msg;
+    } else if (d.waiting[0]) {
+        obs.not_created_reason = "WaitingForEndpoints";
+        obs.not_created_message = d.waiting;
     }
     void *it = json_object_iter(d.pods);
     while (!rc && !groups_rc && !stop && leading(ctl) && refused_batches < 3) {
@@ -395,6 +405,10 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     ctl_apply_counts(&obs, m);
     ctl_watch_progress(ctl, job, key, &obs, stop);
     ctl_apply_progress(ctl, job, &obs);
+    /* Regions in several clusters: the endpoints of this cluster's, and at home the
+     * members' regions from their copies. */
+    ctl_local_endpoints(ctl, job, m, &obs);
+    const int64_t members_ms = rc ? 0 : ctl_sync_members(ctl, job, m, &obs);
     /* The counts reach the status before the pods that showed them are deleted. */
     int64_t progress_ms = 0;
     if (!rc && leading(ctl)) rc = ctl_write_status(ctl, job, m, &obs, &progress_ms, err);
@@ -431,6 +445,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
                           : progress_ms;
     if (unseen && (!*requeue_ms || *requeue_ms > UNSEEN_RECHECK_MS))
         *requeue_ms = UNSEEN_RECHECK_MS;
+    if (members_ms && (!*requeue_ms || *requeue_ms > members_ms)) *requeue_ms = members_ms;
     if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
     failpolicy_free(&policy);
@@ -472,6 +487,7 @@ int controller_new(kube_client *c, const controller_options *o, controller **out
     if (!ctl) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     ctl->client = c;
     ctl->opt = *o;
+    if (!ctl->opt.cluster_name || !*ctl->opt.cluster_name) ctl->opt.cluster_name = "home";
     snprintf(ctl->identity, sizeof ctl->identity, "%s", o->identity ? o->identity : "cirrus-operator");
     ctl->queue = kube_workqueue_new(NULL, NULL);
     ctl->gone_nodes = json_object();
@@ -515,6 +531,7 @@ void controller_free(controller *ctl)
     json_decref(ctl->gone_nodes);
     json_decref(ctl->pods_by_job);
     kube_workqueue_free(ctl->queue);
+    ctl_members_free(ctl);
     while (ctl->mems) ctl_mem_forget(ctl, ctl->mems->key);
     free(ctl);
 }

@@ -49,6 +49,9 @@ typedef struct controller_options {
     int (*leading)(void *ctx);
     void *leading_ctx;
     progress *progress;          /* reads the gateways' /status; NULL: no training figures */
+    /* This cluster's name as the copies of its jobs in member clusters name it
+     * (spec.home.cluster, their regions' cluster): --cluster-name, "home" by default. */
+    const char *cluster_name;
 } controller_options;
 
 typedef struct controller controller;

@@ -71,8 +71,17 @@ typedef struct job_mem {
     /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
      * the status says Failed (after that the status keeps it). */
     char fail_job[640];
+    /* Regions in several clusters (controller_members.c). endpoints: this cluster's
+     * regions' gateway endpoints as last resolved (region -> "host:port"). At home:
+     * member_status, each member's copy's last status (cluster -> status); member_secrets,
+     * the members whose Secret is known made (cluster -> true); members_unreachable, why the
+     * last poll failed (the ClustersReachable condition's message). */
+    json_t *endpoints, *member_status, *member_secrets;
+    char members_unreachable[1024];
     struct job_mem *next;
 } job_mem;
+
+typedef struct member_conn member_conn;
 
 struct controller {
     kube_client *client;
@@ -91,6 +100,7 @@ struct controller {
     json_t *pods_by_job;
     kube_workqueue *queue;
     job_mem *mems;
+    member_conn *members; /* the member clusters' APIs (controller_members.c) */
     controller_stats stats;
     int job_confirmed; /* this reconcile: -1 not asked yet, 0 the job is gone, 1 it exists */
 };
@@ -207,6 +217,33 @@ int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *servic
  * in the cluster). */
 int ctl_ensure_pod_groups(controller *ctl, const json_t *job, job_mem *m, const json_t *groups,
                           cirrus_error *err);
+
+/* ---- controller_members.c -------------------------------------------------------------------- */
+
+/* A home job polls its member clusters this often (nothing watches across clusters), and
+ * waits this long at most for one member request. */
+#define MEMBER_POLL_MS 5000
+#define MEMBER_TIMEOUT_MS 5000
+
+/* Whether job is a copy that a home cluster's operator wrote (spec.home), or a home job
+ * with member clusters (spec.clusters). */
+int ctl_is_copy(const json_t *job);
+int ctl_has_members(const json_t *job);
+/* For a job spanning clusters (home or copy): where other clusters reach each of this
+ * cluster's regions' gateways (regions[].endpoint, else from its Service), into obs. */
+void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_observed *obs);
+/* At home: every member's copy applied (and its Secret made once), and each member's
+ * regions in obs from its copy's status (or, for a member that did not answer, as the job's
+ * status last had them, marked unreachable). Returns when to poll again (ms; 0: no
+ * members). */
+int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_observed *obs);
+/* At home: the job carries the finalizer DESIRED_FINALIZER_MEMBERS (added when missing). */
+int ctl_members_finalizer(controller *ctl, const json_t *job, cirrus_error *err);
+/* A home job being deleted: its copies deleted from every member, then its finalizer
+ * removed; a member that does not answer keeps it (*requeue_ms set: asked again). */
+int ctl_release_members(controller *ctl, const json_t *job, int64_t *requeue_ms,
+                        cirrus_error *err);
+void ctl_members_free(controller *ctl);
 
 /* ---- controller_status.c --------------------------------------------------------------------- */
 

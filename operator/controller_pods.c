@@ -22,6 +22,10 @@ static void mem_reset(job_mem *m, const json_t *job)
     json_decref(m->counts);
     json_decref(m->seen);
     json_decref(m->gone);
+    json_decref(m->endpoints);
+    json_decref(m->member_status);
+    json_decref(m->member_secrets);
+    m->endpoints = m->member_status = m->member_secrets = NULL;
     m->counts = json_object();
     m->seen = json_object();
     m->gone = json_object();
@@ -77,6 +81,9 @@ void ctl_mem_forget(controller *ctl, const char *key)
         json_decref(m->counts);
         json_decref(m->seen);
         json_decref(m->gone);
+        json_decref(m->endpoints);
+        json_decref(m->member_status);
+        json_decref(m->member_secrets);
         free(m);
         return;
     }
@@ -208,10 +215,21 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
     if (stages > JOBSTATUS_MAX_STAGES) stages = JOBSTATUS_MAX_STAGES;
     size_t i;
     const json_t *r;
+    /* A copy (spec.home) observes its own regions only: the home job has the whole. */
+    const int copy = json_is_object(json_object_get(spec, "home"));
+    const char *home_phase = json_string_value(
+        json_object_get(json_object_get(spec, "home"), "phase"));
+    obs->home_phase = home_phase && (!strcmp(home_phase, "Succeeded") ||
+                                     !strcmp(home_phase, "Failed"))
+                          ? home_phase
+                          : NULL;
     json_array_foreach(json_object_get(spec, "regions"), i, r)
     {
         if (obs->n_regions == JOBSTATUS_MAX_REGIONS) break;
+        const char *cluster = json_string_value(json_object_get(r, "cluster"));
+        if (copy && cluster) continue;
         region_observed *ro = &obs->regions[obs->n_regions++];
+        ro->cluster = cluster;
         ro->name = json_string_value(json_object_get(r, "name"));
         if (!ro->name) ro->name = "";
         ro->n_stages = stages;

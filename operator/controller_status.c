@@ -27,7 +27,8 @@ void ctl_watch_progress(controller *ctl, const json_t *job, const char *key,
     for (int i = 0; i < obs->n_regions && !stop && name && ns; i++) {
         const region_observed *r = &obs->regions[i];
         char gw[CIRRUS_NAME_MAX + 1];
-        if (!r->gateway_ready || desired_name_gateway(gw, sizeof gw, name, r->name, NULL))
+        /* Another cluster's region: its own operator reads its gateway. */
+        if (r->cluster || !r->gateway_ready || desired_name_gateway(gw, sizeof gw, name, r->name, NULL))
             continue;
         int len = snprintf(urls[n], sizeof urls[n], "http://%s.%s.svc:%d/status", gw, ns,
                            ROLE_PORT_HTTP);
@@ -47,6 +48,7 @@ void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs)
     obs->progress_stale_s = progress_stale_s(ctl->opt.progress);
     for (int i = 0; i < obs->n_regions; i++) {
         region_observed *r = &obs->regions[i];
+        if (r->cluster) continue; /* folded from its cluster (ctl_sync_members) */
         progress_region pr;
         progress_region_get(ctl->opt.progress, uid, r->name, &pr);
         r->has_progress = pr.answered;

@@ -408,13 +408,32 @@ static int build_region(const job_view *v, const region_view *r, const char *sec
     if (v->suspend) return 0;
     if (v->gang && (rc = build_pod_group(v, r, d, err))) return rc;
     snprintf(coord, sizeof coord, "%s.%s.svc:%lld", gw, v->ns, v->gw_port);
-    if ((rc = build_gateway(v, r, gw, secret, d, err))) return rc;
+    /* A gateway lists every region's gateway for good (its args): none is made before the
+     * regions that other clusters run have endpoints. Its peers and clients are made and
+     * wait for it. */
+    if (!d->waiting[0] && (rc = build_gateway(v, r, gw, secret, d, err))) return rc;
     for (int s = 0; s < v->stages; s++)
         for (int i = 0; i < r->replicas; i++)
             if ((rc = build_peer(v, r, coord, s, i, d, err))) return rc;
     for (int i = 0; i < r->clients; i++)
         if ((rc = build_client(v, r, coord, i, d, err))) return rc;
     return 0;
+}
+
+/* Where the other clusters reach region's gateway as the job's status says (the operator
+ * resolved it from its Service, or learned it from the cluster that runs it); NULL: not
+ * known, or not HOST:PORT. */
+static const char *status_endpoint(const json_t *job, const char *region)
+{
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(json_object_get(job, "status"), "regions"), i, r)
+    {
+        const char *name = json_string_value(json_object_get(r, "name"));
+        const char *ep = json_string_value(json_object_get(r, "endpoint"));
+        if (name && !strcmp(name, region)) return desired_endpoint_valid(ep) ? ep : NULL;
+    }
+    return NULL;
 }
 
 int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
@@ -427,7 +446,8 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     char secret[CIRRUS_NAME_MAX + 1];
     if ((rc = desired_name_secret(secret, sizeof secret, v.name, err))) return rc;
     desired_job d = {json_object(), json_object(), json_object(),
-                     object_new(&v, "v1", "Secret", secret, labels_new(&v, NULL, NULL, -1, -1))};
+                     object_new(&v, "v1", "Secret", secret, labels_new(&v, NULL, NULL, -1, -1)),
+                     ""};
     if (!d.pods || !d.services || !d.pod_groups || !d.secret) {
         desired_job_free(&d);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
@@ -443,6 +463,12 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
         if (rc) break;
         pods += 1 + (long long)v.stages * r.replicas + r.clients;
         v.region_names[k] = r.name; /* every gateway lists every region's */
+        v.region_cluster[k] = r.cluster;
+        v.region_endpoint[k] = r.endpoint ? r.endpoint : status_endpoint(job, r.name);
+        if (r.cluster && !v.region_endpoint[k] && !d.waiting[0])
+            snprintf(d.waiting, sizeof d.waiting,
+                     "waiting for the endpoint of region %s's gateway (cluster %s)", r.name,
+                     r.cluster);
         /* A region's outer step is taken by its one client (trainer/cmd/client.c refuses
          * --sync-every with --clients > 1), and a region without one has no inner steps. */
         if (desired_outer(&v) && r.clients != 1)
@@ -460,7 +486,7 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     for (size_t k = 0; k < json_array_size(regions) && !rc; k++) {
         region_view r;
         rc = desired_read_region(&v, regions, k, &r, err);
-        if (!rc) rc = build_region(&v, &r, secret, &d, err);
+        if (!rc && !r.cluster) rc = build_region(&v, &r, secret, &d, err);
     }
     if (rc) {
         if (rc == CIRRUS_ENOMEM && (!err || err->code != CIRRUS_ENOMEM))

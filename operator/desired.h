@@ -108,6 +108,9 @@ typedef struct desired_job {
                        * Opaque); the controller fills data: "ca.crt" and, per region R,
                        * "R.crt" and "R.key" (the gateway Pods mount these: a gateway Pod
                        * does not start until its keys exist) */
+    /* Why the gateway Pods are left out ("": they are not): a region another cluster runs
+     * has no known endpoint yet. */
+    char waiting[160];
 } desired_job;
 
 /* Build the desired children of job. 0, or CIRRUS_EINVAL with a message naming the field
@@ -121,6 +124,17 @@ void desired_job_free(desired_job *d);
  * NAME.NS.svc.cluster.local for its Service NAME. A new array of strings; NULL when the
  * job's metadata.name/namespace or the region name are missing or make an invalid name. */
 json_t *desired_gateway_dns_names(const json_t *job, const char *region);
+
+/* Regions in several clusters (docs/ARCHITECTURE.md). A region with spec.regions[].cluster
+ * runs in another cluster: nothing is built for it here, and this cluster's gateways reach
+ * it at its endpoint (regions[].endpoint, else the job status's regions[].endpoint, which
+ * the controller fills in). In a home job (spec.clusters) the controller writes a copy of
+ * the job into each member cluster; the copy carries spec.home (the home cluster's name and
+ * the home job's uid, which is the job's identity on the WAN: every pod's --job). */
+#define DESIRED_FINALIZER_MEMBERS "cirrus.dev/member-copies"
+/* A region endpoint, "HOST:PORT": a DNS name or IPv4 address, or an IPv6 one in brackets;
+ * port 1..65535. */
+int desired_endpoint_valid(const char *s);
 
 /* spec.managedBy's value for jobs this operator reconciles (also what an unset field means).
  * Another value names another controller (e.g. Kueue's MultiKueue, which copies the job to a

@@ -73,8 +73,14 @@ static void wan_args(json_t *args, int *bad, const job_view *v, const region_vie
             *bad = 1;
             break;
         }
-        int n = snprintf(list + len, sizeof list - len, "%s%s=%s.%s.svc:%lld", k ? "," : "",
-                         v->region_names[k], gw, v->ns, v->wan_port);
+        /* A region another cluster runs is reached at its endpoint (desired_build makes no
+         * gateway before every such endpoint is known). */
+        int n = v->region_cluster[k]
+                    ? snprintf(list + len, sizeof list - len, "%s%s=%s", k ? "," : "",
+                               v->region_names[k],
+                               v->region_endpoint[k] ? v->region_endpoint[k] : "")
+                    : snprintf(list + len, sizeof list - len, "%s%s=%s.%s.svc:%lld",
+                               k ? "," : "", v->region_names[k], gw, v->ns, v->wan_port);
         if (n < 0 || (size_t)n >= sizeof list - len) *bad = 1;
         else len += (size_t)n;
     }
@@ -97,7 +103,7 @@ json_t *desired_args_gateway(const job_view *v, const region_view *r)
     json_t *args = json_array();
     int bad = !args;
     if (bad) return NULL;
-    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->job_id);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_LISTEN), "0.0.0.0:%d", ROLE_PORT_COORDINATOR);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_HTTP_PORT), "%d", ROLE_PORT_HTTP);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_STAGES), "%d", v->stages);
@@ -119,7 +125,7 @@ json_t *desired_args_peer(const job_view *v, const char *coord, int s, int l0, i
     json_t *args = json_array();
     int bad = !args;
     if (bad) return NULL;
-    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->job_id);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_SERVE), "%d:%d", l0, l1);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_STAGE_INDEX), "%d", s);
     /* Named after its Pod, which a replacement keeps: the gateway recognises a replaced
@@ -138,7 +144,7 @@ json_t *desired_args_client(const job_view *v, const region_view *r, const char 
     json_t *args = json_array();
     int bad = !args;
     if (bad) return NULL;
-    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->uid);
+    arg(args, &bad, ROLE_ARG(ROLE_FLAG_JOB), v->job_id);
     arg(args, &bad, ROLE_ARG(ROLE_FLAG_COORDINATOR), coord);
     argf(args, &bad, ROLE_ARG(ROLE_FLAG_STEPS), "%lld", v->steps);
     /* How it ended, for the status: the gateway's figures stop short of the last steps. */

@@ -43,6 +43,14 @@ typedef struct job_view {
     /* Every region's name, in the spec's order (desired_build fills it before building). */
     int n_regions;
     const char *region_names[DESIRED_MAX_REGIONS];
+    /* Regions in several clusters (desired.h). job_id: the job's identity on the WAN (every
+     * pod's --job, the certificates' URI): spec.home.uid in a copy, else metadata.uid.
+     * home_cluster: spec.home.cluster, NULL unless this is a copy. Per region, in the spec's
+     * order (desired_build fills them): the cluster that runs it (NULL: this one) and where
+     * the other clusters reach its gateway (NULL: not known yet; used for remote regions). */
+    const char *job_id, *home_cluster;
+    const json_t *clusters; /* spec.clusters (array or NULL): the member clusters */
+    const char *region_cluster[DESIRED_MAX_REGIONS], *region_endpoint[DESIRED_MAX_REGIONS];
 } job_view;
 
 typedef struct region_view {
@@ -51,6 +59,8 @@ typedef struct region_view {
     int min;      /* peers.min: the fewest per stage the region trains with */
     int max;      /* peers.max (peers.replicas when unset), the gateway's rebalancing cap */
     int clients;
+    const char *cluster;  /* regions[].cluster: the cluster that runs it; NULL: this one */
+    const char *endpoint; /* regions[].endpoint ("host:port"); NULL: unset */
     const char *region_label, *priority_class;
     const json_t *node_selector, *affinity, *tolerations;
     const json_t *res_peer, *res_client, *res_gateway;

@@ -245,6 +245,70 @@ static int check_success_policy(const json_t *spec, const json_t *regions, cirru
     return 0;
 }
 
+static int desired_cluster_listed(const job_view *v, const char *name)
+{
+    size_t i;
+    const json_t *c;
+    json_array_foreach(v->clusters, i, c)
+    {
+        const char *n = json_string_value(json_object_get(c, "name"));
+        if (n && !strcmp(n, name)) return 1;
+    }
+    return 0;
+}
+
+int desired_endpoint_valid(const char *s)
+{
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    if (!colon || colon == s || colon - s > 255) return 0;
+    size_t digits = strspn(colon + 1, "0123456789");
+    if (digits < 1 || digits > 5 || colon[1 + digits] || atol(colon + 1) < 1 ||
+        atol(colon + 1) > 65535)
+        return 0;
+    size_t host = (size_t)(colon - s);
+    if (s[0] == '[') /* an IPv6 address */
+        return host > 2 && s[host - 1] == ']' &&
+               strspn(s + 1, "0123456789abcdefABCDEF:.") == host - 2;
+    return strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") == host;
+}
+
+/* spec.home: set on the copy of a job that a home cluster's operator wrote here
+ * (controller_members.c): the job's identity is the home job's uid. */
+static int read_home(const json_t *spec, job_view *v, cirrus_error *err)
+{
+    const json_t *home, *c;
+    size_t i;
+    int rc = get_arr(spec, "clusters", "spec", &v->clusters, err);
+    json_array_foreach(v->clusters, i, c)
+    {
+        const char *name = json_string_value(json_object_get(c, "name"));
+        const json_t *sec = json_object_get(c, "kubeconfigSecret");
+        if (rc) break;
+        if (!name || !desired_is_dns1123(name))
+            rc = cirrus_fail(err, CIRRUS_EINVAL, "spec.clusters[%zu].name must be a DNS label", i);
+        else if (!json_is_string(json_object_get(sec, "name")))
+            rc = cirrus_fail(err, CIRRUS_EINVAL,
+                             "spec.clusters[%zu].kubeconfigSecret.name is required", i);
+    }
+    if (!rc) rc = get_obj(spec, "home", "spec", &home, err);
+    if (rc || !home) return rc;
+    const char *uid;
+    if ((rc = req_str(home, "uid", "spec.home", &uid, err)) ||
+        (rc = req_str(home, "cluster", "spec.home", &v->home_cluster, err)))
+        return rc;
+    if (!*uid || strlen(uid) > 64 || strpbrk(uid, " \t\r\n,="))
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.home.uid '%s' is not a job uid", uid);
+    if (!desired_is_dns1123(v->home_cluster))
+        return cirrus_fail(err, CIRRUS_EINVAL, "spec.home.cluster '%s' is not a DNS label",
+                           v->home_cluster);
+    const json_t *clusters = json_object_get(spec, "clusters");
+    if (json_array_size(clusters))
+        return cirrus_fail(err, CIRRUS_EINVAL,
+                           "spec.clusters must be empty in a copy (spec.home is set)");
+    v->job_id = uid;
+    return 0;
+}
+
 int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cirrus_error *err)
 {
     memset(v, 0, sizeof *v);
@@ -257,6 +321,7 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
     if (!rc) rc = req_str(meta, "namespace", "metadata", &v->ns, err);
     if (!rc) rc = req_str(meta, "uid", "metadata", &v->uid, err);
     if (rc) return rc;
+    v->job_id = v->uid;
     if (!desired_is_dns1035(v->name))
         return cirrus_fail(err, CIRRUS_EINVAL,
                            "metadata.name '%s' must be a DNS label (lowercase letters, digits "
@@ -286,6 +351,7 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
     if (susp && !json_is_null(susp) && !json_is_boolean(susp))
         return cirrus_fail(err, CIRRUS_EINVAL, "spec.suspend must be a boolean");
     v->suspend = json_is_true(susp);
+    if ((rc = read_home(spec, v, err))) return rc;
     if ((rc = read_model(spec, v, err))) return rc;
 
     if ((rc = get_obj(spec, "pipeline", "spec", &o, err)) ||
@@ -425,6 +491,23 @@ int desired_read_region(const job_view *v, const json_t *regions, size_t k, regi
     }
     if ((rc = get_int(reg, "clients", path, 0, 256, 1, &x, err))) return rc;
     r->clients = (int)x;
+    if ((rc = get_str(reg, "cluster", path, NULL, 1, &r->cluster, err)) ||
+        (rc = get_str(reg, "endpoint", path, NULL, 1, &r->endpoint, err)))
+        return rc;
+    if (r->endpoint && !desired_endpoint_valid(r->endpoint))
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s.endpoint '%s' is not HOST:PORT", path,
+                           r->endpoint);
+    if (r->cluster) {
+        if (!desired_is_dns1123(r->cluster))
+            return cirrus_fail(err, CIRRUS_EINVAL, "%s.cluster '%s' is not a DNS label", path,
+                               r->cluster);
+        /* A copy names the clusters of the other regions as the home operator does; a home
+         * job, only clusters it can reach. */
+        if (!v->home_cluster && !desired_cluster_listed(v, r->cluster))
+            return cirrus_fail(err, CIRRUS_EINVAL,
+                               "%s.cluster '%s' is not a name in spec.clusters", path,
+                               r->cluster);
+    }
 
     snprintf(sub, sizeof sub, "%s.placement", path);
     if ((rc = get_obj(reg, "placement", path, &o, err)) ||

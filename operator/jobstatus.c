@@ -100,6 +100,7 @@ enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
 {
     if (old_phase && !strcmp(old_phase, "Failed")) return PHASE_FAILED;
     if (old_phase && !strcmp(old_phase, "Succeeded")) return PHASE_SUCCEEDED;
+    if (obs->home_phase) return strcmp(obs->home_phase, "Failed") ? PHASE_SUCCEEDED : PHASE_FAILED;
     if (obs->policy_failure || total_failures(obs) > obs->backoff_limit ||
         obs->deadline_exceeded)
         return PHASE_FAILED;
@@ -382,6 +383,12 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                                             : "BackoffLimitExceeded";
     add_condition(c, old_status, "Failed", ph == PHASE_FAILED, reason, msg, now, g);
     progress_condition(c, obs, ph, old_status, now);
+    if (obs->has_members)
+        add_condition(c, old_status, "ClustersReachable", !obs->members_unreachable,
+                      obs->members_unreachable ? "MemberUnreachable" : "MembersAnswering",
+                      obs->members_unreachable ? obs->members_unreachable
+                                               : "every member cluster answered",
+                      now, g);
     return c;
 }
 
@@ -474,6 +481,12 @@ static json_t *regions(const job_observed *obs, const json_t *old_status)
                                "readyPeersPerStage", ready, "pendingPods", r->unschedulable,
                                "preemptions", (json_int_t)r->preemptions, "failures",
                                (json_int_t)r->failures, "gatewayReady", r->gateway_ready);
+        if (ro) json_object_set_new(ro, "clientsSucceeded", json_integer(r->clients_succeeded));
+        if (ro && r->endpoint) json_object_set_new(ro, "endpoint", json_string(r->endpoint));
+        if (ro && r->cluster) {
+            json_object_set_new(ro, "cluster", json_string(r->cluster));
+            json_object_set_new(ro, "clusterReachable", json_boolean(!r->cluster_unreachable));
+        }
         if (ro) region_progress(ro, r, old_region(old_status, r->name));
         if (ro) region_outer(ro, r, old_region(old_status, r->name));
         json_array_append_new(a, ro);

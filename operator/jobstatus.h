@@ -104,6 +104,12 @@ typedef struct region_observed {
      * these as the stage's ready peers instead of ready[]. has_live 0: none. */
     int has_live;
     int live[JOBSTATUS_MAX_STAGES];
+    /* Regions in several clusters: where other clusters reach its gateway (NULL: unknown or
+     * not needed); the member cluster that runs it (NULL: this one), in which case every
+     * figure above is the one the member's copy of the job reports, and cluster_unreachable
+     * says that the member did not answer (the figures are then the last known). */
+    const char *endpoint, *cluster;
+    int cluster_unreachable;
 } region_observed;
 
 typedef struct job_observed {
@@ -131,6 +137,14 @@ typedef struct job_observed {
      * for the PodsStarted condition (False with the kubelet's reason and "pod NAME: its
      * message"); stuck_reason empty: none is. */
     char stuck_reason[64], stuck_message[512];
+    /* A job with member clusters (spec.clusters): the ClustersReachable condition, False
+     * (MemberUnreachable) with this message naming each cluster that did not answer and why;
+     * NULL: every one did. */
+    int has_members;
+    const char *members_unreachable;
+    /* A copy in a member cluster: the home job's final phase (spec.home.phase,
+     * "Succeeded" or "Failed"), which the copy takes; NULL: none yet. */
+    const char *home_phase;
 } job_observed;
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,

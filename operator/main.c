@@ -30,6 +30,7 @@
 #include "../common/crash.h"
 #include "../common/log.h"
 #include "controller.h"
+#include "desired.h"
 #include "kube/config.h"
 #include "kube/lease.h"
 #include "metrics.h"
@@ -97,7 +98,7 @@ static const char *env_or(const char *name, const char *dflt)
 
 int main(int argc, char **argv)
 {
-    const char *kubeconfig = NULL, *ns = NULL, *identity = NULL;
+    const char *kubeconfig = NULL, *ns = NULL, *identity = NULL, *cluster_name = "home";
     const char *lease_ns = env_or("POD_NAMESPACE", "cirrus-system");
     const char *lease_name = env_or("CIRRUS_LEASE_NAME", "cirrus-operator");
     flag_str_list resolves = {.n = 0};
@@ -123,6 +124,10 @@ int main(int argc, char **argv)
          "HOST:PORT:ADDRESS: reach HOST:PORT at ADDRESS when reading a gateway's /status "
          "(as curl --resolve; repeatable, or comma-separated)",
          0},
+        {"cluster-name", FLAG_STR, &cluster_name, 0, 0,
+         "this cluster's name in the copies of its jobs that span clusters (their "
+         "spec.home.cluster; default: home)",
+         0},
         {"help", FLAG_BOOL, &help, 0, 0, "show this help", 0},
     };
     cirrus_error err = {0};
@@ -130,6 +135,12 @@ int main(int argc, char **argv)
     crash_handler_install("cirrus-operator");
     int bad = flags_parse(flags, NFLAGS(flags), argc - 1, argv + 1, &err);
     for (int i = 0; i < resolves.n && !bad; i++) bad = progress_check_resolve(resolves.items[i], &err);
+    if (!bad && (!*cluster_name || strlen(cluster_name) > 63 ||
+                 strspn(cluster_name, "abcdefghijklmnopqrstuvwxyz0123456789-") !=
+                     strlen(cluster_name) ||
+                 cluster_name[0] == '-' || cluster_name[strlen(cluster_name) - 1] == '-'))
+        bad = cirrus_fail(&err, CIRRUS_EINVAL, "--cluster-name '%s' is not a DNS label",
+                          cluster_name);
     if (bad) {
         fprintf(stderr, "cirrus-operator: %s\n", err.msg);
         return EXIT_BAD_INPUT;
@@ -184,7 +195,8 @@ int main(int argc, char **argv)
         op_metrics_leader(rs.metrics, 1);
     }
     controller_options co = {.watch_namespace = ns, .identity = identity, .metrics = rs.metrics,
-                             .leading = lease_held, .leading_ctx = lease, .progress = prog};
+                             .leading = lease_held, .leading_ctx = lease, .progress = prog,
+                             .cluster_name = cluster_name};
     if (controller_new(client, &co, &ctl, &err)) goto out;
     rs.ctl = ctl;
     log_info("%s as %s: watching %s (API server %s)", leader_elect ? "electing" : "running",

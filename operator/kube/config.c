@@ -164,8 +164,14 @@ static int load_pem(struct blob *b, const json_t *obj, const char *data_key, con
         rc = kube_base64_decode(data, strlen(data), &b->data, &b->len, &e);
         if (rc) return cirrus_fail(err, rc, "%s: %s", data_key, e.msg);
     } else if (file && *file) {
+        /* dir NULL: a kubeconfig that came as data (kube_config_from_data), which must not
+         * make this process read its own files. */
+        if (!dir)
+            return cirrus_fail(err, CIRRUS_EINVAL,
+                               "%s: a file path; only inline credentials (%s) are accepted here",
+                               file_key, data_key);
         char path[4096];
-        if (file[0] == '/' || !dir)
+        if (file[0] == '/')
             snprintf(path, sizeof path, "%s", file);
         else
             snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -299,6 +305,10 @@ static int kc_build(kube_config *cfg, struct kc_file *files, int n, const char *
                 return cirrus_fail(err, CIRRUS_EINVAL, "user %s: token contains a line break", user_name);
             rc = set_str(&cfg->token, token, err);
         } else if (token_file && *token_file) {
+            if (!udir)
+                return cirrus_fail(err, CIRRUS_EINVAL,
+                                   "user %s: tokenFile; only an inline token is accepted here",
+                                   user_name);
             char path[4096];
             snprintf(path, sizeof path, "%s%s%s", token_file[0] == '/' ? "" : udir,
                      token_file[0] == '/' ? "" : "/", token_file);
@@ -372,6 +382,33 @@ out:
         free(files[i].dir);
     }
     free(list);
+    if (rc) {
+        kube_config_free(cfg);
+        return rc;
+    }
+    *out = cfg;
+    return 0;
+}
+
+int kube_config_from_data(const char *text, size_t len, const char *source, kube_config **out,
+                          cirrus_error *err)
+{
+    *out = NULL;
+    if (len > KUBECONFIG_MAX)
+        return cirrus_fail(err, CIRRUS_EINVAL, "%s: a kubeconfig of %zu bytes; at most %d", source,
+                           len, (int)KUBECONFIG_MAX);
+    json_t *doc;
+    int rc = kube_yaml_parse(text, len, source, &doc, err);
+    if (rc) return rc;
+    kube_config *cfg = config_new();
+    struct kc_file f = {doc, (char *)source, NULL};
+    if (!cfg)
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "kubeconfig: out of memory");
+    else if (!json_is_object(doc))
+        rc = cirrus_fail(err, CIRRUS_ECORRUPT, "%s: not a kubeconfig (no mapping)", source);
+    else
+        rc = kc_build(cfg, &f, 1, NULL, err);
+    json_decref(doc);
     if (rc) {
         kube_config_free(cfg);
         return rc;

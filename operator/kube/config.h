@@ -32,6 +32,13 @@ int kube_config_load(const char *kubeconfig_flag, kube_config **out, cirrus_erro
 int kube_config_from_kubeconfig(const char *paths, const char *context, kube_config **out,
                                 cirrus_error *err);
 
+/* A kubeconfig given as text (e.g. a Secret's value), its current context: only inline
+ * credentials (certificate-authority-data, client-*-data, token); a file path in it is
+ * refused, so that no one who can write the text makes this process read its files.
+ * source names it in messages and kube_config_source ("secret NS/NAME key K"). */
+int kube_config_from_data(const char *text, size_t len, const char *source, kube_config **out,
+                          cirrus_error *err);
+
 /* secrets_dir: NULL for KUBE_SA_DIR (tests point it at a scratch directory). */
 int kube_config_in_cluster(const char *secrets_dir, kube_config **out, cirrus_error *err);
 

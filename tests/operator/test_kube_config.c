@@ -336,3 +336,39 @@ TEST(kube_config_yaml_and_base64)
     ASSERT_EQ(kube_base64_decode("abc", 3, &out, &n, &err), CIRRUS_ECORRUPT);
     ASSERT_EQ(kube_base64_decode("ab$=", 4, &out, &n, &err), CIRRUS_ECORRUPT);
 }
+
+/* A kubeconfig given as text (a member cluster's, from a Secret): inline credentials work;
+ * a file path (the CA, a client certificate, a token file) is refused, naming the field. */
+TEST(kube_config_from_data_inline_only)
+{
+    cirrus_error err;
+    kube_config *cfg;
+    const char *ok = "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+                     "clusters:\n- name: c\n  cluster: {server: 'https://east.example:6443/'}\n"
+                     "users:\n- name: u\n  user: {token: abc}\n";
+    ASSERT_OK(kube_config_from_data(ok, strlen(ok), "secret ns/east/kubeconfig", &cfg, &err));
+    if (strcmp(kube_config_server(cfg), "https://east.example:6443"))
+        TEST_FAIL("server %s", kube_config_server(cfg));
+    const char *tok = kube_config_token(cfg, 0);
+    if (!tok || strcmp(tok, "abc")) TEST_FAIL("token %s", tok ? tok : "(none)");
+    kube_config_free(cfg);
+
+    const char *files[] = {
+        "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c}\n"
+        "clusters:\n- name: c\n  cluster: {server: 'https://h:1', certificate-authority: /etc/shadow}\n",
+        "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        "clusters:\n- name: c\n  cluster: {server: 'https://h:1'}\n"
+        "users:\n- name: u\n  user: {client-certificate: a.crt, client-key: a.key}\n",
+        "current-context: x\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        "clusters:\n- name: c\n  cluster: {server: 'https://h:1'}\n"
+        "users:\n- name: u\n  user: {tokenFile: /var/run/token}\n",
+    };
+    const char *field[] = {"certificate-authority", "client-certificate", "tokenFile"};
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(kube_config_from_data(files[i], strlen(files[i]), "s", &cfg, &err),
+                  CIRRUS_EINVAL);
+        if (!strstr(err.msg, field[i]) || !strstr(err.msg, "inline"))
+            TEST_FAIL("case %d: message: %s", i, err.msg);
+    }
+    ASSERT_EQ(kube_config_from_data("- a\n", 4, "s", &cfg, &err), CIRRUS_ECORRUPT);
+}

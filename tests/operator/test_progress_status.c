@@ -497,3 +497,60 @@ TEST(progress_ready_peers_from_the_gateway_while_fresh)
     ASSERT(!strcmp(json_string_value(json_object_get(st, "readyPeers")), "4/4"));
     json_decref(st);
 }
+
+static const json_t *condition_of(const json_t *st, const char *type)
+{
+    size_t i;
+    const json_t *c;
+    json_array_foreach(json_object_get(st, "conditions"), i, c)
+        if (!strcmp(json_string_value(json_object_get(c, "type")), type)) return c;
+    return NULL;
+}
+
+/* Regions in several clusters: a member's region shows its cluster, whether that cluster
+ * answered and its endpoint; ClustersReachable appears on home jobs only; a copy takes the
+ * home job's final phase. */
+TEST(progress_status_member_regions)
+{
+    job_observed o = {.backoff_limit = 4, .generation = 1};
+    region(&o, "r1");
+    region(&o, "r2");
+    json_t *plain = jobstatus_build(&o, NULL, "2026-11-22T01:00:00Z");
+    ASSERT(!condition_of(plain, "ClustersReachable"));
+    ASSERT(!json_object_get(region_of(plain, 1), "cluster"));
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(plain, 1), "clientsSucceeded")), 0);
+    o.has_members = 1;
+    o.regions[0].endpoint = "192.0.2.1:30001";
+    o.regions[1].cluster = "east";
+    o.regions[1].endpoint = "198.51.100.2:30002";
+    o.regions[1].clients_succeeded = 1;
+    json_t *a = jobstatus_build(&o, plain, "2026-11-22T01:00:10Z");
+    ASSERT(jobstatus_changed(plain, a));
+    ASSERT(!strcmp(json_string_value(json_object_get(region_of(a, 0), "endpoint")),
+                   "192.0.2.1:30001"));
+    ASSERT(!json_object_get(region_of(a, 0), "cluster"));
+    ASSERT(!strcmp(json_string_value(json_object_get(region_of(a, 1), "cluster")), "east"));
+    ASSERT(json_is_true(json_object_get(region_of(a, 1), "clusterReachable")));
+    ASSERT_EQ(json_integer_value(json_object_get(region_of(a, 1), "clientsSucceeded")), 1);
+    const json_t *c = condition_of(a, "ClustersReachable");
+    ASSERT(c && !strcmp(json_string_value(json_object_get(c, "status")), "True"));
+    o.regions[1].cluster_unreachable = 1;
+    o.members_unreachable = "cluster east: connection refused";
+    json_t *b = jobstatus_build(&o, a, "2026-11-22T01:00:20Z");
+    c = condition_of(b, "ClustersReachable");
+    ASSERT(c && !strcmp(json_string_value(json_object_get(c, "status")), "False"));
+    ASSERT(!strcmp(json_string_value(json_object_get(c, "reason")), "MemberUnreachable"));
+    ASSERT(strstr(json_string_value(json_object_get(c, "message")), "cluster east"));
+    ASSERT(json_is_false(json_object_get(region_of(b, 1), "clusterReachable")));
+    /* A copy takes the home job's final phase, whatever its own regions show. */
+    job_observed copy = {.backoff_limit = 4, .generation = 1};
+    region(&copy, "r2");
+    ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_RUNNING);
+    copy.home_phase = "Succeeded";
+    ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_SUCCEEDED);
+    copy.home_phase = "Failed";
+    ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_FAILED);
+    json_decref(plain);
+    json_decref(a);
+    json_decref(b);
+}
