@@ -8,7 +8,12 @@
 #     schema is enforced (a negative step, an unknown phase, a progressTime not a date-time);
 #   * invalid SwarmJobs are refused at apply, each with an error that names the field;
 #   * model, pipeline stages and region names cannot change after creation; scaling can;
-#   * RBAC: the operator's ServiceAccount can do what it needs and nothing much else.
+#   * regions in several clusters: spec.clusters, regions[].cluster and endpoint, spec.home
+#     (a copy in a member cluster) are accepted as they should be and refused otherwise, and
+#     a region's cluster and a copy's home cannot change;
+#   * RBAC: the operator's ServiceAccount can do what it needs and nothing much else; the
+#     chart's memberAccess ServiceAccount (a home cluster's operator in this one) as well,
+#     through a kubeconfig made as helm/cirrus/values.yaml tells.
 # Leaves manifests/ applied (the CRD and cirrus-system), removes its own test namespace.
 # Last line: "crd: N passed, N failed"; exits non-zero if anything failed.
 set -uo pipefail
@@ -20,8 +25,15 @@ NS=cirrus-crd-test
 SA=system:serviceaccount:cirrus-system:cirrus-operator
 k() { kubectl "$@"; }
 sj_get() { k get sj -n "$NS" "$1" -o jsonpath="{$2}"; }
+# The chart's memberAccess objects this test makes: <name>-home, cluster-wide and in $NS.
+MEMBER_ALL=cirrus-crd-test-all
+MEMBER_NS=cirrus-crd-test-ns
 # shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() { k delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1; }
+cleanup() {
+    k delete namespace "$NS" --ignore-not-found --wait=false >/dev/null 2>&1
+    k delete clusterrole,clusterrolebinding "$MEMBER_ALL-home" --ignore-not-found >/dev/null 2>&1
+    k -n cirrus-system delete serviceaccount "$MEMBER_ALL-home" "$MEMBER_NS-home" --ignore-not-found >/dev/null 2>&1
+}
 trap cleanup EXIT
 fail_fast() { not_ok "$*"; checks_summary crd; exit 1; }
 
@@ -45,7 +57,7 @@ else
 fi
 check "operator Deployment rolls out (scheduled, Ready under kwok)" \
     k -n cirrus-system rollout status deployment/cirrus-operator --timeout=60s
-expect_eq "Deployment args" "--leader-elect --metrics-port=8080" \
+expect_eq "Deployment args" "--leader-elect --metrics-port=8080 --cluster-name=home" \
     "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.containers[0].args[*]}')"
 expect_eq "operator runs as non-root with a read-only root filesystem" "true true" \
     "$(k -n cirrus-system get deployment cirrus-operator -o jsonpath='{.spec.template.spec.securityContext.runAsNonRoot} {.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}')"
@@ -151,8 +163,16 @@ out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=json
 if [[ $? -ne 0 && "$out" == *regions*progressTime* ]]; then ok "status.regions[].progressTime not a date-time refused"; else not_ok "status.regions[0].progressTime yesterday: $out"; fi
 out=$(k --as="$SA" patch sj -n "$NS" tiny-bible --subresource=status --type=merge -p '{"status":{"phase":"Exploded"}}' 2>&1)
 if [[ $? -ne 0 && "$out" == *status.phase* ]]; then ok "unknown status.phase refused"; else not_ok "status.phase Exploded: $out"; fi
-check_not "operator ServiceAccount cannot change a SwarmJob's spec" \
-    k --as="$SA" patch sj -n "$NS" tiny-bible --type=merge -p '{"spec":{"suspend":true}}'
+# The operator patches a job for its finalizer only (RBAC cannot tell a patch's fields apart),
+# and may not update (replace) a job.
+sa_replace() { k get sj -n "$NS" tiny-bible -o json | k --as="$SA" replace -f -; }
+check_not "operator ServiceAccount cannot replace a SwarmJob" sa_replace
+check "operator ServiceAccount adds the finalizer cirrus.dev/member-copies by merge patch" \
+    k --as="$SA" patch sj -n "$NS" tiny-bible --type=merge -p '{"metadata":{"finalizers":["cirrus.dev/member-copies"]}}'
+expect_eq "finalizers" cirrus.dev/member-copies "$(sj_get tiny-bible '.metadata.finalizers[*]')"
+check "operator ServiceAccount removes it by merge patch" \
+    k --as="$SA" patch sj -n "$NS" tiny-bible --type=merge -p '{"metadata":{"finalizers":null}}'
+expect_eq "finalizers after removal" "" "$(sj_get tiny-bible '.metadata.finalizers')"
 
 # ---- invalid SwarmJobs are refused, naming the field -----------------------------------------
 
@@ -303,10 +323,11 @@ accept "one region with 3 clients (no outer steps)" \
 
 # ---- updates: immutable fields -----------------------------------------------------------------
 
-# refuse_update DESCRIPTION FIELD MESSAGE-FRAGMENT JSON-PATCH-OPS: on the stored sample.
+# refuse_update DESCRIPTION FIELD MESSAGE-FRAGMENT JSON-PATCH-OPS: on the stored sample (on
+# the stored SwarmJob $JOB when set).
 refuse_update() {
     local what=$1 field=$2 frag=$3 ops=$4 out
-    if out=$(k patch sj -n "$NS" tiny-bible --type=json -p "$ops" 2>&1); then
+    if out=$(k patch sj -n "$NS" "${JOB:-tiny-bible}" --type=json -p "$ops" 2>&1); then
         not_ok "$what: accepted"
     elif [[ "$out" == *"$field"* && "$out" == *"$frag"* ]]; then
         ok "refused: $what -> $(grep -F -m1 "$field" <<<"$out" | sed 's/^\* //; s/^The SwarmJob "[^"]*" is invalid: //')"
@@ -334,6 +355,113 @@ else
 fi
 check "scaling peers, suspending and changing the image are allowed" \
     k patch sj -n "$NS" tiny-bible --type=json -p '[{"op":"replace","path":"/spec/regions/0/peers/replicas","value":4},{"op":"replace","path":"/spec/suspend","value":true},{"op":"replace","path":"/spec/image","value":"cirrus:v2"}]'
+
+# ---- regions in several clusters ----------------------------------------------------------------
+
+# A home job: region r2 runs in the member cluster "east"; a copy as a home operator writes it
+# into a member cluster: r1 runs in the home cluster, whose gateway is reached at an endpoint.
+# plus OPS MORE-OPS: the two JSON patches as one.
+plus() { printf '%s,%s' "${1%]}" "${2#[}"; }
+home_ops='[{"op":"add","path":"/spec/regions/1/cluster","value":"east"},{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]},{"op":"add","path":"/spec/gateway/serviceType","value":"NodePort"}]'
+copy_ops='[{"op":"add","path":"/spec/home","value":{"cluster":"home","uid":"abc"}},{"op":"add","path":"/spec/regions/0/cluster","value":"home"},{"op":"add","path":"/spec/regions/0/endpoint","value":"10.0.0.5:30443"},{"op":"add","path":"/spec/gateway/serviceType","value":"NodePort"}]'
+accept "a region in member cluster east, NodePort gateways" "$home_ops"
+accept "a copy in a member cluster (spec.home; r1 in the home cluster at 10.0.0.5:30443)" "$copy_ops"
+accept "LoadBalancer gateways, two member clusters" \
+    '[{"op":"add","path":"/spec/regions/0/cluster","value":"west"},{"op":"add","path":"/spec/regions/1/cluster","value":"east"},{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig","key":"config.yaml"}},{"name":"west","kubeconfigSecret":{"name":"west-kubeconfig"}}]},{"op":"add","path":"/spec/gateway/serviceType","value":"LoadBalancer"}]'
+accept "ClusterIP gateways when every region has an endpoint (a DNS name, an IPv6 address)" \
+    '[{"op":"add","path":"/spec/regions/1/cluster","value":"east"},{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]},{"op":"add","path":"/spec/regions/0/endpoint","value":"gw-r1.example.com:443"},{"op":"add","path":"/spec/regions/1/endpoint","value":"[fd00::1:5]:7443"}]'
+accept "a copy whose home job Failed" \
+    '[{"op":"add","path":"/spec/home","value":{"cluster":"home","uid":"0b6c1a8e-3f7d-4c61-9a57-2f4e8d1c0b9a","phase":"Failed"}},{"op":"add","path":"/spec/regions/0/cluster","value":"home"},{"op":"add","path":"/spec/regions/0/endpoint","value":"10.0.0.5:30443"},{"op":"add","path":"/spec/regions/1/endpoint","value":"10.1.0.7:31443"}]'
+refuse "a region's cluster naming no entry of spec.clusters" "spec.regions" "regions[].cluster must name an entry of spec.clusters" \
+    '[{"op":"add","path":"/spec/regions/0/cluster","value":"east"},{"op":"add","path":"/spec/regions/1/cluster","value":"west"},{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]},{"op":"add","path":"/spec/gateway/serviceType","value":"NodePort"}]'
+refuse "a region's cluster without spec.clusters" "spec.regions" "regions[].cluster must name an entry of spec.clusters" \
+    '[{"op":"add","path":"/spec/regions/1/cluster","value":"east"},{"op":"add","path":"/spec/gateway/serviceType","value":"NodePort"}]'
+refuse "spec.clusters on a copy" "spec.clusters" "a copy of a job (spec.home set) has no spec.clusters" \
+    "$(plus "$copy_ops" '[{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]}]')"
+refuse "ClusterIP gateways with a region in another cluster and no endpoints" "spec.gateway.serviceType" \
+    "gateway.serviceType must be NodePort or LoadBalancer when a region runs in another cluster" \
+    '[{"op":"add","path":"/spec/regions/1/cluster","value":"east"},{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]}]'
+refuse "explicit ClusterIP gateways with one region's endpoint missing" "spec.gateway.serviceType" \
+    "gateway.serviceType must be NodePort or LoadBalancer when a region runs in another cluster" \
+    "$(plus "$home_ops" '[{"op":"add","path":"/spec/regions/1/endpoint","value":"10.1.0.7:31443"},{"op":"replace","path":"/spec/gateway/serviceType","value":"ClusterIP"}]')"
+refuse "a ClusterIP copy (its own region r2 has no endpoint)" "spec.gateway.serviceType" \
+    "gateway.serviceType must be NodePort or LoadBalancer when a region runs in another cluster" \
+    "$(plus "$copy_ops" '[{"op":"replace","path":"/spec/gateway/serviceType","value":"ClusterIP"}]')"
+refuse "an entry of spec.clusters no region names" "spec.clusters" "every entry of spec.clusters must run some region" \
+    "$(plus "$home_ops" '[{"op":"add","path":"/spec/clusters/-","value":{"name":"west","kubeconfigSecret":{"name":"west-kubeconfig"}}}]')"
+refuse "spec.clusters with no region in another cluster" "spec.clusters" "every entry of spec.clusters must run some region" \
+    '[{"op":"add","path":"/spec/clusters","value":[{"name":"east","kubeconfigSecret":{"name":"east-kubeconfig"}}]}]'
+endpoint() { plus "$copy_ops" "[{\"op\":\"replace\",\"path\":\"/spec/regions/0/endpoint\",\"value\":\"$1\"}]"; }
+refuse "endpoint without a port (host)" "spec.regions[0].endpoint" "should match" "$(endpoint host)"
+refuse "endpoint a:b:c" "spec.regions[0].endpoint" "should match" "$(endpoint a:b:c)"
+refuse "endpoint an IPv6 address without brackets" "spec.regions[0].endpoint" "should match" "$(endpoint fd00::1:7443)"
+refuse "endpoint port 0" "spec.regions[0].endpoint" "the endpoint's port must be 1 to 65535" "$(endpoint 10.0.0.5:0)"
+refuse "endpoint port 65536" "spec.regions[0].endpoint" "the endpoint's port must be 1 to 65535" "$(endpoint '[fd00::1]:65536')"
+refuse "home.phase Running" "spec.home.phase" 'Unsupported value: "Running"' \
+    "$(plus "$copy_ops" '[{"op":"add","path":"/spec/home/phase","value":"Running"}]')"
+refuse "home without uid" "spec.home.uid" "Required value" \
+    "$(plus "$copy_ops" '[{"op":"remove","path":"/spec/home/uid"}]')"
+refuse "home.uid over 64 characters" "spec.home.uid" "Too long" \
+    "$(plus "$copy_ops" "[{\"op\":\"replace\",\"path\":\"/spec/home/uid\",\"value\":\"$(printf '%065d' 1)\"}]")"
+refuse "home.uid with a comma" "spec.home.uid" "should match" \
+    "$(plus "$copy_ops" '[{"op":"replace","path":"/spec/home/uid","value":"abc,def"}]')"
+refuse "home.cluster not a DNS label" "spec.home.cluster" "must be a DNS label" \
+    "$(plus "$copy_ops" '[{"op":"replace","path":"/spec/home/cluster","value":"Home_1"}]')"
+refuse "a region's cluster not a DNS label" "spec.regions[1].cluster" "must be a DNS label" \
+    '[{"op":"add","path":"/spec/regions/1/cluster","value":"East.1"},{"op":"add","path":"/spec/clusters","value":[{"name":"East.1","kubeconfigSecret":{"name":"east-kubeconfig"}}]},{"op":"add","path":"/spec/gateway/serviceType","value":"NodePort"}]'
+refuse "a cluster's name over 63 characters" "spec.clusters[0].name" "Too long" \
+    "$(plus "$home_ops" "[{\"op\":\"replace\",\"path\":\"/spec/clusters/0/name\",\"value\":\"$(printf 'e%.0s' {1..64})\"}]")"
+refuse "a cluster without kubeconfigSecret" "spec.clusters[0].kubeconfigSecret" "Required value" \
+    "$(plus "$home_ops" '[{"op":"remove","path":"/spec/clusters/0/kubeconfigSecret"}]')"
+refuse "two clusters of one name" "spec.clusters[1]" "Duplicate value" \
+    "$(plus "$home_ops" '[{"op":"add","path":"/spec/clusters/-","value":{"name":"east","kubeconfigSecret":{"name":"other"}}}]')"
+refuse "a kubeconfig Secret's key with a slash" "spec.clusters[0].kubeconfigSecret.key" "should match" \
+    "$(plus "$home_ops" '[{"op":"add","path":"/spec/clusters/0/kubeconfigSecret/key","value":"a/b"}]')"
+
+# Stored: the home job and the copy, for their defaults, updates and status.
+store() { # NAME JSON-PATCH-OPS: the sample named NAME with the patch applied, created
+    k patch --local -f "$sample" --type=json -o yaml \
+        -p "[{\"op\":\"replace\",\"path\":\"/metadata/name\",\"value\":\"$1\"},${2#[}" | k apply -n "$NS" -f -
+}
+check "home job with a region in member cluster east stored" store home-job "$home_ops"
+check "copy stored" store copy-job "$copy_ops"
+expect_eq "home job: clusters[0] name, kubeconfigSecret name and default key" "east east-kubeconfig kubeconfig" \
+    "$(sj_get home-job '.spec.clusters[0].name} {.spec.clusters[0].kubeconfigSecret.name} {.spec.clusters[0].kubeconfigSecret.key')"
+expect_eq "home job: regions' clusters, serviceType" "east NodePort" \
+    "$(sj_get home-job '.spec.regions[*].cluster} {.spec.gateway.serviceType')"
+expect_eq "copy: home, r1's cluster and endpoint" "home abc home 10.0.0.5:30443" \
+    "$(sj_get copy-job '.spec.home.cluster} {.spec.home.uid} {.spec.regions[0].cluster} {.spec.regions[0].endpoint')"
+JOB=home-job refuse_update "a region's cluster changed" "spec.regions[1].cluster" "regions[].cluster is immutable" \
+    '[{"op":"replace","path":"/spec/regions/1/cluster","value":"west"},{"op":"replace","path":"/spec/clusters/0/name","value":"west"}]'
+JOB=home-job refuse_update "a region's cluster added" "spec.regions[0].cluster" "regions[].cluster is immutable" \
+    '[{"op":"add","path":"/spec/regions/0/cluster","value":"east"}]'
+JOB=home-job refuse_update "a region's cluster removed" "spec.regions[1].cluster" "regions[].cluster is immutable" \
+    '[{"op":"remove","path":"/spec/regions/1/cluster"},{"op":"remove","path":"/spec/clusters"}]'
+JOB=home-job refuse_update "home added to a job" "spec.home" "home cannot be added or removed" \
+    '[{"op":"remove","path":"/spec/clusters"},{"op":"add","path":"/spec/home","value":{"cluster":"east","uid":"abc"}}]'
+JOB=copy-job refuse_update "home removed from a copy" "spec.home" "home cannot be added or removed" \
+    '[{"op":"remove","path":"/spec/home"},{"op":"remove","path":"/spec/regions/0/endpoint"}]'
+JOB=copy-job refuse_update "home.uid changed" "spec.home" "home.cluster and home.uid are immutable" \
+    '[{"op":"replace","path":"/spec/home/uid","value":"xyz"}]'
+JOB=copy-job refuse_update "home.cluster changed" "spec.home" "home.cluster and home.uid are immutable" \
+    '[{"op":"replace","path":"/spec/home/cluster","value":"other"}]'
+check "copy: the home job's final phase and a new endpoint may be set" \
+    k patch sj -n "$NS" copy-job --type=json -p '[{"op":"add","path":"/spec/home/phase","value":"Succeeded"},{"op":"replace","path":"/spec/regions/0/endpoint","value":"lb.example.com:7443"}]'
+check "home job: another kubeconfig Secret may be named" \
+    k patch sj -n "$NS" home-job --type=json -p '[{"op":"replace","path":"/spec/clusters/0/kubeconfigSecret","value":{"name":"east-kubeconfig-2","key":"config"}}]'
+status='{"status":{"phase":"Running","conditions":[{"type":"ClustersReachable","status":"False","reason":"MemberUnreachable","message":"east: connection refused","lastTransitionTime":"2026-01-02T03:04:05Z"}],
+  "regions":[{"name":"r1","endpoint":"10.0.0.5:30443","clientsSucceeded":0},{"name":"r2","cluster":"east","endpoint":"10.1.0.7:31443","clusterReachable":false,"clientsSucceeded":1,"step":40}]}}'
+check "operator ServiceAccount writes a home job's status (regions' cluster, endpoint, clusterReachable, clientsSucceeded)" \
+    k --as="$SA" patch sj -n "$NS" home-job --subresource=status --type=merge -p "$status"
+expect_eq "status.regions[*]: cluster, endpoints, clusterReachable, clientsSucceeded" \
+    "east 10.0.0.5:30443 10.1.0.7:31443 false 0 1" \
+    "$(sj_get home-job '.status.regions[*].cluster} {.status.regions[*].endpoint} {.status.regions[*].clusterReachable} {.status.regions[*].clientsSucceeded')"
+out=$(k --as="$SA" patch sj -n "$NS" home-job --subresource=status --type=json -p '[{"op":"replace","path":"/status/regions/1/clientsSucceeded","value":-1}]' 2>&1)
+if [[ $? -ne 0 && "$out" == *regions*clientsSucceeded*"greater than or equal to 0"* ]]; then
+    ok "negative status.regions[].clientsSucceeded refused"
+else
+    not_ok "status.regions[1].clientsSucceeded -1: $out"
+fi
 
 # ---- RBAC of the operator's ServiceAccount --------------------------------------------------
 
@@ -369,6 +497,7 @@ can update leases.coordination.k8s.io/cirrus-operator -n cirrus-system
 cannot create swarmjobs.cirrus.dev -n "$NS"
 cannot update swarmjobs.cirrus.dev -n "$NS"
 can delete swarmjobs.cirrus.dev -n "$NS" # ttlSecondsAfterFinished
+can patch swarmjobs.cirrus.dev -n "$NS"  # the finalizer cirrus.dev/member-copies
 cannot deletecollection swarmjobs.cirrus.dev -n "$NS"
 cannot delete namespaces
 cannot create clusterroles.rbac.authorization.k8s.io
@@ -386,6 +515,75 @@ cannot deletecollection pods -n "$NS"
 cannot create leases.coordination.k8s.io -n default
 cannot get leases.coordination.k8s.io/kube-controller-manager -n kube-system
 cannot update leases.coordination.k8s.io/some-other-lease -n cirrus-system
+
+# ---- the chart's memberAccess: a home cluster's operator in this cluster -----------------------
+
+# Rendered from the chart under names of this test's own (removed at exit), once cluster-wide
+# and once in $NS only, and used as helm/cirrus/values.yaml tells the platform team: a token
+# of the ServiceAccount in a kubeconfig of its own, everything inline.
+if ! HELM=$("$root/tests/operator/helm_install.sh"); then
+    not_ok "installing helm (tests/operator/helm_install.sh)"
+else
+    member_access() { # FULLNAME [HELM-FLAGS...]: applies the chart's memberAccess objects
+        "$HELM" template cirrus "$root/helm/cirrus" --namespace cirrus-system --show-only templates/member-access.yaml \
+            --set memberAccess.create=true --set fullnameOverride="$1" "${@:2}" | k apply -f -
+    }
+    HOME_SA=system:serviceaccount:cirrus-system:$MEMBER_ALL-home
+    check "memberAccess cluster-wide applied (ServiceAccount, ClusterRole, ClusterRoleBinding)" member_access "$MEMBER_ALL"
+    for v in create get patch delete; do
+        check "memberAccess: may $v swarmjobs" k auth can-i "$v" swarmjobs.cirrus.dev -n "$NS" --as="$HOME_SA"
+    done
+    for v in create get; do check "memberAccess: may $v secrets" k auth can-i "$v" secrets -n "$NS" --as="$HOME_SA"; done
+    for a in "list swarmjobs.cirrus.dev" "watch swarmjobs.cirrus.dev" "update swarmjobs.cirrus.dev" \
+        "patch swarmjobs.cirrus.dev --subresource=status" "list secrets" "update secrets" "delete secrets" \
+        "create pods" "create services" "get nodes"; do
+        # shellcheck disable=SC2086  # the verb, the resource and a flag
+        check_not "memberAccess: may not $a" k auth can-i $a -n "$NS" --as="$HOME_SA"
+    done
+    kc=$(mktemp)
+    km() { kubectl --kubeconfig "$kc" "$@"; }
+    if token=$(k -n cirrus-system create token "$MEMBER_ALL-home" --duration=10m) &&
+        km config set-cluster member --server="$CIRRUS_APISERVER" --certificate-authority="$CIRRUS_CA_FILE" --embed-certs >/dev/null &&
+        km config set-credentials home --token="$token" >/dev/null &&
+        km config set-context member --cluster=member --user=home >/dev/null &&
+        km config use-context member >/dev/null; then
+        ok "a kubeconfig for memberAccess's ServiceAccount made as values.yaml tells"
+    else
+        not_ok "making a kubeconfig for memberAccess's ServiceAccount"
+    fi
+    if grep -q 'certificate-authority-data:' "$kc" && grep -q 'token:' "$kc" && ! grep -qE '^ *(certificate-authority|client-certificate|client-key|tokenFile): ' "$kc"; then
+        ok "that kubeconfig carries its CA and token inline (no file paths)"
+    else
+        not_ok "kubeconfig not all inline: $(sed 's/token: .*/token: .../' "$kc")"
+    fi
+    copy=$(k patch --local -f "$sample" --type=json -o yaml \
+        -p "$(plus '[{"op":"replace","path":"/metadata/name","value":"member-copy"}]' "$copy_ops")")
+    check "through it: a copy of a job created" km create -n "$NS" -f - <<<"$copy"
+    check "through it: the copy patched (the home job's final phase)" \
+        km patch sj -n "$NS" member-copy --type=merge -p '{"spec":{"home":{"phase":"Succeeded"}}}'
+    expect_eq "through it: the copy read" "abc Succeeded" \
+        "$(km get sj -n "$NS" member-copy -o jsonpath='{.spec.home.uid} {.spec.home.phase}' 2>&1)"
+    check "through it: the copy's Secret created" \
+        km create secret generic -n "$NS" member-copy-certs --from-literal=ca.crt=CERT --from-literal=r2.crt=CERT --from-literal=r2.key=KEY
+    expect_eq "through it: the Secret read by name" r2.key \
+        "$(km get secret -n "$NS" member-copy-certs -o go-template='{{range $k, $v := .data}}{{$k}} {{end}}' 2>&1 | awk '{print $3}')"
+    check_not "through it: Secrets not listed" km get secrets -n "$NS"
+    check_not "through it: SwarmJobs not listed" km get sj -n "$NS"
+    check_not "through it: the copy's status not written" \
+        km patch sj -n "$NS" member-copy --subresource=status --type=merge -p '{"status":{"phase":"Running"}}'
+    check "through it: the copy deleted" km delete sj -n "$NS" member-copy --wait=false
+    rm -f "$kc"
+
+    HOME_SA=system:serviceaccount:cirrus-system:$MEMBER_NS-home
+    check "memberAccess in namespace $NS applied (Role, RoleBinding)" \
+        member_access "$MEMBER_NS" --set memberAccess.namespace="$NS"
+    expect_eq "memberAccess in $NS: a Role and its binding there" "$MEMBER_NS-home $MEMBER_NS-home" \
+        "$(k -n "$NS" get role,rolebinding -l app.kubernetes.io/instance=cirrus -o jsonpath='{.items[*].metadata.name}' 2>&1)"
+    check "memberAccess in $NS: may create swarmjobs there" k auth can-i create swarmjobs.cirrus.dev -n "$NS" --as="$HOME_SA"
+    check "memberAccess in $NS: may get secrets there" k auth can-i get secrets -n "$NS" --as="$HOME_SA"
+    check_not "memberAccess in $NS: not in default" k auth can-i create swarmjobs.cirrus.dev -n default --as="$HOME_SA"
+    check_not "memberAccess in $NS: no ClusterRole" k get clusterrole "$MEMBER_NS-home"
+fi
 
 checks_summary crd
 exit

@@ -52,7 +52,12 @@ additionalProperties:
   resources: ["swarmjobs"]
   # delete: runPolicy.ttlSecondsAfterFinished removes a finished job, as the TTL-after-
   # finished controller does for Jobs (one job at a time, by uid: no deletecollection).
-  verbs: ["get", "list", "watch", "delete"]
+  # patch: a job with spec.clusters carries the finalizer cirrus.dev/member-copies, which the
+  # operator adds and removes by merge patch, so that deleting the job deletes its copies in
+  # the member clusters first (no ownerReference crosses clusters). RBAC cannot limit a patch
+  # to the finalizers; the operator patches nothing else of a job (its status goes through
+  # swarmjobs/status).
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["cirrus.dev"]
   resources: ["swarmjobs/status"]
   # get: no more than get on swarmjobs already allows; clients (kubectl included) read the
