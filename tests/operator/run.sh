@@ -23,7 +23,8 @@ for t in "$here"/*_test.sh; do
     [ -e "$t" ] || continue
     [[ -z "${CIRRUS_OPERATOR_TESTS:-}" || " $CIRRUS_OPERATOR_TESTS " == *" $(basename "$t") "* ]] || continue
     echo "operator tests: $(basename "$t")"
-    if bash "$t"; then continue; fi
+    t0=$SECONDS
+    if bash "$t"; then echo "operator tests: $(basename "$t") passed in $((SECONDS - t0)) s"; continue; fi
     # The fault run's random faults (a new seed each run) once left one job unreconciled
     # for its last 40 s; the cause, a pod made and deleted while the pod watch was down, is
     # fixed and has its own test (unseen_test.sh, docs/SECURITY.md). The run's timing still
