@@ -188,6 +188,18 @@ void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_obs
 
 /* ---- the home: reaching the members ------------------------------------------------------ */
 
+/* A request's error without the request ("PATCH /apis/...?...: " first): what went wrong is
+ * the part a reader of the condition needs. */
+static const char *request_error(const char *msg)
+{
+    static const char *const methods[] = {"GET ", "PATCH ", "POST ", "PUT ", "DELETE "};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        const char *rest = strncmp(msg, methods[i], strlen(methods[i])) ? NULL : strstr(msg, ": ");
+        if (rest) return rest + 2;
+    }
+    return msg;
+}
+
 /* The connection to the member cluster that spec.clusters entry c names, made from its
  * kubeconfig Secret (read afresh at every poll: a rotated credential is taken at once). */
 static member_conn *member_get(controller *ctl, const json_t *job, const json_t *c,
@@ -209,14 +221,16 @@ static member_conn *member_get(controller *ctl, const json_t *job, const json_t 
     int rc = kube_get(ctl->client, path, &secret, err);
     if (rc) {
         cirrus_error e = *err;
-        cirrus_fail(err, rc, "secret %s/%s: %s", meta_str(job, "namespace"), sname, e.msg);
+        cirrus_fail(err, rc, "secret %s/%s: %s", meta_str(job, "namespace"), sname,
+                    request_error(e.msg));
         json_decref(secret);
         return NULL;
     }
-    const char *rv = meta_str(secret, "resourceVersion");
+    char rv[64];
+    snprintf(rv, sizeof rv, "%s", meta_str(secret, "resourceVersion") ? meta_str(secret, "resourceVersion") : "");
     member_conn *mc = ctl->members;
     while (mc && strcmp(mc->key, key)) mc = mc->next;
-    if (mc && rv && !strcmp(mc->rv, rv)) {
+    if (mc && rv[0] && !strcmp(mc->rv, rv)) {
         json_decref(secret);
         return mc;
     }
@@ -254,7 +268,7 @@ static member_conn *member_get(controller *ctl, const json_t *job, const json_t 
     }
     mc->cfg = cfg;
     mc->client = client;
-    snprintf(mc->rv, sizeof mc->rv, "%s", rv ? rv : "");
+    snprintf(mc->rv, sizeof mc->rv, "%s", rv);
     log_info("%s/%s: member cluster %s at %s", meta_str(job, "namespace"), meta_str(job, "name"),
              json_string_value(json_object_get(c, "name")), kube_config_server(cfg));
     return mc;
@@ -431,11 +445,14 @@ static void fold_member(job_observed *obs, const json_t *spec, const char *membe
 /* Member cluster c of the home job: its copy applied, its Secret made once, its regions'
  * status into m->member_status (kept: obs borrows from it). */
 static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
-                       const json_t *c, cirrus_error *err)
+                       const json_t *c, int *config_bad, cirrus_error *err)
 {
     const char *member = json_string_value(json_object_get(c, "name"));
     member_conn *mc = member_get(ctl, job, c, err);
-    if (!mc) return err->code ? err->code : CIRRUS_EIO;
+    if (!mc) {
+        *config_bad = 1;
+        return err->code ? err->code : CIRRUS_EIO;
+    }
     char path[PATH_MAX_LEN];
     int rc = kube_path(path, sizeof path, SWARMJOB_API, meta_str(job, "namespace"), "swarmjobs",
                        meta_str(job, "name"));
@@ -455,10 +472,10 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
         rc = ensure_member_secret(ctl, job, mc, member, meta_str(out, "uid"), err);
         if (!rc) json_object_set_new(m->member_secrets, member, json_true());
     }
-    if (!rc)
-        json_object_set(m->member_status, member,
-                        json_object_get(out, "status") ? json_object_get(out, "status")
-                                                       : json_object());
+    if (!rc) {
+        json_t *st = json_object_get(out, "status");
+        json_object_set_new(m->member_status, member, st ? json_incref(st) : json_object());
+    }
     json_decref(out);
     return rc;
 }
@@ -470,7 +487,10 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
     if (!m->member_status) m->member_status = json_object();
     if (!m->member_secrets) m->member_secrets = json_object();
     obs->has_members = 1;
+    char before[sizeof m->members_unreachable];
+    snprintf(before, sizeof before, "%s", m->members_unreachable);
     m->members_unreachable[0] = 0;
+    int config_bad = 0;
     size_t i, len = 0;
     const json_t *c;
     json_array_foreach(json_object_get(spec, "clusters"), i, c)
@@ -479,11 +499,11 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
         if (!member) continue;
         cirrus_error err = {0};
         int rc = leading(ctl) && m->member_status && m->member_secrets
-                     ? sync_member(ctl, job, m, obs, c, &err)
+                     ? sync_member(ctl, job, m, obs, c, &config_bad, &err)
                      : 0;
         if (rc) {
             int n = snprintf(m->members_unreachable + len, sizeof m->members_unreachable - len,
-                             "%scluster %s: %s", len ? "; " : "", member, err.msg);
+                             "%scluster %s: %s", len ? "; " : "", member, request_error(err.msg));
             if (n > 0) len += (size_t)n < sizeof m->members_unreachable - len
                                   ? (size_t)n
                                   : sizeof m->members_unreachable - len - 1;
@@ -493,7 +513,13 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
         }
     }
     obs->members_unreachable = len ? m->members_unreachable : NULL;
-    if (len) log_warn("%s: %s", m->key, m->members_unreachable);
+    /* A Secret or kubeconfig at fault is the user's to mend; anything else (refused,
+     * timed out, a 5xx) the member's or the network's. */
+    obs->members_reason = config_bad ? "MemberConfigInvalid" : "MemberUnreachable";
+    if (len && strcmp(before, m->members_unreachable))
+        log_warn("%s: %s", m->key, m->members_unreachable);
+    else if (!len && before[0])
+        log_info("%s: every member cluster answers again", m->key);
     return MEMBER_POLL_MS;
 }
 

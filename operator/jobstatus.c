@@ -385,7 +385,9 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
     progress_condition(c, obs, ph, old_status, now);
     if (obs->has_members)
         add_condition(c, old_status, "ClustersReachable", !obs->members_unreachable,
-                      obs->members_unreachable ? "MemberUnreachable" : "MembersAnswering",
+                      obs->members_unreachable
+                          ? (obs->members_reason ? obs->members_reason : "MemberUnreachable")
+                          : "MembersAnswering",
                       obs->members_unreachable ? obs->members_unreachable
                                                : "every member cluster answered",
                       now, g);

@@ -142,6 +142,7 @@ typedef struct job_observed {
      * NULL: every one did. */
     int has_members;
     const char *members_unreachable;
+    const char *members_reason; /* its reason: MemberUnreachable (default), MemberConfigInvalid */
     /* A copy in a member cluster: the home job's final phase (spec.home.phase,
      * "Succeeded" or "Failed"), which the copy takes; NULL: none yet. */
     const char *home_phase;

@@ -83,7 +83,9 @@ check_valgrind_clean() {
 #                                       namespace), with any
 #                                       further FLAGs, its log in WORK/operator.log; sets
 #                                       op_pid (so call it outside $(...)); returns 1 unless
-#                                       it leads within 60 s
+#                                       it leads within 60 s; under OPERATOR_VALGRIND=1
+#                                       in valgrind (its logs WORK/valgrind.*:
+#                                       check_valgrind_clean WORK)
 # test_operator_stop                    SIGTERM; returns the operator's exit status
 poll_until() {
     local deadline=$(($(date +%s) + $1)); shift
@@ -96,7 +98,12 @@ op_pid=
 test_operator_start() {
     local bin=${CIRRUS_OPERATOR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/bin/cirrus-operator}
     [[ -x "$bin" ]] || { echo "$bin is missing (make all)" >"$1/operator.log"; return 1; }
-    "$bin" --kubeconfig "$1/kubeconfig" ${2:+--namespace "$2"} --leader-elect \
+    local -a vg=()
+    [[ "${OPERATOR_VALGRIND:-0}" == 1 ]] &&
+        vg=(valgrind --quiet --leak-check=full --show-leak-kinds=definite,indirect
+            --errors-for-leak-kinds=definite,indirect --error-exitcode=99
+            --log-file="$1/valgrind.%p")
+    "${vg[@]}" "$bin" --kubeconfig "$1/kubeconfig" ${2:+--namespace "$2"} --leader-elect \
         --lease-namespace cirrus-system --metrics-port 0 "${@:3}" >>"$1/operator.log" 2>&1 &
     op_pid=$!
     poll_until 60 grep -q "acquired the lease" "$1/operator.log"
