@@ -129,17 +129,19 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
-	@# real nodes' set-up downloads and builds images; the CUDA build mostly downloads while
-	@# the real-node suite trains. Fuzzing runs beside no other suite: its 1 s per-input limit
-	@# is wall time.
+	@# real nodes' set-up downloads and builds images and then trains a job on them, at nice
+	@# 10 (test-nodes-beside) so that the operator tests' timed checks (a pod replaced
+	@# within 2 s) do not wait behind the training. Fuzzing runs beside no other suite: its
+	@# 1 s per-input limit is wall time.
 	@# &test-prefetch: the Go builds of the control plane, helm and the real nodes' binaries, at
 	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
 	@# time); the suites that need the binaries wait for the build if it is still running.
 	@# On a cold machine the build outlasts the suites that do not need it by minutes: fuzzing
-	@# comes last among those, filling that wait instead of adding to the run's end.
+	@# and the CUDA build (mostly a download) come last among those, filling that wait instead
+	@# of adding to the run's end.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz test-cluster \
-	  test-operator+nodes-prep test-cuda-build+test-nodes
+	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz \
+	  test-cuda-build test-cluster test-operator+test-nodes-beside
 
 # What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
 # niced, so that a cold run builds it while the first suites run (the installers take locks:

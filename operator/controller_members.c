@@ -59,17 +59,22 @@ int ctl_has_members(const json_t *job)
     return json_array_size(json_object_get(json_object_get(job, "spec"), "clusters")) > 0;
 }
 
-/* A region's entry of spec.regions, by name. */
-static json_t *spec_region(const json_t *spec, const char *name)
+/* The element of array whose "name" is name (spec.regions, status.regions); NULL: none. */
+static json_t *named(const json_t *array, const char *name)
 {
     size_t i;
-    json_t *r;
-    json_array_foreach(json_object_get(spec, "regions"), i, r)
+    json_t *e;
+    json_array_foreach(array, i, e)
     {
-        const char *n = json_string_value(json_object_get(r, "name"));
-        if (n && !strcmp(n, name)) return r;
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && name && !strcmp(n, name)) return e;
     }
     return NULL;
+}
+
+static json_t *spec_region(const json_t *spec, const char *name)
+{
+    return named(json_object_get(spec, "regions"), name);
 }
 
 /* ---- this cluster's regions: where the other clusters reach their gateways --------------- */
@@ -416,14 +421,7 @@ static void fold_region(region_observed *ro, const json_t *e)
 
 static const json_t *status_region(const json_t *status, const char *name)
 {
-    size_t i;
-    const json_t *e;
-    json_array_foreach(json_object_get(status, "regions"), i, e)
-    {
-        const char *n = json_string_value(json_object_get(e, "name"));
-        if (n && !strcmp(n, name)) return e;
-    }
-    return NULL;
+    return named(json_object_get(status, "regions"), name);
 }
 
 /* The regions of member `member` in obs from status (the copy's, or the home job's own
