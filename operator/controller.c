@@ -119,23 +119,23 @@ static void node_deleted(void *ctx, const json_t *node)
     const char *gone;
     json_t *v;
     void *tmp;
+    json_t *used = json_object(); /* nodes that pods are on */
+    const json_t *mark;
+    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, mark)
+    {
+        pod = kube_informer_get(ctl->pods, key);
+        const char *on =
+            json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
+        if (on && used) json_object_set_new(used, on, json_true());
+        if (on && !strcmp(on, name)) child_changed(ctl, pod);
+        kube_informer_release(ctl->pods); /* one pod parsed at a time */
+    }
     json_object_foreach_safe(ctl->gone_nodes, tmp, gone, v)
     {
-        int used = 0;
-        json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
-        {
-            const char *on =
-                json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
-            if (on && !strcmp(on, gone)) used = 1;
-        }
-        if (!used) json_object_del(ctl->gone_nodes, gone);
+        if (used && !json_object_get(used, gone)) json_object_del(ctl->gone_nodes, gone);
     }
+    json_decref(used);
     json_object_set_new(ctl->gone_nodes, name, json_true());
-    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
-    {
-        const char *on = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
-        if (on && !strcmp(on, name)) child_changed(ctl, pod);
-    }
 }
 
 static void node_added(void *ctx, const json_t *node)
@@ -467,6 +467,9 @@ static int informer(controller *ctl, const char *path, const char *query, enum w
         ic.on_add = ic.on_delete = job_changed;
         ic.on_update = job_updated;
     } else if (w == WATCH_PODS) {
+        /* Thousands of pods: kept as text, ~1 KB each instead of ~9 KB of jansson objects
+         * (docs/BENCHMARKS.md), parsed when a reconcile asks for its job's. */
+        ic.compact = 1;
         ic.transform = cache_slim_pod;
         ic.on_add = pod_added;
         ic.on_update = pod_updated;
@@ -559,6 +562,7 @@ int controller_process(controller *ctl, int max_keys)
         int64_t requeue_ms = 0;
         double t0 = clock_now_s();
         int rc = reconcile(ctl, key, &requeue_ms, &err);
+        kube_informer_release(ctl->pods); /* the pods it parsed (kept ones are its own refs) */
         ctl_flush_events(ctl); /* the reconcile's Events, side by side */
         double dt = clock_now_s() - t0;
         ctl->stats.reconciles++;
@@ -604,14 +608,19 @@ int controller_settled(controller *ctl, const char *own_node)
     const json_t *node = own_node ? kube_informer_get(ctl->nodes, own_node) : NULL;
     const int drained = json_is_true(json_object_get(json_object_get(node, "spec"), "unschedulable"));
     const char *key;
-    const json_t *pod;
-    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, pod)
+    const json_t *mark;
+    int settled = 1;
+    json_object_foreach((json_t *)kube_informer_objects(ctl->pods), key, mark)
     {
-        if (json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp")) return 0;
+        const json_t *pod = kube_informer_get(ctl->pods, key);
         const char *on = json_string_value(json_object_get(json_object_get(pod, "spec"), "nodeName"));
-        if (drained && on && !strcmp(on, own_node)) return 0;
+        if (json_object_get(json_object_get(pod, "metadata"), "deletionTimestamp") ||
+            (drained && on && !strcmp(on, own_node)))
+            settled = 0;
+        kube_informer_release(ctl->pods);
+        if (!settled) break;
     }
-    return 1;
+    return settled;
 }
 
 void controller_get_stats(const controller *ctl, controller_stats *st) { *st = ctl->stats; }

@@ -17,7 +17,8 @@ struct kube_informer {
     char *path, *query;
     int page_limit;
     kube_informer_config h; /* handlers and ctx (path/query point at our copies) */
-    json_t *cache;          /* key -> object */
+    json_t *cache;          /* key -> object (compact: its JSON text, a string) */
+    json_t *parsed;         /* compact: key -> object parsed for a get, until released */
     char rv[128];
     int need_list, synced;
     kube_watch *watch;
@@ -41,6 +42,34 @@ static void retry_later(kube_informer *inf, int64_t now)
     kube_ticker_schedule(inf->ticker, now + kube_backoff_next(&inf->backoff, now));
 }
 
+/* ---- the cache ---------------------------------------------------------------------------- */
+
+/* What the cache holds for obj: obj itself, or in a compact informer its compact JSON text
+ * (jansson holds an object of ~60 values in ~10x the bytes of its text). A new reference. */
+static json_t *to_cache(const kube_informer *inf, json_t *obj)
+{
+    if (!inf->h.compact) return json_incref(obj);
+    char *text = json_dumps(obj, JSON_COMPACT);
+    json_t *s = text ? json_stringn_nocheck(text, strlen(text)) : NULL;
+    free(text);
+    return s;
+}
+
+/* The object a cache value stands for: borrowed (not compact), or a new reference parsed
+ * from its text (compact); NULL if absent or unparsable. */
+static json_t *from_cache(const kube_informer *inf, json_t *v)
+{
+    if (!v || !inf->h.compact) return json_incref(v);
+    return json_loadb(json_string_value(v), json_string_length(v), 0, NULL);
+}
+
+static void cache_set(kube_informer *inf, json_t *cache, const char *key, json_t *obj)
+{
+    json_t *v = to_cache(inf, obj);
+    if (v) json_object_set_new(cache, key, v);
+    if (inf->parsed) json_object_del(inf->parsed, key);
+}
+
 /* ---- list ------------------------------------------------------------------------------ */
 
 /* Replace the cache with a fresh list and tell the handlers what changed since the cache
@@ -53,26 +82,31 @@ static void replace(kube_informer *inf, json_t *items)
     json_t *obj;
     char key[KEY_MAX];
     if (!cache) return;
+    /* (list_all transformed the items already.) */
     json_array_foreach(items, i, obj)
     {
-        if (inf->h.transform) inf->h.transform(obj);
-        if (kube_object_key(obj, key, sizeof key) == 0) json_object_set(cache, key, obj);
+        if (kube_object_key(obj, key, sizeof key) == 0) cache_set(inf, cache, key, obj);
     }
     inf->cache = cache;
+    json_object_clear(inf->parsed);
     json_array_foreach(items, i, obj)
     {
         if (kube_object_key(obj, key, sizeof key)) continue;
-        json_t *old = json_object_get(old_cache, key);
+        json_t *old = from_cache(inf, json_object_get(old_cache, key));
         if (!old) {
             if (inf->h.on_add) inf->h.on_add(inf->h.ctx, obj);
         } else if (strcmp(rv_of(old), rv_of(obj))) {
             if (inf->h.on_update) inf->h.on_update(inf->h.ctx, old, obj);
         }
+        json_decref(old);
     }
     const char *k;
     json_object_foreach(old_cache, k, obj)
     {
-        if (!json_object_get(cache, k) && inf->h.on_delete) inf->h.on_delete(inf->h.ctx, obj);
+        if (json_object_get(cache, k) || !inf->h.on_delete) continue;
+        json_t *gone = from_cache(inf, obj);
+        if (gone) inf->h.on_delete(inf->h.ctx, gone);
+        json_decref(gone);
     }
     json_decref(old_cache);
 }
@@ -112,6 +146,13 @@ static int list_all(kube_informer *inf, json_t **items_out, cirrus_error *err)
         }
         /* Every page carries the resourceVersion of the first: the snapshot's. */
         snprintf(inf->rv, sizeof inf->rv, "%s", rv);
+        /* Pruned page by page: a re-list of thousands of objects never holds them whole. */
+        size_t i;
+        json_t *obj;
+        json_array_foreach(page_items, i, obj)
+        {
+            if (inf->h.transform) inf->h.transform(obj);
+        }
         if (page_items) json_array_extend(items, page_items);
         if (c && *c) cont = curl_easy_escape(NULL, c, 0);
         json_decref(page);
@@ -140,14 +181,15 @@ static void on_event(void *ctx, kube_watch *w, enum kube_event_type type, json_t
         log_warn("kube: %s: watch event for an object without a name", inf->path);
         return;
     }
-    json_t *old = json_incref(json_object_get(inf->cache, key));
+    json_t *old = from_cache(inf, json_object_get(inf->cache, key));
     if (type == KUBE_EVENT_DELETED) {
         if (old) {
             json_object_del(inf->cache, key);
+            if (inf->parsed) json_object_del(inf->parsed, key);
             if (inf->h.on_delete) inf->h.on_delete(inf->h.ctx, obj);
         }
     } else {
-        json_object_set(inf->cache, key, obj);
+        cache_set(inf, inf->cache, key, obj);
         if (!old) {
             if (inf->h.on_add) inf->h.on_add(inf->h.ctx, obj);
         } else if (strcmp(rv_of(old), rv_of(obj))) {
@@ -234,10 +276,12 @@ int kube_informer_new(kube_client *c, const kube_informer_config *cfg, kube_info
     inf->path = strdup(cfg->path);
     inf->query = cfg->query && *cfg->query ? strdup(cfg->query) : NULL;
     inf->cache = json_object();
+    inf->parsed = cfg->compact ? json_object() : NULL;
     inf->ticker = kube_ticker_new(c, tick, inf);
     inf->need_list = 1;
     kube_backoff_init(&inf->backoff, 0);
-    if (!inf->path || (cfg->query && *cfg->query && !inf->query) || !inf->cache || !inf->ticker) {
+    if (!inf->path || (cfg->query && *cfg->query && !inf->query) || !inf->cache || !inf->ticker ||
+        (cfg->compact && !inf->parsed)) {
         kube_informer_free(inf);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     }
@@ -254,6 +298,7 @@ void kube_informer_free(kube_informer *inf)
     kube_watch_free(inf->watch);
     kube_ticker_free(inf->ticker);
     json_decref(inf->cache);
+    json_decref(inf->parsed);
     free(inf->path);
     free(inf->query);
     free(inf);
@@ -262,7 +307,20 @@ void kube_informer_free(kube_informer *inf)
 int kube_informer_has_synced(const kube_informer *inf) { return inf->synced; }
 const json_t *kube_informer_get(const kube_informer *inf, const char *key)
 {
-    return json_object_get(inf->cache, key);
+    json_t *v = json_object_get(inf->cache, key);
+    if (!inf->h.compact || !v) return v;
+    json_t *obj = json_object_get(inf->parsed, key);
+    if (obj) return obj;
+    obj = from_cache(inf, v);
+    /* The parsed objects are the informer's until kube_informer_release: a get does not
+     * change what is cached, only what is kept parsed of it. */
+    if (obj) json_object_set_new(((kube_informer *)inf)->parsed, key, obj);
+    return obj;
+}
+
+void kube_informer_release(const kube_informer *inf)
+{
+    if (inf->parsed) json_object_clear(((kube_informer *)inf)->parsed);
 }
 const json_t *kube_informer_objects(const kube_informer *inf) { return inf->cache; }
 const char *kube_informer_resource_version(const kube_informer *inf) { return inf->rv; }

@@ -81,20 +81,21 @@ static void put(kube_client *c, const char *coll, const char *ns, const char *na
     json_decref(cm);
 }
 
-TEST(kube_informer_configmaps_in_order)
+/* The same events and cache whether objects are cached as objects or (compact) as text. */
+static void configmaps_in_order(int compact)
 {
     kube_config *cfg;
     kube_client *c = tk_client(&cfg);
     char ns[64], coll[256], path[320];
     cirrus_error err;
-    tk_namespace(c, "informer", ns, sizeof ns);
+    tk_namespace(c, compact ? "informer-compact" : "informer", ns, sizeof ns);
     ASSERT_OK(kube_path(coll, sizeof coll, "api/v1", ns, "configmaps", NULL));
     put(c, coll, ns, "pre", "0");
 
     struct log l = {0};
     kube_informer_config ic = {.path = coll, .query = "labelSelector=cirrus-test%3Dyes",
                                .on_add = on_add, .on_update = on_update,
-                               .on_delete = on_delete, .ctx = &l};
+                               .on_delete = on_delete, .ctx = &l, .compact = compact};
     ASSERT_OK(kube_informer_new(c, &ic, &l.inf, &err));
     ASSERT(!kube_informer_has_synced(l.inf));
     ASSERT(tk_poll_until(c, synced, &l, 10000));
@@ -116,6 +117,15 @@ TEST(kube_informer_configmaps_in_order)
     ASSERT_EQ(json_object_size(kube_informer_objects(l.inf)), 2);
     snprintf(key, sizeof key, "%s/c1", ns);
     ASSERT(kube_informer_get(l.inf, key) == NULL);
+    snprintf(key, sizeof key, "%s/c2", ns);
+    const json_t *c2 = kube_informer_get(l.inf, key);
+    ASSERT(c2 && !strcmp(val_of(c2), "x"));
+    /* Compact: text in the cache, one parsed object per get until released. */
+    ASSERT_EQ(json_is_string(json_object_get(kube_informer_objects(l.inf), key)), compact);
+    ASSERT(kube_informer_get(l.inf, key) == c2);
+    kube_informer_release(l.inf);
+    ASSERT(!strcmp(val_of(kube_informer_get(l.inf, key)), "x"));
+    kube_informer_release(l.inf);
     kube_informer_stats st;
     kube_informer_get_stats(l.inf, &st);
     ASSERT_EQ(st.lists, 1);
@@ -124,6 +134,9 @@ TEST(kube_informer_configmaps_in_order)
     kube_informer_free(l.inf);
     tk_client_free(c, cfg);
 }
+
+TEST(kube_informer_configmaps_in_order) { configmaps_in_order(0); }
+TEST(kube_informer_compact_same_events) { configmaps_in_order(1); }
 
 /* A transform runs on every object, listed or watched, before the cache and the handlers
  * see it: here it drops metadata.managedFields and a data key, as the controller's slim_*
@@ -233,14 +246,14 @@ static int relisted(void *ctx)
 /* The informer loses its watch; meanwhile one object is created, one deleted, one
  * changed. It comes back with a resourceVersion the server has no history for ("1" on a
  * fresh CRD: in-stream ERROR 410), re-lists, and delivers exactly those three changes. */
-TEST(kube_informer_relist_after_410)
+static void relist_after_410(int compact)
 {
     kube_config *cfg;
     kube_client *c = tk_client(&cfg);
     char ns[64], group[128], api[160], coll[256], path[320];
     cirrus_error err;
     tk_crd(c, "relist", group, sizeof group);
-    tk_namespace(c, "relist", ns, sizeof ns);
+    tk_namespace(c, compact ? "relist-compact" : "relist", ns, sizeof ns);
     snprintf(api, sizeof api, "apis/%s/v1", group);
     ASSERT_OK(kube_path(coll, sizeof coll, api, ns, "probes", NULL));
     create_probe(c, coll, group, "a");
@@ -249,7 +262,7 @@ TEST(kube_informer_relist_after_410)
 
     struct log l = {0};
     kube_informer_config ic = {.path = coll, .on_add = on_add, .on_update = on_update,
-                               .on_delete = on_delete, .ctx = &l};
+                               .on_delete = on_delete, .ctx = &l, .compact = compact};
     ASSERT_OK(kube_informer_new(c, &ic, &l.inf, &err));
     ASSERT(tk_poll_until(c, synced, &l, 10000));
     ASSERT_EQ(l.n, 3);
@@ -287,6 +300,11 @@ TEST(kube_informer_relist_after_410)
     kube_informer_free(l.inf);
     tk_client_free(c, cfg);
 }
+
+TEST(kube_informer_relist_after_410) { relist_after_410(0); }
+/* The re-list's diff against a cache of text: the same adds, updates (old state parsed
+ * back) and deletions. */
+TEST(kube_informer_compact_relist_after_410) { relist_after_410(1); }
 
 /* The same through HTTP 410 on the watch request, scripted: list {a, b}; watch -> 410;
  * re-list {b changed, c}; watch delivers d and stays open. */
