@@ -147,10 +147,12 @@ test: deps
 # niced, so that a cold run builds it while the first suites run (the installers take locks:
 # a suite that needs one waits for the build in progress).
 test-prefetch:
-	@echo "cirrus: building the Kubernetes binaries, helm (and, as root, the real nodes' packages and CoreDNS) at nice 19"
+	@# In the order the suites need them: the control plane (test-cluster), the real nodes'
+	@# (test-nodes-beside starts with the operator suite), helm (its last tests).
+	@echo "cirrus: building the Kubernetes binaries, (as root) the real nodes' packages and CoreDNS, and helm, at nice 19"
 	@nice -n 19 tests/cluster/install.sh
-	@nice -n 19 tests/operator/helm_install.sh >/dev/null
 	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; fi
+	@nice -n 19 tests/operator/helm_install.sh >/dev/null
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"
