@@ -122,6 +122,24 @@ int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *servic
         int rc = kube_apply(ctl->client, path, svc, CONTROLLER_FIELD_MANAGER, NULL, err);
         if (rc) return rc;
     }
+    if (applied_gen == generation) return 0;
+    /* A Service of the job's no longer wanted (a WAN Service after gateway.serviceType went
+     * back to ClusterIP): deleted, once per generation like the applies. */
+    const char *key;
+    const json_t *have;
+    json_object_foreach((json_t *)kube_informer_objects(ctl->services), key, have)
+    {
+        const char *job_label = label(have, CIRRUS_LABEL_JOB), *n = meta_str(have, "name");
+        char path[PATH_MAX_LEN];
+        if (!job_label || strcmp(job_label, meta_str(job, "name")) || !n ||
+            strcmp(meta_str(have, "namespace") ? meta_str(have, "namespace") : "",
+                   meta_str(job, "namespace")) ||
+            json_object_get(services, n) || child_path(path, job, "services", n))
+            continue;
+        int rc = kube_delete(ctl->client, path, NULL, err);
+        if (rc && rc != CIRRUS_ENOENT) return rc;
+        ctl_event(ctl, job, 0, "ServiceDeleted", "service %s is no longer wanted", n);
+    }
     return 0;
 }
 

@@ -74,7 +74,8 @@ typedef struct job_mem {
     /* Regions in several clusters (controller_members.c). endpoints: this cluster's
      * regions' gateway endpoints as last resolved (region -> "host:port"). At home:
      * member_status, each member's copy's last status (cluster -> status); member_secrets,
-     * the members whose Secret is known made (cluster -> true); members_unreachable, why the
+     * the members whose Secret is known made (cluster -> the uid of the copy that owns it);
+     * members_unreachable, why the
      * last poll failed (the ClustersReachable condition's message). */
     json_t *endpoints, *member_status, *member_secrets;
     char members_unreachable[1024];

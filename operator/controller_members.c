@@ -7,8 +7,8 @@
  * certificates and keys. The member's own operator reconciles the copy's pods as any job's
  * (desired.c builds nothing for regions that other clusters run) and reports its regions,
  * with their gateways' endpoints, in the copy's status; the home operator folds those into
- * the home job's status and writes every region's endpoint into every copy, so that each
- * gateway can list all of them.
+ * the home job's status, writes every region's endpoint into every copy, so that each
+ * gateway can list all of them, and the whole job's status into the copy's status.home.
  *
  * Nothing watches across clusters: the home polls each member every MEMBER_POLL_MS while
  * the job exists (one server-side apply of the copy, whose answer carries the copy's
@@ -116,7 +116,7 @@ static const char *region_node_address(controller *ctl, const char *label_key,
     return best;
 }
 
-/* The endpoint of this cluster's region r from its gateway Service (svc, as the API server
+/* The endpoint of this cluster's region r from its WAN Service (svc, as the API server
  * has it): a load balancer's address and the Service's WAN port, or a node's address and
  * the WAN port's node port. 0 and *out set, or 1 when it has none (yet). */
 static int service_endpoint(controller *ctl, const json_t *svc, const json_t *r, char *out,
@@ -180,7 +180,7 @@ void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_obs
         char gw[CIRRUS_NAME_MAX + 1], path[PATH_MAX_LEN], ep[300];
         json_t *svc = NULL;
         cirrus_error err;
-        if (desired_name_gateway(gw, sizeof gw, meta_str(job, "name"), ro->name, NULL) ||
+        if (desired_name_wan_service(gw, sizeof gw, meta_str(job, "name"), ro->name, NULL) ||
             child_path(path, job, "services", gw))
             continue;
         if (!kube_get(ctl->client, path, &svc, &err) && !service_endpoint(ctl, svc, r, ep, sizeof ep))
@@ -324,7 +324,9 @@ static json_t *copy_of(controller *ctl, const json_t *job, const job_observed *o
 /* The member's Secret: the job CA's certificate and the member's regions' gateway
  * certificates and keys from the home job's Secret (the CA key is kept nowhere), owned by
  * the copy (copy_uid) so that the member's garbage collector removes it with the copy. Made
- * once; an existing one is left as it is (never re-keyed under running gateways). */
+ * once; an existing one is left as it is (never re-keyed under running gateways). 0: it is
+ * there; 1: an earlier copy's is still there (its garbage collection pending); < 0: an
+ * error. */
 static int ensure_member_secret(controller *ctl, const json_t *job, member_conn *mc,
                                 const char *member, const char *copy_uid, cirrus_error *err)
 {
@@ -333,7 +335,18 @@ static int ensure_member_secret(controller *ctl, const json_t *job, member_conn 
     if (!rc && (child_path(path, job, "secrets", name) || child_path(coll, job, "secrets", NULL)))
         rc = cirrus_fail(err, CIRRUS_EINVAL, "secret path too long");
     if (rc) return rc;
-    rc = kube_get(mc->client, path, NULL, err);
+    json_t *there = NULL;
+    rc = kube_get(mc->client, path, &there, err);
+    if (!rc) {
+        /* The Secret of a copy deleted meanwhile, which the member's garbage collector has
+         * not removed yet: not done; asked again at the next poll. */
+        const char *owner = json_string_value(json_object_get(
+            json_array_get(json_object_get(json_object_get(there, "metadata"), "ownerReferences"),
+                           0),
+            "uid"));
+        rc = owner && !strcmp(owner, copy_uid) ? 0 : 1;
+    }
+    json_decref(there);
     if (rc != CIRRUS_ENOENT) return rc;
     json_t *home = NULL;
     if ((rc = kube_get(ctl->client, path, &home, err))) {
@@ -440,6 +453,36 @@ static void fold_member(job_observed *obs, const json_t *spec, const char *membe
     }
 }
 
+/* The whole job as the home status has it (its phase, the job's figures and every region's)
+ * in the copy's status.home, so that each cluster's status shows the whole job: written
+ * when it differs from what the copy has (copy_status), by merge patch of that field alone
+ * (the member's operator writes the rest of the copy's status). */
+static int publish_whole_job(member_conn *mc, const json_t *job, const char *path,
+                             const json_t *copy_status, cirrus_error *err)
+{
+    static const char *const fields[] = {"phase",  "readyRegions", "readyPeers",
+                                         "step",   "loss",         "tokensPerSecond",
+                                         "outerStep", "wanBytes",  "regions"};
+    const json_t *st = json_object_get(job, "status");
+    json_t *whole = json_object();
+    for (size_t i = 0; whole && i < sizeof fields / sizeof fields[0]; i++)
+        if (json_object_get(st, fields[i]))
+            json_object_set(whole, fields[i], json_object_get(st, fields[i]));
+    int rc = 0;
+    if (!whole)
+        rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    else if (json_object_size(whole) && !json_equal(whole, json_object_get(copy_status, "home"))) {
+        json_t *patch = json_pack("{s:{s:O}}", "status", "home", whole);
+        char spath[PATH_MAX_LEN + 8];
+        snprintf(spath, sizeof spath, "%s/status", path);
+        rc = patch ? kube_patch_merge(mc->client, spath, patch, NULL, err)
+                   : cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+        json_decref(patch);
+    }
+    json_decref(whole);
+    return rc;
+}
+
 /* Member cluster c of the home job: its copy applied, its Secret made once, its regions'
  * status into m->member_status (kept: obs borrows from it). */
 static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
@@ -466,13 +509,20 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
         rc = cirrus_fail(err, CIRRUS_ECONFLICT,
                          "swarmjob %s there is not this job's copy (spec.home.uid %s)",
                          meta_str(job, "name"), uid ? uid : "unset");
-    if (!rc && !json_is_true(json_object_get(m->member_secrets, member))) {
-        rc = ensure_member_secret(ctl, job, mc, member, meta_str(out, "uid"), err);
-        if (!rc) json_object_set_new(m->member_secrets, member, json_true());
+    /* The Secret is owned by the copy: a copy made anew (someone deleted it; the garbage
+     * collector took its Secret too) needs it made again. */
+    const char *copy_uid = meta_str(out, "uid");
+    const char *known = json_string_value(json_object_get(m->member_secrets, member));
+    if (!rc && (!copy_uid || !known || strcmp(known, copy_uid))) {
+        rc = copy_uid ? ensure_member_secret(ctl, job, mc, member, copy_uid, err)
+                      : cirrus_fail(err, CIRRUS_EIO, "the copy has no uid");
+        if (!rc) json_object_set_new(m->member_secrets, member, json_string(copy_uid));
+        if (rc == 1) rc = 0; /* made at a later poll */
     }
     if (!rc) {
         json_t *st = json_object_get(out, "status");
         json_object_set_new(m->member_status, member, st ? json_incref(st) : json_object());
+        rc = publish_whole_job(mc, job, path, st, err);
     }
     json_decref(out);
     return rc;

@@ -50,6 +50,12 @@ int desired_name_gateway(char *buf, size_t size, const char *job, const char *re
     return make_name(buf, size, err, "%s-%s-gw", job, region);
 }
 
+int desired_name_wan_service(char *buf, size_t size, const char *job, const char *region,
+                             cirrus_error *err)
+{
+    return make_name(buf, size, err, "%s-%s-wan", job, region);
+}
+
 int desired_name_peer(char *buf, size_t size, const char *job, const char *region, int stage,
                       int index, cirrus_error *err)
 {
@@ -341,35 +347,53 @@ static int build_client(const job_view *v, const region_view *r, const char *coo
                            vols, err));
 }
 
-static int build_service(const job_view *v, const region_view *r, const char *gw,
-                         desired_job *d, cirrus_error *err)
+/* One Service of region r's gateway: name, its type and ports (a JSON array). */
+static int add_service(const job_view *v, const region_view *r, const char *name,
+                       const char *type, json_t *ports, int annotate, desired_job *d,
+                       cirrus_error *err)
 {
-    json_t *svc = object_new(v, "v1", "Service", gw,
+    json_t *svc = object_new(v, "v1", "Service", name,
                              labels_new(v, r->name, CIRRUS_ROLE_GATEWAY, -1, -1));
-    json_t *spec = json_pack(
-        "{s:s, s:{s:s, s:s, s:s}, s:[{s:s, s:s, s:i, s:s}, {s:s, s:s, s:i, s:s}]}", "type",
-        v->service_type, "selector", CIRRUS_LABEL_JOB, v->name, CIRRUS_LABEL_REGION, r->name,
-        CIRRUS_LABEL_ROLE, CIRRUS_ROLE_GATEWAY, "ports", "name", "coord", "protocol", "TCP",
-        "port", (int)v->gw_port, "targetPort", "coord", "name", "http", "protocol", "TCP",
-        "port", ROLE_PORT_HTTP, "targetPort", "http");
-    /* With several regions, the other regions' gateways reach this one on "wan". */
-    if (spec && desired_outer(v) &&
-        json_array_append_new(json_object_get(spec, "ports"),
-                              json_pack("{s:s, s:s, s:i, s:s}", "name", "wan", "protocol",
-                                        "TCP", "port", (int)v->wan_port, "targetPort", "wan"))) {
-        json_decref(spec);
-        spec = NULL;
-    }
+    json_t *spec = ports ? json_pack("{s:s, s:{s:s, s:s, s:s}, s:o}", "type", type, "selector",
+                                     CIRRUS_LABEL_JOB, v->name, CIRRUS_LABEL_REGION, r->name,
+                                     CIRRUS_LABEL_ROLE, CIRRUS_ROLE_GATEWAY, "ports", ports)
+                         : NULL;
     if (!svc || !spec) {
         json_decref(svc);
         json_decref(spec);
-        return cirrus_fail(err, CIRRUS_ENOMEM, "building service %s: out of memory", gw);
+        return cirrus_fail(err, CIRRUS_ENOMEM, "building service %s: out of memory", name);
     }
-    if (v->svc_annotations)
+    if (annotate && v->svc_annotations)
         json_object_set_new(json_object_get(svc, "metadata"), "annotations",
                             json_deep_copy(v->svc_annotations));
     json_object_set_new(svc, "spec", spec);
-    return json_object_set_new(d->services, gw, svc) ? CIRRUS_ENOMEM : 0;
+    return json_object_set_new(d->services, name, svc) ? CIRRUS_ENOMEM : 0;
+}
+
+/* Region r's gateway Service gw, inside the cluster: the coordinator port (peers, clients),
+ * HTTP (/status) and, with several regions, the WAN port, by which regions of the same
+ * cluster reach each other. With several regions and gateway.serviceType NodePort or
+ * LoadBalancer, a second Service of that type exposes the WAN port alone to other
+ * clusters: the coordinator admits any peer that reaches it, and must not be reachable
+ * on every node's address. */
+static int build_service(const job_view *v, const region_view *r, const char *gw,
+                         desired_job *d, cirrus_error *err)
+{
+    const int wan_svc = desired_outer(v) && strcmp(v->service_type, "ClusterIP");
+    json_t *ports = json_pack("[{s:s, s:s, s:i, s:s}, {s:s, s:s, s:i, s:s}]", "name", "coord",
+                              "protocol", "TCP", "port", (int)v->gw_port, "targetPort", "coord",
+                              "name", "http", "protocol", "TCP", "port", ROLE_PORT_HTTP,
+                              "targetPort", "http");
+    json_t *wan = json_pack("{s:s, s:s, s:i, s:s}", "name", "wan", "protocol", "TCP", "port",
+                            (int)v->wan_port, "targetPort", "wan");
+    if (ports && wan && desired_outer(v)) json_array_append(ports, wan);
+    int rc = add_service(v, r, gw, "ClusterIP", ports, !wan_svc, d, err);
+    char name[CIRRUS_NAME_MAX + 1];
+    if (!rc && wan_svc && !(rc = desired_name_wan_service(name, sizeof name, v->name, r->name, err)))
+        rc = add_service(v, r, name, v->service_type, wan ? json_pack("[O]", wan) : NULL, 1, d,
+                         err);
+    json_decref(wan);
+    return rc;
 }
 
 /* spec.gangScheduling: region r's PodGroup, a gang of what the region trains with. */

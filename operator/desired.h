@@ -157,6 +157,10 @@ int desired_peers_per_stage(const json_t *spec, const json_t *region);
  * message) when the result is not a DNS-1035 label of at most 63 characters. */
 int desired_name_gateway(char *buf, size_t size, const char *job, const char *region,
                          cirrus_error *err);
+/* "<job>-<region>-wan": with several regions and gateway.serviceType NodePort or
+ * LoadBalancer, the Service of that type that exposes the gateway's WAN port alone. */
+int desired_name_wan_service(char *buf, size_t size, const char *job, const char *region,
+                             cirrus_error *err);
 int desired_name_peer(char *buf, size_t size, const char *job, const char *region, int stage,
                       int index, cirrus_error *err);
 int desired_name_client(char *buf, size_t size, const char *job, const char *region, int index,

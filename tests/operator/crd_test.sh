@@ -534,8 +534,9 @@ else
         check "memberAccess: may $v swarmjobs" k auth can-i "$v" swarmjobs.cirrus.dev -n "$NS" --as="$HOME_SA"
     done
     for v in create get; do check "memberAccess: may $v secrets" k auth can-i "$v" secrets -n "$NS" --as="$HOME_SA"; done
+    check "memberAccess: may patch swarmjobs' status (status.home)" k auth can-i patch swarmjobs.cirrus.dev --subresource=status -n "$NS" --as="$HOME_SA"
     for a in "list swarmjobs.cirrus.dev" "watch swarmjobs.cirrus.dev" "update swarmjobs.cirrus.dev" \
-        "patch swarmjobs.cirrus.dev --subresource=status" "list secrets" "update secrets" "delete secrets" \
+        "update swarmjobs.cirrus.dev --subresource=status" "list secrets" "update secrets" "delete secrets" \
         "create pods" "create services" "get nodes"; do
         # shellcheck disable=SC2086  # the verb, the resource and a flag
         check_not "memberAccess: may not $a" k auth can-i $a -n "$NS" --as="$HOME_SA"

@@ -179,7 +179,7 @@ EP='(.endpoint // "")'
 cond() { # JSON_CMD TYPE: "STATUS REASON MESSAGE" of condition TYPE
     "$1" | jq -r --arg t "$2" '(.status.conditions // [])[] | select(.type == $t) | "\(.status) \(.reason // "") \(.message // "")"'
 }
-# A region's endpoint is "<address of a node of the region>:<nodePort of its gateway Service's
+# A region's endpoint is "<address of a node of the region>:<nodePort of its WAN Service's
 # port wan>" as that cluster's kubectl sees them (any node of the region: every kwok node here
 # has the one address 127.0.0.1).
 node_addresses() { # KUBECTL... REGION: each node of REGION's ExternalIP, else InternalIP
@@ -191,7 +191,7 @@ node_addresses() { # KUBECTL... REGION: each node of REGION's ExternalIP, else I
 }
 wan_node_port() { # KUBECTL... REGION
     local region=${*: -1}
-    "${@:1:$#-1}" -n "$NS" get svc "$JOB-$region-gw" -o jsonpath='{.spec.ports[?(@.name=="wan")].nodePort}' 2>/dev/null
+    "${@:1:$#-1}" -n "$NS" get svc "$JOB-$region-wan" -o jsonpath='{.spec.ports[?(@.name=="wan")].nodePort}' 2>/dev/null
 }
 # endpoint_ok ENDPOINT KUBECTL... REGION: ENDPOINT is a node address of REGION there and the
 # wan port's nodePort there
@@ -289,8 +289,10 @@ check "3 pods Running at home and 3 in east" poll_until 60 both_running
 expect_eq "home: r1's pods only" "$JOB-r1-c0 $JOB-r1-gw $JOB-r1-s0-0" "$(pod_names kubectl)"
 expect_eq "east: r2's pods only" "$JOB-r2-c0 $JOB-r2-gw $JOB-r2-s0-0" "$(pod_names mk)"
 svcs() { "$@" -n "$NS" get svc -l "cirrus.dev/job=$JOB" -o jsonpath='{range .items[*]}{.metadata.name}:{.spec.type} {end}' 2>/dev/null | sed 's/ $//'; }
-expect_eq "home: gateway Service r1's, NodePort" "$JOB-r1-gw:NodePort" "$(svcs kubectl)"
-expect_eq "east: gateway Service r2's, NodePort" "$JOB-r2-gw:NodePort" "$(svcs mk)"
+expect_eq "home: r1's gateway Service inside the cluster, its WAN port alone a NodePort" "$JOB-r1-gw:ClusterIP $JOB-r1-wan:NodePort" "$(svcs kubectl)"
+expect_eq "east: r2's, the same" "$JOB-r2-gw:ClusterIP $JOB-r2-wan:NodePort" "$(svcs mk)"
+wan_ports() { local r=$1; shift; "$@" -n "$NS" get svc "$JOB-$r-wan" -o jsonpath='{.spec.ports[*].name}' 2>/dev/null; }
+expect_eq "home: the WAN Service's only port" "wan" "$(wan_ports r1 kubectl)"
 mapfile -t hargs < <(args_of kn get pod "$JOB-r1-gw" | tr ' ' '\n')
 mapfile -t margs < <(args_of mkn get pod "$JOB-r2-gw" | tr ' ' '\n')
 expect_eq "home gateway: --job the home uid" "$uid" "$(arg --job "${hargs[@]}")"
@@ -337,6 +339,14 @@ expect_eq "home status: r2's cluster" east "$(status_region hjson r2 '.cluster /
 expect_eq "home status: r2's clusterReachable" true "$(status_region hjson r2 '.clusterReachable')"
 cond_is() { [[ "$(cond hjson "$1" | cut -d' ' -f1)" == "$2" ]]; } # TYPE STATUS
 check "home condition ClustersReachable True" poll_until 20 cond_is ClustersReachable True
+# Each cluster's status shows the whole job: the copy's status.home is the home's view.
+whole_in_copy() {
+    [[ "$(cjson | jq -r '[(.status.home.regions // [])[].name] | sort | join(" ")')" == "r1 r2" &&
+       "$(cjson | jq -r '.status.home.phase // ""')" == "$(hjson | jq -r '.status.phase // ""')" &&
+       "$(cjson | jq -r '.status.home.readyRegions // ""')" == "2/2" ]]
+}
+if poll_until 30 whole_in_copy; then ok "copy status.home: the whole job (both regions, the home's phase, 2/2 regions ready)"; else not_ok "copy status.home: $(cjson | jq -c '.status.home')"; fi
+expect_eq "copy status: its own regions only" "r2" "$(cjson | jq -r '[(.status.regions // [])[].name] | join(" ")')"
 echo "   info: home readyRegions '$(hjson | jq -r '.status.readyRegions // ""')', readyPeers '$(hjson | jq -r '.status.readyPeers // ""')', phase '$(hjson | jq -r '.status.phase // ""')'; copy's phase '$(cjson | jq -r '.status.phase // ""')'"
 
 # ---- 5. spec changes reach the copy ----------------------------------------------------------
@@ -359,6 +369,15 @@ kn patch sj "$JOB" --type merge -p '{"spec":{"peersPerStage":2}}' >/dev/null
 propagated "peersPerStage 2" .spec.peersPerStage 2
 check "east: r2 has 2 peers" poll_until 30 mkn get pod "$JOB-r2-s0-1"
 check "home: r1 has 2 peers" poll_until 30 kn get pod "$JOB-r1-s0-1"
+# Someone deletes the copy in east: its pods and Secret go with it (the copy owns them); the
+# home makes the copy again, and its Secret, so r2's gateway can start again.
+old_copy_uid=$(cjson | jq -r .metadata.uid)
+mkn delete sj "$JOB" --wait=true --timeout=30s >/dev/null 2>&1
+copy_again() { local u; u=$(cjson | jq -r '.metadata.uid // ""'); [[ -n "$u" && "$u" != "$old_copy_uid" ]]; }
+check "east: the copy deleted by hand is made again by the home" poll_until 30 copy_again
+check "east: and its Secret $JOB-pki again" poll_until 30 mkn get secret "$JOB-pki"
+secret_owner() { mkn get secret "$JOB-pki" -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null; }
+expect_eq "east: the Secret owned by the new copy" "$(cjson | jq -r .metadata.uid)" "$(secret_owner)"
 
 # ---- 6. the member unreachable ---------------------------------------------------------------
 stage "6. east unreachable (its kubeconfig's server a dead port), then restored"

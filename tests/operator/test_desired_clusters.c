@@ -8,7 +8,7 @@
 #include "../unit/test.h"
 #include "desired_fixture.h"
 
-/* The sample job with r2 run by member cluster "east" and NodePort gateway Services. */
+/* The sample job with r2 run by member cluster "east" and NodePort WAN Services. */
 static json_t *home_job(void)
 {
     json_t *job = sample_job();
@@ -47,9 +47,16 @@ TEST(desired_clusters_home_waits_for_member_endpoint)
     ASSERT_EQ(pods_of_region(&d, "r2"), 0);
     ASSERT(!json_object_get(d.services, "tiny-bible-r2-gw"));
     ASSERT(json_object_get(d.services, "tiny-bible-r1-gw"));
+    /* The gateway Service stays inside the cluster; the WAN port alone is a NodePort. */
     assert_str(str_at(json_object_get(json_object_get(d.services, "tiny-bible-r1-gw"), "spec"),
                       "type"),
-               "NodePort", "the gateway Service's type");
+               "ClusterIP", "the gateway Service's type");
+    const json_t *wan = json_object_get(json_object_get(d.services, "tiny-bible-r1-wan"), "spec");
+    assert_str(str_at(wan, "type"), "NodePort", "the WAN Service's type");
+    ASSERT_EQ(json_array_size(json_object_get(wan, "ports")), 1);
+    assert_str(str_at(json_array_get(json_object_get(wan, "ports"), 0), "name"), "wan",
+               "the WAN Service's one port");
+    ASSERT(!json_object_get(d.services, "tiny-bible-r2-wan"));
     ASSERT(!json_object_get(d.pods, "tiny-bible-r1-gw"));
     ASSERT(json_object_get(d.pods, "tiny-bible-r1-s1-1"));
     ASSERT(json_object_get(d.pods, "tiny-bible-r1-c0"));

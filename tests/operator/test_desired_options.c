@@ -105,13 +105,19 @@ TEST(desired_options)
     assert_str(str_at(json_array_get(mounts, 1), "mountPath"), "/checkpoints", "ckpt mount");
     assert_str(str_at(json_array_get(mounts, 1), "subPath"), "job1", "ckpt subPath");
 
+    /* The gateway Service (the coordinator on port) stays inside the cluster; serviceType
+     * and its annotations go to the Service that exposes the WAN port alone. */
     const json_t *svc = json_object_get(d.services, "tiny-bible-r1-gw");
-    assert_str(str_at(json_object_get(svc, "spec"), "type"), "LoadBalancer", "serviceType");
+    assert_str(str_at(json_object_get(svc, "spec"), "type"), "ClusterIP", "gateway Service");
     ASSERT_EQ(json_integer_value(json_object_get(
                   json_array_get(json_object_get(json_object_get(svc, "spec"), "ports"), 0),
                   "port")),
               8400);
-    assert_str(str_at(json_object_get(json_object_get(svc, "metadata"), "annotations"), "lb"),
+    ASSERT(!json_object_get(json_object_get(svc, "metadata"), "annotations"));
+    const json_t *wan = json_object_get(d.services, "tiny-bible-r1-wan");
+    assert_str(str_at(json_object_get(wan, "spec"), "type"), "LoadBalancer", "serviceType");
+    ASSERT_EQ(json_array_size(json_object_get(json_object_get(wan, "spec"), "ports")), 1);
+    assert_str(str_at(json_object_get(json_object_get(wan, "metadata"), "annotations"), "lb"),
                "internal", "service annotations");
     desired_job_free(&d);
 
