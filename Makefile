@@ -129,10 +129,10 @@ test: deps
 	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
-	@# real nodes' set-up downloads and builds images and then trains a job on them, at nice
-	@# 10 (test-nodes-beside) so that the operator tests' timed checks (a pod replaced
-	@# within 2 s) do not wait behind the training. Fuzzing runs beside no other suite: its
-	@# 1 s per-input limit is wall time.
+	@# real nodes' set-up downloads and builds images. The real-node test trains after them:
+	@# beside the operator suite (at nice 10) it saved four minutes, but a progress check of
+	@# the operator suite failed once under that load. Fuzzing runs beside no other suite:
+	@# its 1 s per-input limit is wall time.
 	@# &test-prefetch: the Go builds of the control plane, helm and the real nodes' binaries, at
 	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
 	@# time); the suites that need the binaries wait for the build if it is still running.
@@ -141,14 +141,14 @@ test: deps
 	@# of adding to the run's end.
 	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
 	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz \
-	  test-cuda-build test-cluster test-operator+test-nodes-beside
+	  test-cuda-build test-cluster test-operator+nodes-prep test-nodes
 
 # What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
 # niced, so that a cold run builds it while the first suites run (the installers take locks:
 # a suite that needs one waits for the build in progress).
 test-prefetch:
 	@# In the order the suites need them: the control plane (test-cluster), the real nodes'
-	@# (test-nodes-beside starts with the operator suite), helm (its last tests).
+	@# (nodes-prep starts with the operator suite), helm (its last tests).
 	@echo "cirrus: building the Kubernetes binaries, (as root) the real nodes' packages and CoreDNS, and helm, at nice 19"
 	@nice -n 19 tests/cluster/install.sh
 	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; fi

@@ -78,7 +78,9 @@ typedef struct job_mem {
      * members_unreachable, why the
      * last poll failed (the ClustersReachable condition's message). */
     json_t *endpoints, *member_status, *member_secrets;
+    json_t *member_status_prev; /* the statuses of the poll before, which obs may point into */
     char members_unreachable[1024];
+    char members_failjob[700]; /* a member's copy Failed by a FailJob rule: its message */
     struct job_mem *next;
 } job_mem;
 

@@ -33,8 +33,16 @@ struct member_conn {
     char rv[64];
     kube_config *cfg;
     kube_client *client;
+    /* After a failed request the member is left alone until retry_ms (monotonic), its last
+     * error standing for it meanwhile: a member that does not answer costs the event loop
+     * one request timeout per backoff period, not one per job per poll. */
+    int fails;
+    int64_t retry_ms;
+    cirrus_error last;
     struct member_conn *next;
 };
+
+#define MEMBER_BACKOFF_MAX_MS 60000
 
 #define COPY_FIELD_MANAGER "cirrus-home"
 
@@ -186,8 +194,13 @@ void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_obs
         if (!kube_get(ctl->client, path, &svc, &err) && !service_endpoint(ctl, svc, r, ep, sizeof ep))
             json_object_set_new(m->endpoints, ro->name, json_string(ep));
         json_decref(svc);
-        /* Kept while the Service cannot be read: the gateways were built with it. */
+        /* Kept while the Service cannot be read: the gateways were built with it (after a
+         * restart, the one the status shows). */
         ro->endpoint = json_string_value(json_object_get(m->endpoints, ro->name));
+        if (!ro->endpoint)
+            ro->endpoint = json_string_value(json_object_get(
+                named(json_object_get(json_object_get(job, "status"), "regions"), ro->name),
+                "endpoint"));
     }
 }
 
@@ -205,6 +218,26 @@ static const char *request_error(const char *msg)
     return msg;
 }
 
+/* The key of spec.clusters entry c's connection: "ns/secret/key". */
+static void member_key(const json_t *job, const json_t *c, char *key, size_t n)
+{
+    const json_t *ref = json_object_get(c, "kubeconfigSecret");
+    const char *sname = json_string_value(json_object_get(ref, "name"));
+    const char *skey = json_string_value(json_object_get(ref, "key"));
+    snprintf(key, n, "%s/%s/%s", meta_str(job, "namespace"), sname ? sname : "",
+             skey ? skey : "kubeconfig");
+}
+
+/* The connection made earlier for entry c, if any. */
+static member_conn *member_cached(controller *ctl, const json_t *job, const json_t *c)
+{
+    char key[KEY_MAX];
+    member_key(job, c, key, sizeof key);
+    member_conn *mc = ctl->members;
+    while (mc && strcmp(mc->key, key)) mc = mc->next;
+    return mc;
+}
+
 /* The connection to the member cluster that spec.clusters entry c names, made from its
  * kubeconfig Secret (read afresh at every poll: a rotated credential is taken at once). */
 static member_conn *member_get(controller *ctl, const json_t *job, const json_t *c,
@@ -215,8 +248,7 @@ static member_conn *member_get(controller *ctl, const json_t *job, const json_t 
     const char *skey = json_string_value(json_object_get(ref, "key"));
     if (!skey) skey = "kubeconfig";
     char key[KEY_MAX], path[PATH_MAX_LEN], source[KEY_MAX + 32];
-    snprintf(key, sizeof key, "%s/%s/%s", meta_str(job, "namespace"), sname ? sname : "",
-             skey);
+    member_key(job, c, key, sizeof key);
     snprintf(source, sizeof source, "secret %s", key);
     if (!sname || child_path(path, job, "secrets", sname)) {
         cirrus_fail(err, CIRRUS_EINVAL, "kubeconfigSecret.name missing or invalid");
@@ -233,8 +265,7 @@ static member_conn *member_get(controller *ctl, const json_t *job, const json_t 
     }
     char rv[64];
     snprintf(rv, sizeof rv, "%s", meta_str(secret, "resourceVersion") ? meta_str(secret, "resourceVersion") : "");
-    member_conn *mc = ctl->members;
-    while (mc && strcmp(mc->key, key)) mc = mc->next;
+    member_conn *mc = member_cached(ctl, job, c);
     if (mc && rv[0] && !strcmp(mc->rv, rv)) {
         json_decref(secret);
         return mc;
@@ -408,7 +439,8 @@ static void fold_region(region_observed *ro, const json_t *e)
     ro->preemptions = json_integer_value(json_object_get(e, "preemptions"));
     ro->failures = json_integer_value(json_object_get(e, "failures"));
     ro->clients_succeeded = (int)json_integer_value(json_object_get(e, "clientsSucceeded"));
-    ro->endpoint = json_string_value(json_object_get(e, "endpoint"));
+    if (json_string_value(json_object_get(e, "endpoint")))
+        ro->endpoint = json_string_value(json_object_get(e, "endpoint"));
     const json_t *step = json_object_get(e, "step"), *loss = json_object_get(e, "loss");
     const json_t *tps = json_object_get(e, "tokensPerSecond");
     const json_t *val = json_object_get(e, "validationLoss");
@@ -435,6 +467,19 @@ static void fold_region(region_observed *ro, const json_t *e)
 static const json_t *status_region(const json_t *status, const char *name)
 {
     return named(json_object_get(status, "regions"), name);
+}
+
+/* A status's condition of this type. */
+static const json_t *named_condition(const json_t *status, const char *type)
+{
+    size_t i;
+    const json_t *c;
+    json_array_foreach(json_object_get(status, "conditions"), i, c)
+    {
+        const char *t = json_string_value(json_object_get(c, "type"));
+        if (t && !strcmp(t, type)) return c;
+    }
+    return NULL;
 }
 
 /* The regions of member `member` in obs from status (the copy's, or the home job's own
@@ -464,15 +509,23 @@ static int publish_whole_job(member_conn *mc, const json_t *job, const char *pat
                                          "step",   "loss",         "tokensPerSecond",
                                          "outerStep", "wanBytes",  "regions"};
     const json_t *st = json_object_get(job, "status");
-    json_t *whole = json_object();
-    for (size_t i = 0; whole && i < sizeof fields / sizeof fields[0]; i++)
-        if (json_object_get(st, fields[i]))
-            json_object_set(whole, fields[i], json_object_get(st, fields[i]));
+    const json_t *have = json_object_get(copy_status, "home");
+    json_t *whole = json_object(), *patch_home = json_object();
+    for (size_t i = 0; whole && patch_home && i < sizeof fields / sizeof fields[0]; i++) {
+        json_t *v = json_object_get(st, fields[i]);
+        if (v) {
+            json_object_set(whole, fields[i], v);
+            json_object_set(patch_home, fields[i], v);
+        } else if (json_object_get(have, fields[i])) {
+            /* Gone from the home status: removed from the copy's too (merge patch null). */
+            json_object_set_new(patch_home, fields[i], json_null());
+        }
+    }
     int rc = 0;
-    if (!whole)
+    if (!whole || !patch_home)
         rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    else if (json_object_size(whole) && !json_equal(whole, json_object_get(copy_status, "home"))) {
-        json_t *patch = json_pack("{s:{s:O}}", "status", "home", whole);
+    else if (json_object_size(whole) && !json_equal(whole, have)) {
+        json_t *patch = json_pack("{s:{s:O}}", "status", "home", patch_home);
         char spath[PATH_MAX_LEN + 8];
         snprintf(spath, sizeof spath, "%s/status", path);
         rc = patch ? kube_patch_merge(mc->client, spath, patch, NULL, err)
@@ -480,6 +533,7 @@ static int publish_whole_job(member_conn *mc, const json_t *job, const char *pat
         json_decref(patch);
     }
     json_decref(whole);
+    json_decref(patch_home);
     return rc;
 }
 
@@ -491,7 +545,14 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
     const char *member = json_string_value(json_object_get(c, "name"));
     member_conn *mc = member_get(ctl, job, c, err);
     if (!mc) {
-        *config_bad = 1;
+        /* The Secret missing or its kubeconfig unusable: the user's to mend (an error of the
+         * home API itself, e.g. a timeout, is not). */
+        int rc = err->code ? err->code : CIRRUS_EIO;
+        if (rc == CIRRUS_ENOENT || rc == CIRRUS_EINVAL || rc == CIRRUS_ECORRUPT) *config_bad = 1;
+        return rc;
+    }
+    if (mc->retry_ms && kube_now_ms() < mc->retry_ms) {
+        *err = mc->last;
         return err->code ? err->code : CIRRUS_EIO;
     }
     char path[PATH_MAX_LEN];
@@ -522,9 +583,24 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
     if (!rc) {
         json_t *st = json_object_get(out, "status");
         json_object_set_new(m->member_status, member, st ? json_incref(st) : json_object());
-        rc = publish_whole_job(mc, job, path, st, err);
+        /* The member answered: a refused status write (its rights lack swarmjobs/status)
+         * is said in the log, not taken for the member being unreachable. */
+        cirrus_error perr = {0};
+        if (publish_whole_job(mc, job, path, st, &perr))
+            log_warn("%s: cluster %s: status.home of the copy not written: %s", m->key, member,
+                     request_error(perr.msg));
     }
     json_decref(out);
+    if (rc && rc != CIRRUS_ECONFLICT && rc != CIRRUS_ENOMEM) {
+        /* The member did not answer (or refused): left alone for a while. */
+        mc->fails++;
+        int64_t wait = (int64_t)MEMBER_POLL_MS << (mc->fails < 4 ? mc->fails - 1 : 3);
+        mc->retry_ms = kube_now_ms() + (wait > MEMBER_BACKOFF_MAX_MS ? MEMBER_BACKOFF_MAX_MS : wait);
+        mc->last = *err;
+    } else if (!rc) {
+        mc->fails = 0;
+        mc->retry_ms = 0;
+    }
     return rc;
 }
 
@@ -535,6 +611,21 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
     if (!m->member_status) m->member_status = json_object();
     if (!m->member_secrets) m->member_secrets = json_object();
     obs->has_members = 1;
+    /* Every member region's endpoint as last known, before any copy is written: a copy
+     * lists the regions of the members after it too. */
+    /* The statuses they come from are kept until the next poll (m->member_status_prev):
+     * this poll replaces m->member_status's, and obs points into them until the status
+     * is written. */
+    json_decref(m->member_status_prev);
+    m->member_status_prev = json_copy(m->member_status);
+    for (int i = 0; i < obs->n_regions; i++) {
+        region_observed *ro = &obs->regions[i];
+        if (!ro->cluster || ro->endpoint) continue;
+        const json_t *e =
+            status_region(json_object_get(m->member_status_prev, ro->cluster), ro->name);
+        if (!e) e = status_region(json_object_get(job, "status"), ro->name);
+        ro->endpoint = json_string_value(json_object_get(e, "endpoint"));
+    }
     char before[sizeof m->members_unreachable];
     snprintf(before, sizeof before, "%s", m->members_unreachable);
     m->members_unreachable[0] = 0;
@@ -557,7 +648,20 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
                                   : sizeof m->members_unreachable - len - 1;
             fold_member(obs, spec, member, json_object_get(job, "status"), 1);
         } else {
-            fold_member(obs, spec, member, json_object_get(m->member_status, member), 0);
+            const json_t *st = json_object_get(m->member_status, member);
+            fold_member(obs, spec, member, st, 0);
+            /* A FailJob rule matched in the member failed its copy: the job fails. */
+            const json_t *f = named_condition(st, "Failed");
+            const char *reason = json_string_value(json_object_get(f, "reason"));
+            if (!obs->policy_failure && reason && !strcmp(reason, "PodFailurePolicy") &&
+                json_string_value(json_object_get(f, "status")) &&
+                !strcmp(json_string_value(json_object_get(f, "status")), "True")) {
+                snprintf(m->members_failjob, sizeof m->members_failjob, "cluster %s: %s",
+                         member, json_string_value(json_object_get(f, "message"))
+                                     ? json_string_value(json_object_get(f, "message"))
+                                     : "a FailJob rule matched");
+                obs->policy_failure = m->members_failjob;
+            }
         }
     }
     obs->members_unreachable = len ? m->members_unreachable : NULL;
@@ -621,10 +725,32 @@ int ctl_release_members(controller *ctl, const json_t *job, int64_t *requeue_ms,
     if (rc) return cirrus_fail(err, rc, "job path too long");
     size_t i;
     const json_t *c;
+    /* The way out when a member is gone for good: the copies there are left to whoever
+     * runs that cluster. */
+    const char *abandon = annotation(job, DESIRED_ANNOT_ABANDON_COPIES);
+    if (abandon && !strcmp(abandon, "true")) {
+        ctl_event(ctl, job, 1, "CopiesAbandoned",
+                  "%s is true: copies in member clusters are left where they are",
+                  DESIRED_ANNOT_ABANDON_COPIES);
+        return patch_finalizer(ctl, job, 0, err);
+    }
     json_array_foreach(json_object_get(json_object_get(job, "spec"), "clusters"), i, c)
     {
         const char *member = json_string_value(json_object_get(c, "name"));
         member_conn *mc = member_get(ctl, job, c, err);
+        if (!mc && (err->code == CIRRUS_ENOENT || err->code == CIRRUS_EINVAL ||
+                    err->code == CIRRUS_ECORRUPT)) {
+            /* The kubeconfig Secret is gone (deleted with the job's namespace, or by the
+             * same `kubectl delete -f`): the connection made from it while it existed
+             * still serves; without one the copy cannot be reached, and is left. */
+            mc = member_cached(ctl, job, c);
+            if (!mc) {
+                ctl_event(ctl, job, 1, "CopyLeft",
+                          "cluster %s: the copy there is left (no way to reach the cluster: %s)",
+                          member, err->msg);
+                continue;
+            }
+        }
         json_t *copy = NULL;
         int grc = mc ? kube_get(mc->client, path, &copy, err) : CIRRUS_EIO;
         const char *uid = json_string_value(

@@ -25,7 +25,8 @@ static void mem_reset(job_mem *m, const json_t *job)
     json_decref(m->endpoints);
     json_decref(m->member_status);
     json_decref(m->member_secrets);
-    m->endpoints = m->member_status = m->member_secrets = NULL;
+    json_decref(m->member_status_prev);
+    m->endpoints = m->member_status = m->member_secrets = m->member_status_prev = NULL;
     m->counts = json_object();
     m->seen = json_object();
     m->gone = json_object();
@@ -84,6 +85,7 @@ void ctl_mem_forget(controller *ctl, const char *key)
         json_decref(m->endpoints);
         json_decref(m->member_status);
         json_decref(m->member_secrets);
+        json_decref(m->member_status_prev);
         free(m);
         return;
     }
@@ -217,6 +219,7 @@ void ctl_observe_spec(const json_t *job, job_observed *obs)
     const json_t *r;
     /* A copy (spec.home) observes its own regions only: the home job has the whole. */
     const int copy = json_is_object(json_object_get(spec, "home"));
+    obs->is_copy = copy;
     const char *home_phase = json_string_value(
         json_object_get(json_object_get(spec, "home"), "phase"));
     obs->home_phase = home_phase && (!strcmp(home_phase, "Succeeded") ||

@@ -132,6 +132,9 @@ json_t *desired_gateway_dns_names(const json_t *job, const char *region);
  * the job into each member cluster; the copy carries spec.home (the home cluster's name and
  * the home job's uid, which is the job's identity on the WAN: every pod's --job). */
 #define DESIRED_FINALIZER_MEMBERS "cirrus.dev/member-copies"
+/* Set "true" on a home job being deleted whose member cluster is gone for good: the
+ * finalizer is removed without deleting the copies there. */
+#define DESIRED_ANNOT_ABANDON_COPIES "cirrus.dev/abandon-member-copies"
 /* A region endpoint, "HOST:PORT": a DNS name or IPv4 address, or an IPv6 one in brackets;
  * port 1..65535. */
 int desired_endpoint_valid(const char *s);

@@ -101,10 +101,14 @@ enum job_phase jobstatus_phase(const job_observed *obs, const char *old_phase,
     if (old_phase && !strcmp(old_phase, "Failed")) return PHASE_FAILED;
     if (old_phase && !strcmp(old_phase, "Succeeded")) return PHASE_SUCCEEDED;
     if (obs->home_phase) return strcmp(obs->home_phase, "Failed") ? PHASE_SUCCEEDED : PHASE_FAILED;
-    if (obs->policy_failure || total_failures(obs) > obs->backoff_limit ||
-        obs->deadline_exceeded)
+    /* A copy holds some of the job's regions: whether the job succeeded, or failed by its
+     * count of failures or its deadline, is the home's to say (spec.home.phase), judged
+     * over every region; a FailJob rule matched here fails it at once (the home takes it
+     * from the copy's status). */
+    if (obs->policy_failure ||
+        (!obs->is_copy && (total_failures(obs) > obs->backoff_limit || obs->deadline_exceeded)))
         return PHASE_FAILED;
-    if (success_policy_met(obs)) return PHASE_SUCCEEDED;
+    if (!obs->is_copy && success_policy_met(obs)) return PHASE_SUCCEEDED;
     if (obs->suspended) return PHASE_SUSPENDED;
     int full = obs->n_regions > 0, any = 0;
     for (int i = 0; i < obs->n_regions; i++) {
@@ -484,7 +488,12 @@ static json_t *regions(const job_observed *obs, const json_t *old_status)
                                "preemptions", (json_int_t)r->preemptions, "failures",
                                (json_int_t)r->failures, "gatewayReady", r->gateway_ready);
         if (ro) json_object_set_new(ro, "clientsSucceeded", json_integer(r->clients_succeeded));
-        if (ro && r->endpoint) json_object_set_new(ro, "endpoint", json_string(r->endpoint));
+        /* An endpoint not known this time (a Service not read, a member not answering) is
+         * the one the status had: the gateways were made with it. */
+        const char *ep = r->endpoint ? r->endpoint
+                                     : json_string_value(json_object_get(
+                                           old_region(old_status, r->name), "endpoint"));
+        if (ro && ep) json_object_set_new(ro, "endpoint", json_string(ep));
         if (ro && r->cluster) {
             json_object_set_new(ro, "cluster", json_string(r->cluster));
             json_object_set_new(ro, "clusterReachable", json_boolean(!r->cluster_unreachable));

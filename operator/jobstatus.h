@@ -146,6 +146,7 @@ typedef struct job_observed {
     /* A copy in a member cluster: the home job's final phase (spec.home.phase,
      * "Succeeded" or "Failed"), which the copy takes; NULL: none yet. */
     const char *home_phase;
+    int is_copy; /* a copy (spec.home): the home judges success, backoff and deadline */
 } job_observed;
 
 enum job_phase { PHASE_CREATED, PHASE_RUNNING, PHASE_DEGRADED, PHASE_SUSPENDED,

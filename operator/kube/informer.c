@@ -314,7 +314,7 @@ const json_t *kube_informer_get(const kube_informer *inf, const char *key)
     obj = from_cache(inf, v);
     /* The parsed objects are the informer's until kube_informer_release: a get does not
      * change what is cached, only what is kept parsed of it. */
-    if (obj) json_object_set_new(((kube_informer *)inf)->parsed, key, obj);
+    if (obj && json_object_set_new(((kube_informer *)inf)->parsed, key, obj)) return NULL;
     return obj;
 }
 

@@ -14,7 +14,7 @@
 
 NODES_SCRIPTS := $(dir $(lastword $(MAKEFILE_LIST)))
 
-.PHONY: nodes-deps image nodes-prep test-nodes test-nodes-beside demo-k8s bench-k8s
+.PHONY: nodes-deps image nodes-prep test-nodes demo-k8s bench-k8s
 
 nodes-deps:
 	$(NODES_SCRIPTS)install.sh
@@ -35,12 +35,6 @@ test-nodes: nodes-prep $(BIN)/cirrus-trainer $(CORPUS)
 	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions"; \
 	CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) \
 	  $(NODES_SCRIPTS)e2e_test.sh
-
-# make test runs the real-node test beside the operator suite, below it in CPU priority
-# (containerd, the shims and so the pods inherit it): the operator tests mostly wait, and
-# their few timed checks must not queue behind the training.
-test-nodes-beside:
-	@nice -n 10 $(MAKE) --no-print-directory test-nodes
 
 demo-k8s: deps
 	@[ "$$(id -u)" = 0 ] || { echo "cirrus: demo-k8s runs real nodes and needs root" >&2; exit 1; }

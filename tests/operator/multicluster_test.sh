@@ -421,7 +421,8 @@ check "home operator still running" kill -0 "$home_pid"
 check "the good job still reachable: ClustersReachable True" cond_is ClustersReachable True
 
 # ---- 8. deleting the home job ----------------------------------------------------------------
-stage "8. delete the home job"
+stage "8. delete the home job (its kubeconfig Secret deleted first, as a namespace's deletion may)"
+kn delete secret east-kubeconfig >/dev/null
 kn delete sj "$JOB" --wait=false >/dev/null
 copy_gone() { ! mkn get sj "$JOB"; }
 member_secret_gone() { ! mkn get secret "$JOB-pki"; }
@@ -434,8 +435,8 @@ if poll_until 30 home_gone; then ok "home: the job gone $((SECONDS - t)) s after
 
 # ---- the end ---------------------------------------------------------------------------------
 stage "the operators' logs; SIGTERM"
-check_not "home operator: no request refused (403)" grep -q "403\|forbidden" "$work/operator.log"
-check_not "member operator: no request refused (403)" grep -q "403\|forbidden" "$work/member/operator.log"
+check_not "home operator: no request refused (403)" grep -qwiE "403|forbidden" "$work/operator.log"
+check_not "member operator: no request refused (403)" grep -qwiE "403|forbidden" "$work/member/operator.log"
 op_pid=$member_pid; member_pid=
 test_operator_stop
 expect_eq "member operator exits 0 on SIGTERM" 0 "$?"

@@ -542,10 +542,22 @@ TEST(progress_status_member_regions)
     ASSERT(!strcmp(json_string_value(json_object_get(c, "reason")), "MemberUnreachable"));
     ASSERT(strstr(json_string_value(json_object_get(c, "message")), "cluster east"));
     ASSERT(json_is_false(json_object_get(region_of(b, 1), "clusterReachable")));
-    /* A copy takes the home job's final phase, whatever its own regions show. */
-    job_observed copy = {.backoff_limit = 4, .generation = 1};
+    /* An endpoint not known this time is the one the status had (the gateways use it). */
+    o.regions[1].endpoint = NULL;
+    json_t *kept = jobstatus_build(&o, b, "2026-11-22T01:00:30Z");
+    ASSERT(!strcmp(json_string_value(json_object_get(region_of(kept, 1), "endpoint")),
+                   "198.51.100.2:30002"));
+    json_decref(kept);
+    /* A copy takes the home job's final phase, whatever its own regions show: its clients
+     * all finished, or its failures past the limit, are the home's to judge over the job. */
+    job_observed copy = {.backoff_limit = 4, .generation = 1, .is_copy = 1};
     region(&copy, "r2");
+    copy.regions[0].clients_succeeded = 1;
+    copy.regions[0].failures = 9;
     ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_RUNNING);
+    copy.policy_failure = "pod r2-c0: exit code 42 (FailJob)";
+    ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_FAILED);
+    copy.policy_failure = NULL;
     copy.home_phase = "Succeeded";
     ASSERT_EQ(jobstatus_phase(&copy, "Running", 1), PHASE_SUCCEEDED);
     copy.home_phase = "Failed";
