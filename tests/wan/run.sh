@@ -120,8 +120,12 @@ if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 200 --sync-every 20
     "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 200 --sync-every 20 --codec auto \
     --json >"$tmp/auto.json" 2>"$tmp/auto.err"; then
     capped=$(codecs_of "$tmp/capauto.err" r0) free=$(codecs_of "$tmp/auto.err" r0)
+    # Compressed from round 5 on: the choice fits a sync into the window of H steps, which a
+    # loaded machine's slower steps widen, so q8 can still fit there for a round or two while
+    # the link's measure settles (a cold make test once kept q8 to round 3; quiet, round 2
+    # is compressed already).
     if [ "$(wc -l <<<"$capped")" -ge 8 ] &&
-        awk '$1 >= 3 && $2 !~ /^(lowbit|topk)/ { bad = 1 } END { exit bad }' <<<"$capped" &&
+        awk '$1 >= 5 && $2 !~ /^(lowbit|topk)/ { bad = 1 } END { exit bad }' <<<"$capped" &&
         awk '$1 >= 3 && $2 !~ /^(none|fp16)$/ { bad = 1 } END { exit bad }' <<<"$free"; then
         ok codec_auto_follows_wan_mbit
         echo "    at 1 Mbit/s: $(awk '$1 >= 3 { print $2 }' <<<"$capped" | sort | uniq -c | tr '\n' ' ')"
