@@ -469,19 +469,6 @@ static const json_t *status_region(const json_t *status, const char *name)
     return named(json_object_get(status, "regions"), name);
 }
 
-/* A status's condition of this type. */
-static const json_t *named_condition(const json_t *status, const char *type)
-{
-    size_t i;
-    const json_t *c;
-    json_array_foreach(json_object_get(status, "conditions"), i, c)
-    {
-        const char *t = json_string_value(json_object_get(c, "type"));
-        if (t && !strcmp(t, type)) return c;
-    }
-    return NULL;
-}
-
 /* The regions of member `member` in obs from status (the copy's, or the home job's own
  * last one when the member did not answer: unreachable). */
 static void fold_member(job_observed *obs, const json_t *spec, const char *member,
@@ -651,7 +638,7 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
             const json_t *st = json_object_get(m->member_status, member);
             fold_member(obs, spec, member, st, 0);
             /* A FailJob rule matched in the member failed its copy: the job fails. */
-            const json_t *f = named_condition(st, "Failed");
+            const json_t *f = jobstatus_condition(st, "Failed");
             const char *reason = json_string_value(json_object_get(f, "reason"));
             if (!obs->policy_failure && reason && !strcmp(reason, "PodFailurePolicy") &&
                 json_string_value(json_object_get(f, "status")) &&

@@ -145,6 +145,12 @@ static void degraded_message(const job_observed *obs, char *buf, size_t n)
 
 static const json_t *old_condition(const json_t *old_status, const char *type)
 {
+    return jobstatus_condition(old_status, type);
+}
+
+const json_t *jobstatus_condition(const json_t *status, const char *type)
+{
+    const json_t *old_status = status;
     size_t i;
     const json_t *c;
     json_array_foreach(json_object_get(old_status, "conditions"), i, c)

@@ -181,6 +181,9 @@ int jobstatus_changed(const json_t *old, const json_t *new_status);
  * becomes overdue); 0 when nothing is due. */
 int64_t jobstatus_progress_due(const job_observed *obs, const json_t *status, const char *now);
 
+/* The condition of this type in a status object (NULL: none). */
+const json_t *jobstatus_condition(const json_t *status, const char *type);
+
 /* "2026-11-22T01:02:03Z" for the current time. */
 void jobstatus_now(char *buf, size_t n);
 /* The same for Unix second t. */
