@@ -54,16 +54,31 @@ int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char
     return pick;
 }
 
-double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds)
+void adapt_rate_update(adapt_rate *est, uint64_t bytes, double seconds)
 {
-    if (!(seconds > 0) || bytes == 0) return current_Bps;
+    if (!(seconds > 0) || bytes == 0) return;
     const double rate = (double)bytes / seconds;
-    if (current_Bps <= 0 || rate <= current_Bps) return rate;
+    if (est->Bps <= 0 || rate <= est->Bps) {
+        est->Bps = rate;
+        est->run_n = 0;
+        return;
+    }
     /* In proportion to the size: a message mostly made of what the link swallows at once
-     * counts for little, yet a run of them still raises the estimate, round by round, until
-     * a denser codec's larger message measures the link for real (the sparsest codec's small
-     * messages alone must not keep a recovered link compressed for good). */
+     * counts for little, yet a run of them still raises the estimate, round by round. */
     double f = (double)bytes / ADAPT_RATE_TRUST_BYTES;
     if (f > 1) f = 1;
-    return current_Bps + 0.5 * f * (rate - current_Bps);
+    est->Bps += 0.5 * f * (rate - est->Bps);
+    /* A run of faster readings, each timed long enough not to be rounding: what the link
+     * carried again and again. One too short to time breaks no run but adds nothing. */
+    if (seconds < ADAPT_RATE_TIMED_S) return;
+    if (est->run_n == ADAPT_RATE_RUN) {
+        for (int i = 1; i < ADAPT_RATE_RUN; i++) est->run[i - 1] = est->run[i];
+        est->run_n--;
+    }
+    est->run[est->run_n++] = rate;
+    if (est->run_n < ADAPT_RATE_RUN) return;
+    double least = est->run[0];
+    for (int i = 1; i < ADAPT_RATE_RUN; i++)
+        if (est->run[i] < least) least = est->run[i];
+    if (least > est->Bps) est->Bps = least;
 }

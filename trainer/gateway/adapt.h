@@ -26,13 +26,29 @@
  * measures what the link lets through at once (its queue, TCP's first window) and latency. */
 #define ADAPT_RATE_TRUST_BYTES (256.0 * 1024)
 
-/* The link's rate estimate after a message of `bytes` crossed in `seconds`: a slower reading
- * is believed at once (the next sync must fit it); a faster one moves the estimate half way
- * for a message of ADAPT_RATE_TRUST_BYTES or more, in proportion to its share of that for a
- * smaller one (a quarter of that size: an eighth of the way), so
- * that a few-KiB top-k message sent in one burst cannot make a slow link look fast (and
- * send the next sync dense). current_Bps <= 0: no estimate yet (the reading is taken). */
-double adapt_rate_update(double current_Bps, uint64_t bytes, double seconds);
+/* A reading timed over this long or more (the receiver's clock counts milliseconds: 5% at
+ * most) counts towards a run of faster readings; a shorter one is mostly rounding. */
+#define ADAPT_RATE_TIMED_S 0.020
+/* This many faster, timed readings in a row: the link carried at least the least of them
+ * that often, and the estimate rises to it whatever the messages' size. */
+#define ADAPT_RATE_RUN 3
+
+/* A link's rate estimate, fed one reading per message sent. */
+typedef struct adapt_rate {
+    double Bps;                  /* bytes per second; <= 0: not measured yet */
+    double run[ADAPT_RATE_RUN];  /* the latest faster, timed readings in a row */
+    int run_n;
+} adapt_rate;
+
+/* The estimate after a message of `bytes` crossed in `seconds`: a slower reading is believed
+ * at once (the next sync must fit it); a faster one moves the estimate half way for a message
+ * of ADAPT_RATE_TRUST_BYTES or more, in proportion to its share of that for a smaller one (a
+ * quarter of that size: an eighth of the way), so that a few-KiB top-k message sent in one
+ * burst cannot make a slow link look fast (and send the next sync dense). Yet a sparse
+ * codec's small messages alone must find a recovered link again within a few rounds: after
+ * ADAPT_RATE_RUN faster readings in a row, each timed over ADAPT_RATE_TIMED_S or more, the
+ * estimate is at least their least. The first reading is taken as it is. */
+void adapt_rate_update(adapt_rate *est, uint64_t bytes, double seconds);
 
 /* The ladder's rung r (0 densest .. ADAPT_RUNGS - 1 sparsest). */
 void adapt_rung(int r, wan_codec_params *p);

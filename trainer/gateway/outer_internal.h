@@ -13,6 +13,7 @@
 #include "../../common/log.h"
 #include "../net/conn.h"
 #include "../net/pacer.h"
+#include "adapt.h"
 #include "outer_sync.h"
 
 typedef struct outer_lane outer_lane;
@@ -39,7 +40,7 @@ typedef struct wan_peer {
     int64_t left_us_out;    /* the latest round it completed without our delta, as it said
                              * refusing our message of that round (-1: none) */
     int absent;             /* it missed the last round: later rounds do not wait for it */
-    double rate_Bps;        /* what sending to it carried, bytes/s (EWMA; 0: not measured) */
+    adapt_rate rate;        /* what sending to it carried (adapt_rate_update) */
     uint64_t last_bytes;    /* the last message sent to it, and the seconds from its first */
     double last_send_s;     /*   byte to its acknowledgement */
     uint64_t out_sent, out_received; /* its byte counters already added to the totals */

@@ -290,8 +290,8 @@ static void choose_codec(outer_lane *os)
     double slowest = 0;
     for (int r = 0; r < os->o.n_regions; r++) {
         const wan_peer *pe = &os->peer[r];
-        if (r == os->o.region_index || pe->absent || pe->rate_Bps <= 0) continue;
-        if (slowest == 0 || pe->rate_Bps < slowest) slowest = pe->rate_Bps;
+        if (r == os->o.region_index || pe->absent || pe->rate.Bps <= 0) continue;
+        if (slowest == 0 || pe->rate.Bps < slowest) slowest = pe->rate.Bps;
     }
     const int was = os->rung;
     /* The lanes' messages share the link, each in its own slot of the window: a lane's

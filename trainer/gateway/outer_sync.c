@@ -325,7 +325,7 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
             if (f == 0) {
                 snprintf(v->links[i].region, sizeof v->links[i].region, "%s", os->names[r]);
                 v->links[i].up = os->peer[r].up;
-                v->links[i].rate_Bps = os->peer[r].rate_Bps;
+                v->links[i].rate_Bps = os->peer[r].rate.Bps;
                 v->links[i].last_send_s = os->peer[r].last_send_s;
             }
             /* Up when every lane's connection is; the first error any lane saw. */

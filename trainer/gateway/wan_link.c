@@ -281,7 +281,7 @@ int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uin
             const double rate = (double)carried / s;
             pthread_mutex_lock(&os->mu);
             wan_peer *pe = &os->peer[j];
-            pe->rate_Bps = adapt_rate_update(pe->rate_Bps, carried, s);
+            adapt_rate_update(&pe->rate, carried, s);
             pe->last_bytes = carried;
             pe->last_send_s = s;
             pthread_mutex_unlock(&os->mu);
@@ -326,7 +326,7 @@ int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadl
      * a slice that timed out (the rate may be unknown, or the link slower now). */
     uint64_t slice = WAN_STATE_SLICE;
     pthread_mutex_lock(&os->mu);
-    const double rate = os->peer[j].rate_Bps;
+    const double rate = os->peer[j].rate.Bps;
     pthread_mutex_unlock(&os->mu);
     if (rate > 0 && rate * (WAN_IO_TIMEOUT_MS / 3000.0) / sizeof(float) < (double)slice)
         slice = (uint64_t)(rate * (WAN_IO_TIMEOUT_MS / 3000.0) / sizeof(float));
