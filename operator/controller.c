@@ -182,17 +182,10 @@ int ctl_job_exists(controller *ctl, const json_t *job, cirrus_error *err)
 static int condition_says(const json_t *job, const char *type, const char *reason,
                           const char *message)
 {
-    size_t i;
-    const json_t *c;
-    json_array_foreach(json_object_get(json_object_get(job, "status"), "conditions"), i, c)
-    {
-        const char *t = json_string_value(json_object_get(c, "type"));
-        const char *r = json_string_value(json_object_get(c, "reason"));
-        const char *msg = json_string_value(json_object_get(c, "message"));
-        if (t && r && msg && !strcmp(t, type))
-            return !strcmp(r, reason) && !strcmp(msg, message);
-    }
-    return 0;
+    const json_t *c = jobstatus_condition(json_object_get(job, "status"), type);
+    const char *r = json_string_value(json_object_get(c, "reason"));
+    const char *msg = json_string_value(json_object_get(c, "message"));
+    return r && msg && !strcmp(r, reason) && !strcmp(msg, message);
 }
 
 /* A spec desired_build refused (err): an Event, and the status says so (Created False,

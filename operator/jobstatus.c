@@ -143,17 +143,11 @@ static void degraded_message(const job_observed *obs, char *buf, size_t n)
     }
 }
 
-static const json_t *old_condition(const json_t *old_status, const char *type)
-{
-    return jobstatus_condition(old_status, type);
-}
-
 const json_t *jobstatus_condition(const json_t *status, const char *type)
 {
-    const json_t *old_status = status;
     size_t i;
     const json_t *c;
-    json_array_foreach(json_object_get(old_status, "conditions"), i, c)
+    json_array_foreach(json_object_get(status, "conditions"), i, c)
     {
         const char *t = json_string_value(json_object_get(c, "type"));
         if (t && !strcmp(t, type)) return c;
@@ -169,7 +163,7 @@ static void add_condition(json_t *conds, const json_t *old_status, const char *t
                           int64_t generation)
 {
     const char *st = status == COND_UNKNOWN ? "Unknown" : status ? "True" : "False";
-    const json_t *old = old_condition(old_status, type);
+    const json_t *old = jobstatus_condition(old_status, type);
     const char *old_st = json_string_value(json_object_get(old, "status"));
     const char *since = now;
     if (old_st && !strcmp(old_st, st)) {
@@ -372,7 +366,7 @@ static json_t *conditions(const job_observed *obs, enum job_phase ph, const json
                   ph == PHASE_SUCCEEDED ? msg : "clients still training", now, g);
     /* A FailJob rule's verdict: from this reconcile, else as the status already says it (a
      * new leader or a restarted operator no longer knows the pod that matched). */
-    const json_t *old_failed = old_condition(old_status, "Failed");
+    const json_t *old_failed = jobstatus_condition(old_status, "Failed");
     const char *old_reason = json_string_value(json_object_get(old_failed, "reason"));
     const char *policy_msg = obs->policy_failure;
     if (!policy_msg && ph == PHASE_FAILED && old_reason && !strcmp(old_reason, "PodFailurePolicy"))
