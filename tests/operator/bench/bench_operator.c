@@ -149,6 +149,23 @@ static int proc_usage(double *cpu_s, double *hwm_mib)
     return 0;
 }
 
+/* The operator's resident memory now, in MiB: its own (anonymous: heap, stacks) and file
+ * pages (the binary and shared libraries, mostly touched at load). 0, or -1 if unreadable. */
+static int proc_rss_now(double *anon_mib, double *file_mib)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", operator_pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    *anon_mib = *file_mib = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "RssAnon:", 8)) *anon_mib = strtod(line + 8, NULL) / 1024.0;
+        if (!strncmp(line, "RssFile:", 8)) *file_mib = strtod(line + 8, NULL) / 1024.0;
+    }
+    fclose(f);
+    return *anon_mib < 0 || *file_mib < 0 ? -1 : 0;
+}
+
 /* Runs the event loop for up to timeout_s until done() is true; samples leadership each
  * second. 0, or -1 on timeout or when the operator is gone. */
 static int wait_for(int (*done)(void), double timeout_s, const char *what)
@@ -361,8 +378,9 @@ int main(int argc, char **argv)
     double t_mass = 0;
     for (int i = 0; i < n_waiting; i++)
         if (waiting[i].replaced_s - tm > t_mass) t_mass = waiting[i].replaced_s - tm;
-    double cpu3, req1 = -1, rec1 = -1;
+    double cpu3, req1 = -1, rec1 = -1, anon = -1, file = -1;
     proc_usage(&cpu3, &hwm);
+    proc_rss_now(&anon, &file);
     read_metrics(&leader, &req1, &rec1);
 
     printf("operator benchmark: %d SwarmJobs x 2 regions x 10 pods = %d pods\n", n_jobs,
@@ -377,18 +395,19 @@ int main(int argc, char **argv)
            "after the first delete\n",
            mass, mass, t_sent, t_mass);
     printf("  operator: CPU %.1f s creating, %.1f s for the single replacements, %.1f s for the "
-           "mass one; peak RSS %.1f MiB\n",
-           cpu1 - cpu0, cpu2 - cpu1, cpu3 - cpu2, hwm);
+           "mass one; peak RSS %.1f MiB (at the end: %.1f MiB its own, %.1f MiB of the binary "
+           "and shared libraries)\n",
+           cpu1 - cpu0, cpu2 - cpu1, cpu3 - cpu2, hwm, anon, file);
     double reconciles = rec1 - rec0, requests = req1 - req0;
     printf("  API requests %.0f over %.0f reconciles: %.2f per reconcile\n", requests, reconciles,
            reconciles > 0 ? requests / reconciles : 0);
     printf("  leadership: %s (%d of the per-second samples not leading, %d unreadable)\n",
            lost_leadership ? "LOST" : "held throughout", lost_leadership, metrics_failures);
     printf("bench-operator: jobs=%d pods=%d created_s=%.2f running_s=%.2f p50_ms=%.0f "
-           "p99_ms=%.0f mass=%d mass_s=%.2f cpu_s=%.1f rss_mib=%.1f req_per_reconcile=%.2f "
-           "leader_lost=%d\n",
+           "p99_ms=%.0f mass=%d mass_s=%.2f cpu_s=%.1f rss_mib=%.1f rss_anon_mib=%.1f "
+           "rss_file_mib=%.1f req_per_reconcile=%.2f leader_lost=%d\n",
            n_jobs, n_jobs * PODS_PER_JOB, t_created, t_running, pct(lat, samples, 50) * 1000,
-           pct(lat, samples, 99) * 1000, mass, t_mass, cpu3 - cpu0, hwm,
+           pct(lat, samples, 99) * 1000, mass, t_mass, cpu3 - cpu0, hwm, anon, file,
            reconciles > 0 ? requests / reconciles : 0, lost_leadership);
     free(lat);
     free(waiting);
