@@ -59,7 +59,7 @@ typedef struct job_mem {
     char key[KEY_MAX];
     char uid[64];
     json_t *counts; /* region -> {"preemptions": n, "failures": n} */
-    json_t *seen;   /* pod name -> {"uid": s, "counted": bool}: pods known to have existed */
+    json_t *seen;   /* pod name -> its record (ctl_seen_get): pods known to have existed */
     /* pod name -> [uid, ...]: the last few incarnations under that name whose end was
      * already accounted for here (ctl_create_pods makes the next one): a watch resumed
      * from before one ended replays it, and it must not be taken for the current pod. */
@@ -168,6 +168,17 @@ void ctl_flush_events(controller *ctl);
 job_mem *ctl_mem_get(controller *ctl, const char *key, const json_t *job);
 void ctl_mem_forget(controller *ctl, const char *key);
 void ctl_mark_seen(job_mem *m, const char *name, const char *uid, int observed, int counted);
+/* What was seen of pod `name`: its uid ("" or UID_MADE while unknown), whether it was seen
+ * in the cache, whether its end was accounted for (or it was deleted here), whether its
+ * finished client's summary was found wanting and said so. uid points into the record: valid
+ * until the next ctl_mark_seen or ctl_seen_warned of that name. 1, or 0 with *out zeroed
+ * when there is none. */
+typedef struct pod_seen {
+    const char *uid;
+    int observed, counted, summary_warned;
+} pod_seen;
+int ctl_seen_get(const job_mem *m, const char *name, pod_seen *out);
+void ctl_seen_warned(job_mem *m, const char *name);
 /* The pod cache showed pod (added, changed or deleted) of the job whose key is job_key: a
  * pod made here and not seen cached yet, its uid perhaps unknown (a create answered late or
  * cut short), is known to have existed from now on, so that if it is gone at the next

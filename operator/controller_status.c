@@ -86,9 +86,9 @@ void ctl_apply_summary(const json_t *job, job_mem *m, const json_t *pod, region_
         ro->summary_val_loss = s.val_loss;
         return;
     }
-    json_t *seen = json_object_get(m->seen, meta_str(pod, "name"));
-    if (rc == 0 || !seen || json_is_true(json_object_get(seen, "summary_warned"))) return;
-    json_object_set_new(seen, "summary_warned", json_true());
+    pod_seen seen;
+    if (rc == 0 || !ctl_seen_get(m, meta_str(pod, "name"), &seen) || seen.summary_warned) return;
+    ctl_seen_warned(m, meta_str(pod, "name"));
     log_warn("%s: pod %s finished, its summary ignored (the status keeps the gateway's "
              "figures): %s", m->key, meta_str(pod, "name"), err.msg);
 }

@@ -427,6 +427,10 @@ static void *worker(void *arg)
             else if (next < 0 || p->t[i].due_ms < next)
                 next = p->t[i].due_ms;
         }
+        /* PROGRESS_PARALLEL of them at a time (the rest are still due at the next turn):
+         * a scrape is 2.6 KB, and one for every due target of 1,000 jobs at once was
+         * megabytes the process kept. */
+        if (due > PROGRESS_PARALLEL) due = PROGRESS_PARALLEL;
         scrape *s = due ? calloc(due, sizeof *s) : NULL;
         if (!s) {
             /* Nothing due (or no memory: try again in a second). */

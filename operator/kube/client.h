@@ -96,9 +96,8 @@ int kube_path(char *buf, size_t size, const char *api, const char *ns, const cha
 int kube_object_key(const json_t *obj, char *buf, size_t size);
 /* Several requests side by side: each of calls[0..n) (method, path, body, content_type in;
  * rc, err, http_status, response out, as kube_request would give them) runs on the
- * client's connections at once (HTTP/2 streams: one round trip for all instead of one
- * each), and this returns
- * when all are done. A call the server answers 429 (or 5xx with Retry-After) is then
+ * client's connections at once, KUBE_CALLS_AT_ONCE at a time (HTTP/2 streams: one round
+ * trip for those instead of one each), and this returns when all are done. A call the server answers 429 (or 5xx with Retry-After) is then
  * repeated alone with kube_request's retries. response is left NULL unless want_response. */
 typedef struct kube_call {
     const char *method, *path, *content_type;
@@ -109,6 +108,7 @@ typedef struct kube_call {
     long http_status; /* the answer's (0: none came: a transport error or a timeout) */
     json_t *response; /* a new reference when want_response and the answer was JSON */
 } kube_call;
+#define KUBE_CALLS_AT_ONCE 32
 void kube_request_all(kube_client *c, kube_call *calls, size_t n);
 
 /* Fields of an API Status object; "" when absent. */

@@ -24,6 +24,8 @@ struct kube_xfer {
     int added;             /* on the multi handle */
     int done;              /* libcurl reported CURLMSG_DONE */
     int overflow;          /* the response passed in.cap */
+    int drop_ok_body;      /* a 2xx answer's body is not kept (nobody reads it); an error's
+                            * Status is */
     CURLcode result;
     char errbuf[CURL_ERROR_SIZE];
 };

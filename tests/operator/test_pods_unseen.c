@@ -61,12 +61,15 @@ static json_t *client_pod(const char *uid)
 
 static const char *seen_uid(const job_mem *m)
 {
-    return json_string_value(json_object_get(json_object_get(m->seen, "j-r1-c0"), "uid"));
+    pod_seen s;
+    ctl_seen_get(m, "j-r1-c0", &s);
+    return s.uid;
 }
 
 static int seen_observed(const job_mem *m)
 {
-    return json_is_true(json_object_get(json_object_get(m->seen, "j-r1-c0"), "observed"));
+    pod_seen s;
+    return ctl_seen_get(m, "j-r1-c0", &s) && s.observed;
 }
 
 /* A create answered past the timeout (uid "") or cut short (UID_MADE): its pod's ADDED and
