@@ -286,6 +286,16 @@ static void test_sumsq_adamw(void)
     int same = memcmp(&sc, &sg, sizeof sc) == 0;
     if (!same) failures++;
     printf("%s sumsq bit-equal: gpu %.17g cpu %.17g\n", same ? "ok  " : "FAIL", sg, sc);
+    /* Several tensors in one call (the optimizer's): empty, short, odd-length, unaligned,
+     * longer than a chunk; each the bits of its own sumsq call. */
+    const size_t off[5] = {0, 7, 7, 40, OPS_SUMSQ_CHUNK + 3};
+    const size_t cnt[5] = {7, 0, 33, OPS_SUMSQ_CHUNK + 1, 2 * OPS_SUMSQ_CHUNK + 12000};
+    double mc[5], mg[5], one[5];
+    cpu->sumsq_many(g.c, off, cnt, 5, 0.37f, mc);
+    gpu->sumsq_many(g.g, off, cnt, 5, 0.37f, mg);
+    for (int t = 0; t < 5; t++) one[t] = cpu->sumsq(g.c + off[t], cnt[t], 0.37f);
+    expect_true("sumsq_many == a sumsq per tensor (cpu)", memcmp(mc, one, sizeof mc) == 0);
+    expect_true("sumsq_many bit-equal (gpu == cpu)", memcmp(mg, mc, sizeof mc) == 0);
     pair p = pair_new(n, 1), m = pair_new(n, 0.1f), v = pair_new(n, 0.1f);
     for (size_t i = 0; i < n; i++) v.c[i] = v.g[i] = fabsf(v.c[i]); /* a second moment */
     const ops_adamw_args a = {.grad_scale = 0.5f, .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f,

@@ -80,6 +80,9 @@ void ops_head_backward(float *dinp, float *dwte, const float *dlogits, const flo
  * bits, whatever its thread count. */
 #define OPS_SUMSQ_CHUNK 65536
 double ops_sumsq(const float *x, size_t n, float scale);
+/* out[i] = ops_sumsq(base + offset[i], count[i], scale) for i < n, the same bits. */
+void ops_sumsq_many(const float *base, const size_t *offset, const size_t *count, int n,
+                    float scale, double *out);
 
 /* One AdamW step's constants (see adamw_step: bc1, bc2 the bias corrections). */
 typedef struct ops_adamw_args {
@@ -136,6 +139,10 @@ typedef struct ops_backend {
                   const float *B, int ldb, float beta, float *C, int ldc);
     /* The optimizer (optim/adamw.c calls these on the buffers of its backend). */
     double (*sumsq)(const float *x, size_t n, float scale);
+    /* Many tensors' sums of squares at once (the optimizer's, a tensor each): the bits of a
+     * sumsq call per tensor; on the GPU one launch and one copy back instead of one each. */
+    void (*sumsq_many)(const float *base, const size_t *offset, const size_t *count, int n,
+                       float scale, double *out);
     void (*adamw_update)(float *p, float *g, float *m, float *v, size_t n,
                          const ops_adamw_args *a);
     /* The q8 activation codec (codec/q8.h), bit-equal across backends; buffers from this

@@ -61,6 +61,7 @@ const ops_backend ops_backend_cpu = {
     .head_backward = ops_head_backward,
     .sgemm = cpu_sgemm_rm,
     .sumsq = ops_sumsq,
+    .sumsq_many = ops_sumsq_many,
     .adamw_update = ops_adamw_update,
     .q8_encode = codec_q8_encode,
     .q8_decode = codec_q8_decode,

@@ -86,8 +86,19 @@ double adamw_grad_sumsq(const float *grads, size_t n, float scale)
 
 void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out)
 {
-    for (int s = 0; s < o->n_seg; s++)
-        out[s] = o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+    size_t *offset = malloc(sizeof(size_t) * (size_t)o->n_seg * 2);
+    if (!offset) { /* the same sums, a call each */
+        for (int s = 0; s < o->n_seg; s++)
+            out[s] = o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+        return;
+    }
+    size_t *count = offset + o->n_seg;
+    for (int s = 0; s < o->n_seg; s++) {
+        offset[s] = o->seg[s].offset;
+        count[s] = o->seg[s].count;
+    }
+    o->ops->sumsq_many(grads, offset, count, o->n_seg, scale, out);
+    free(offset);
 }
 
 double adamw_sum_in_order(const double *parts, int n)
@@ -99,9 +110,16 @@ double adamw_sum_in_order(const double *parts, int n)
 
 double adamw_total_sumsq(const adamw *o, const float *grads, float scale)
 {
+    double stack[64], *part = o->n_seg <= 64 ? stack : malloc(sizeof(double) * (size_t)o->n_seg);
     double total = 0.0;
-    for (int s = 0; s < o->n_seg; s++)
-        total += o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+    if (!part) {
+        for (int s = 0; s < o->n_seg; s++)
+            total += o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
+        return total;
+    }
+    adamw_segment_sumsq(o, grads, scale, part);
+    total = adamw_sum_in_order(part, o->n_seg);
+    if (part != stack) free(part);
     return total;
 }
 

@@ -33,6 +33,12 @@ double ops_sumsq(const float *x, size_t n, float scale)
     return total;
 }
 
+void ops_sumsq_many(const float *base, const size_t *offset, const size_t *count, int n,
+                    float scale, double *out)
+{
+    for (int i = 0; i < n; i++) out[i] = ops_sumsq(base + offset[i], count[i], scale);
+}
+
 void ops_adamw_update(float *p, float *g, float *m, float *v, size_t n, const ops_adamw_args *a)
 {
     const float gs = a->grad_scale, lr = a->lr, b1 = a->beta1, b2 = a->beta2;

@@ -8,6 +8,7 @@
  * CPU's order, operation for operation.
  */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_internal.cuh"
 
@@ -15,37 +16,115 @@ extern "C" {
 #include "../../codec/q8_format.h"
 }
 
-/* ---- sum of squares: one thread per chunk, in index order; the host adds the chunks ---- */
+/* ---- sum of squares: one thread per chunk, in index order; the host adds the chunks ----
+ *
+ * The CPU's definition fixes the order within a chunk (a serial double sum), so a chunk is
+ * one thread's work. Each thread loads 32 floats before adding them, so that a warp has
+ * whole cache lines in flight rather than one load at a time; and every tensor of the
+ * optimizer's step goes in one launch (sumsq_many): a launch and a copy back per tensor,
+ * ~150 of them at GPT-2's shape, cost more than the sums. */
 
-__global__ void sumsq_chunks_kernel(double *part, const float *x, size_t n, float scale,
-                                    size_t nchunks)
+#define SUMSQ_LOADS 32
+
+__global__ void sumsq_chunks_kernel(double *part, const float *x, const size_t *lo,
+                                    const unsigned *len, size_t nchunks, float scale)
 {
     size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= nchunks) return;
-    size_t lo = c * OPS_SUMSQ_CHUNK, hi = lo + OPS_SUMSQ_CHUNK < n ? lo + OPS_SUMSQ_CHUNK : n;
+    const float *p = x + lo[c];
+    const unsigned n = len[c];
+    unsigned i = 0;
     double s = 0.0;
-    for (size_t i = lo; i < hi; i++) {
-        float g = x[i] * scale;
+    for (; i + SUMSQ_LOADS <= n; i += SUMSQ_LOADS) {
+        float v[SUMSQ_LOADS];
+#pragma unroll
+        for (int k = 0; k < SUMSQ_LOADS; k++) v[k] = p[i + k];
+#pragma unroll
+        for (int k = 0; k < SUMSQ_LOADS; k++) {
+            float g = v[k] * scale;
+            s += (double)g * g;
+        }
+    }
+    for (; i < n; i++) {
+        float g = p[i] * scale;
         s += (double)g * g;
     }
     part[c] = s;
 }
 
+/* The chunk table (start, length) and the partials, on the device and pinned on the host;
+ * kept and grown, since an allocation per call cost ~1 ms. */
+static struct {
+    size_t cap;
+    size_t *lo, *lo_host;
+    unsigned *len, *len_host;
+    double *part, *part_host;
+} sq;
+
+static int sumsq_reserve(size_t nchunks)
+{
+    if (nchunks <= sq.cap) return 1;
+    cudaFree(sq.lo);
+    cudaFree(sq.len);
+    cudaFree(sq.part);
+    cudaFreeHost(sq.lo_host);
+    cudaFreeHost(sq.len_host);
+    cudaFreeHost(sq.part_host);
+    memset(&sq, 0, sizeof sq);
+    if (!CUDA_OK(cudaMalloc(&sq.lo, nchunks * sizeof *sq.lo)) ||
+        !CUDA_OK(cudaMalloc(&sq.len, nchunks * sizeof *sq.len)) ||
+        !CUDA_OK(cudaMalloc(&sq.part, nchunks * sizeof *sq.part)) ||
+        !CUDA_OK(cudaMallocHost(&sq.lo_host, nchunks * sizeof *sq.lo_host)) ||
+        !CUDA_OK(cudaMallocHost(&sq.len_host, nchunks * sizeof *sq.len_host)) ||
+        !CUDA_OK(cudaMallocHost(&sq.part_host, nchunks * sizeof *sq.part_host)))
+        return 0;
+    sq.cap = nchunks;
+    return 1;
+}
+
+static void cuda_sumsq_many(const float *base, const size_t *offset, const size_t *count,
+                            int n, float scale, double *out)
+{
+    size_t nchunks = 0;
+    for (int t = 0; t < n; t++) nchunks += (count[t] + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK;
+    /* NaN after a failure: the sticky error stops the step, NaN keeps it from looking
+     * normal meanwhile. */
+    if (cuda_g.failed || (nchunks && !sumsq_reserve(nchunks))) {
+        for (int t = 0; t < n; t++) out[t] = NAN;
+        return;
+    }
+    size_t c = 0;
+    for (int t = 0; t < n; t++)
+        for (size_t lo = 0; lo < count[t]; lo += OPS_SUMSQ_CHUNK, c++) {
+            sq.lo_host[c] = offset[t] + lo;
+            sq.len_host[c] = (unsigned)(count[t] - lo < OPS_SUMSQ_CHUNK ? count[t] - lo
+                                                                         : OPS_SUMSQ_CHUNK);
+        }
+    if (nchunks) {
+        CUDA_OK(cudaMemcpyAsync(sq.lo, sq.lo_host, nchunks * sizeof *sq.lo,
+                                cudaMemcpyHostToDevice, cuda_g.stream));
+        CUDA_OK(cudaMemcpyAsync(sq.len, sq.len_host, nchunks * sizeof *sq.len,
+                                cudaMemcpyHostToDevice, cuda_g.stream));
+        sumsq_chunks_kernel<<<cuda_blocks(nchunks, 64), 64, 0, cuda_g.stream>>>(
+            sq.part, base, sq.lo, sq.len, nchunks, scale);
+        CUDA_OK(cudaMemcpyAsync(sq.part_host, sq.part, nchunks * sizeof *sq.part,
+                                cudaMemcpyDeviceToHost, cuda_g.stream));
+        cuda_finish("sumsq");
+    }
+    c = 0;
+    for (int t = 0; t < n; t++) { /* each tensor's chunks in index order, as the CPU */
+        double total = 0.0;
+        for (size_t lo = 0; lo < count[t]; lo += OPS_SUMSQ_CHUNK) total += sq.part_host[c++];
+        out[t] = cuda_g.failed ? NAN : total;
+    }
+}
+
 static double cuda_sumsq(const float *x, size_t n, float scale)
 {
-    size_t nchunks = (n + OPS_SUMSQ_CHUNK - 1) / OPS_SUMSQ_CHUNK;
-    if (cuda_g.failed || nchunks == 0) return 0.0;
-    double *part = NULL;
-    if (!CUDA_OK(cudaMallocManaged(&part, nchunks * sizeof(double), cudaMemAttachGlobal)))
-        return NAN; /* the sticky error stops the step; NaN keeps it from looking normal */
-    sumsq_chunks_kernel<<<cuda_blocks(nchunks, 64), 64, 0, cuda_g.stream>>>(part, x, n, scale,
-                                                                             nchunks);
-    cuda_finish("sumsq");
-    double total = 0.0;
-    if (!cuda_g.failed)
-        for (size_t c = 0; c < nchunks; c++) total += part[c];
-    cudaFree(part);
-    return cuda_g.failed ? NAN : total;
+    const size_t zero = 0;
+    double total;
+    cuda_sumsq_many(x, &zero, &n, 1, scale, &total);
+    return total;
 }
 
 /* ---- AdamW: elementwise, the CPU's expressions ---- */
@@ -179,6 +258,7 @@ static int cuda_q8_decode(float *out, size_t n, const uint8_t *in, size_t in_len
 void cuda_optim_codec_fill(ops_backend *b)
 {
     b->sumsq = cuda_sumsq;
+    b->sumsq_many = cuda_sumsq_many;
     b->adamw_update = cuda_adamw_update;
     b->q8_encode = cuda_q8_encode;
     b->q8_decode = cuda_q8_decode;
