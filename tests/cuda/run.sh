@@ -2,7 +2,9 @@
 # The CUDA build on any machine (make test-cuda-build, part of make test): what can run with
 # or without a GPU. Without one, --backend cuda must be refused with exit 2 and one line that
 # names the reason, in every command that has the flag, never a crash; with one, it trains.
-# Either way the CUDA binary's --backend cpu must train exactly as the plain binary does.
+# Either way the CUDA binary's --backend cpu must train exactly as the plain binary does, and
+# a region with a CUDA (or, without a GPU, a stand-in CPU) peer beside a CPU peer in one
+# stage must train as single-process CPU training does.
 # Commands with --backend: train, sample, stage, bench.
 # Usage: tests/cuda/run.sh PLAIN-TRAINER CUDA-TRAINER GPU-TESTS   (CIRRUS_CORPUS: the corpus)
 set -u
@@ -91,6 +93,16 @@ case $probe in
     bad "gpu_tests --probe: exit $probe (want 0: GPU, or 3: none)"
     ;;
 esac
+
+# A region whose stage is served by a CUDA and a CPU peer together (tests/cuda/swarm_mixed.sh);
+# without a GPU the CPU backend stands in, so the script's plumbing is exercised everywhere.
+mixed_gpu=cpu
+[ "$probe" -eq 0 ] && mixed_gpu=cuda
+if bash "$(dirname "$0")/swarm_mixed.sh" "$cuda" "$mixed_gpu" >"$tmp/mixed" 2>&1; then
+    ok "swarm_mixed_$mixed_gpu ($(grep -o 'worst relative.*' "$tmp/mixed"))"
+else
+    bad "swarm_mixed_$mixed_gpu"; sed 's/^/    /' "$tmp/mixed"
+fi
 
 # --backend cpu in the CUDA binary is the plain binary's code: the same losses, bit for bit.
 "$plain" train "${tiny[@]}" >"$tmp/plain.json" 2>/dev/null

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../../../common/log.h"
+#include "../../model/ops.h"
 #include "../proto/rpc_server.h"
 #include "peer_internal.h"
 
@@ -99,7 +100,8 @@ int stage_peer_run(const stage_peer_options *o, volatile sig_atomic_t *stop, cir
     pthread_mutex_init(&p.mu, NULL);
     int rc = peer_setup(&p, o, err);
     if (rc) goto out;
-    log_info("serving layers [%d, %d) of %d", p.l0, p.l1, o->model.n_layer);
+    log_info("serving layers [%d, %d) of %d on the %s backend", p.l0, p.l1, o->model.n_layer,
+             p.model.ops->name);
     const rpc_server_options so = {
         .what = "stage peer",
         .listen_fd = o->listen_fd,
