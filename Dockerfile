@@ -2,8 +2,8 @@
 # pods the operator creates run `cirrus-trainer ROLE ...` (stage, client, gateway).
 #
 # The default target is the CPU image. `--target cuda` gives the CUDA image: cirrus-trainer
-# built by `make cuda` (--backend cpu|cuda) with the CUDA runtime and cuBLAS libraries it
-# needs; the GPU driver comes from the host (NVIDIA container toolkit). Builders that skip
+# built by `make cuda` (--backend cpu|cuda) with the CUDA runtime, cuBLAS and NCCL libraries
+# it needs; the GPU driver comes from the host (NVIDIA container toolkit). Builders that skip
 # unused stages (BuildKit, buildah) do not build the CUDA stages for the CPU image. (A target
 # rather than a build argument naming the stage: buildah 1.28, Debian 12's, cannot resolve a
 # stage name that comes from an argument.)
@@ -36,7 +36,8 @@ RUN CIRRUS_CACHE=/opt/cirrus-cache make MARCH=-march=x86-64-v3 cuda \
     && mkdir -p /opt/cirrus-cuda \
     && cp -L /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcudart.so.13 \
              /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcublas.so.13 \
-             /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcublasLt.so.13 /opt/cirrus-cuda/
+             /opt/cirrus-cache/cuda-*/root/nvidia/cu13/lib/libcublasLt.so.13 \
+             /opt/cirrus-cache/cuda-*/root/nvidia/nccl/lib/libnccl.so.2 /opt/cirrus-cuda/
 
 FROM debian:12-slim AS cpu
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

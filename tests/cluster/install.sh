@@ -92,7 +92,7 @@ if ((${#todo[@]})); then
     (cd "$K8S_MOD_DIR" && go list -deps "${pkgs[@]}" >/dev/null)
     t1=$(now)
     log "modules ready in $((t1 - t0))s; building ${todo[*]} (this takes a while on a cold Go build cache)"
-    (cd "$K8S_MOD_DIR" && "${NICE[@]}" go build -tags notest,grpcnotrace -ldflags "$ldflags" -o "$WORK/out/" "${pkgs[@]}")
+    (cd "$K8S_MOD_DIR" && "${NICE[@]}" "${GO_BUILD_ENV[@]}" go build -tags notest,grpcnotrace -ldflags "$ldflags" -o "$WORK/out/" "${pkgs[@]}")
     [[ -e "$WORK/out/server" ]] && mv "$WORK/out/server" "$WORK/out/etcd" # go.etcd.io/etcd/server/v3
     for b in "${todo[@]}"; do
         [[ -x "$WORK/out/$b" ]] || die "build produced no $b"
@@ -108,7 +108,7 @@ else
     t0=$(now)
     log "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
     # Outside any module so that the wrapper's go.mod does not interfere.
-    (cd "$WORK" && GOBIN="$WORK/gobin" "${NICE[@]}" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+    (cd "$WORK" && GOBIN="$WORK/gobin" "${NICE[@]}" "${GO_BUILD_ENV[@]}" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
     mv "$WORK/gobin/kwok" "$K8S_BIN/kwok"
     log "kwok: built in $(($(now) - t0))s"
 fi

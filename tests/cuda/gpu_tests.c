@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -35,6 +36,7 @@
 #include "../../trainer/model/cuda/ops_cuda.h"
 #include "../../trainer/model/ops.h"
 #include "../../trainer/model/stage.h"
+#include "../../trainer/net/collective.h"
 #include "../../trainer/optim/adamw.h"
 
 static int failures, checks;
@@ -467,6 +469,45 @@ static void test_training(void)
     gpt_model_free(&m[1]);
 }
 
+/* The device collective (NCCL) as far as one GPU allows: NCCL refuses two ranks on one
+ * device, so a communicator of one rank: it sums (a no-op), is freed and built again, as
+ * after a membership change; and a communicator of two ranks that only this one joins must
+ * give up at its deadline, aborted, rather than hang (a peer lost during the build). */
+static void test_device_collective(void)
+{
+    if (!gpu->device_collective_new) {
+        printf("skip device collective: the %s backend has none\n", gpu_name);
+        return;
+    }
+    for (int round = 0; round < 2; round++) { /* built, freed, built again */
+        uint8_t id[DEVICE_COLLECTIVE_ID_BYTES];
+        collective *c = NULL;
+        cirrus_error err = {0};
+        int rc = gpu->device_collective_id(id, &err);
+        if (!rc) rc = gpu->device_collective_new(&c, 0, 1, id, 10000, &err);
+        float v[3] = {1.5f, -2.0f, 3.25f};
+        if (!rc) rc = collective_allreduce_sum(c, v, 3, &err);
+        expect_true(round ? "device collective of 1 rank, built again, sums"
+                          : "device collective of 1 rank sums",
+                    rc == 0 && v[0] == 1.5f && v[1] == -2.0f && v[2] == 3.25f);
+        if (rc) printf("    %s\n", err.msg);
+        collective_free(c);
+    }
+    uint8_t id[DEVICE_COLLECTIVE_ID_BYTES];
+    collective *c = NULL;
+    cirrus_error err = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = gpu->device_collective_id(id, &err);
+    if (!rc) rc = gpu->device_collective_new(&c, 0, 2, id, 1500, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("    a 2-rank build with rank 1 missing: %.2f s, %s\n", s, rc ? err.msg : "built?!");
+    expect_true("device collective: a missing rank fails the build at its deadline, no hang",
+                rc != 0 && c == NULL && s >= 1.4 && s < 10.0);
+    collective_free(c);
+}
+
 static int run_all(void)
 {
     rng_seed(&rng, 42);
@@ -484,6 +525,7 @@ static int run_all(void)
     test_model(whole, 1, "model, one stage");
     test_model(split, 2, "model, stages [0,1) + [1,2)");
     test_training();
+    test_device_collective();
     cirrus_error err = {0};
     if (gpu->status(&err)) {
         printf("FAIL device error: %s\n", err.msg);

@@ -34,7 +34,7 @@ else
     t0=$SECONDS
     nlog "coredns $COREDNS_VERSION: building (slim: the plugins a test cluster uses)"
     mkdir -p "$NODES_BIN"
-    (cd "$COREDNS_MOD_DIR" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" \
+    (cd "$COREDNS_MOD_DIR" && CGO_ENABLED=0 "${GO_BUILD_ENV[@]}" go build -trimpath -buildvcs=false -ldflags "-s -w" \
         -o "$NODES_BIN/coredns-$COREDNS_VERSION.tmp" .)
     mv "$NODES_BIN/coredns-$COREDNS_VERSION.tmp" "$NODES_BIN/coredns-$COREDNS_VERSION"
     nlog "coredns: built in $((SECONDS - t0))s"

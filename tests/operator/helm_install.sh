@@ -33,7 +33,7 @@ if ! is_pinned "$HELM_BIN"; then
     for pkg in pkg/lint/rules pkg/chartutil; do
         ldflags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$HELM_K8S_MINOR"
     done
-    GOBIN="$HELM_HOME/bin" CGO_ENABLED=0 go install -trimpath -ldflags "$ldflags" \
+    GOBIN="$HELM_HOME/bin" CGO_ENABLED=0 "${GO_BUILD_ENV[@]}" go install -trimpath -ldflags "$ldflags" \
         "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
     is_pinned "$HELM_BIN" || { echo "helm_install: $HELM_BIN is not helm $HELM_VERSION" >&2; exit 1; }
     echo "helm_install: built helm $HELM_VERSION in $((SECONDS - start))s" >&2

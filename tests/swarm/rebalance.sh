@@ -10,8 +10,9 @@
 #  - the median per-step tokens/s after the join is >= 1.5x the median before the move
 #    (ideal: 2x);
 #  - the loss trajectory stays sane: finite, the final loss below the first step's.
-# Under ~40 s. When the machine is so loaded that only the throughput ratio fails, the run
-# is repeated once; any other failure fails at once.
+# Under ~40 s. When the machine is so loaded that only the throughput comparison fails (too
+# low a ratio, or too few steps before the move to compare), the run is repeated once; any
+# other failure fails at once.
 # Usage: tests/swarm/rebalance.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$1
@@ -112,7 +113,10 @@ if len(before) >= 3 and len(after) >= 8:
           f"({len(before)} steps), after {statistics.median(after):.0f} ({len(after)} steps): "
           f"{ratio:.2f}x")
 else:
-    fails.append(f"windows too short: {len(before)} steps before, {len(after)} after")
+    # A loaded machine runs so few steps in the first rebalancing period that there is no
+    # window to compare: like a low ratio, a matter of load (retried once), not of logic.
+    ratio = -1.0
+    print(f"    windows too short: {len(before)} steps before, {len(after)} after")
 
 # The loss trajectory.
 losses = [l["loss"] for l in per_step]
@@ -123,6 +127,8 @@ check(losses[-1] < losses[0], f"final loss {losses[-1]:.3f} not below the first 
 if fails:
     print("    " + "; ".join(fails))
     sys.exit(1)
+if ratio < 0:
+    sys.exit(2)
 if ratio < 1.5:
     print(f"    throughput after rebalancing is {ratio:.2f}x the throughput before, not >= 1.5x; "
           f"tokens/s per step: {[round(tps[s]) for s in sorted(tps)]}")

@@ -20,6 +20,8 @@
 
 #include "../../common/cerr.h"
 
+struct collective; /* net/collective.h */
+
 /* out (N,C) = wte[tokens] + wpe[t]; tokens are checked by the caller. */
 void ops_encoder_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                          int B, int T, int C);
@@ -150,6 +152,14 @@ typedef struct ops_backend {
      * memory, so that works on both backends); these are the device versions for later. */
     int (*q8_encode)(uint8_t *out, const float *x, size_t n);
     int (*q8_decode)(float *out, size_t n, const uint8_t *in, size_t in_len);
+    /* The device's own all-reduce for the peers of a stage whose backends all have it
+     * (CUDA: NCCL, net/nccl_collective.cu), or NULL (the CPU: the TCP ring does it).
+     * device_collective_id makes a new communicator's id (DEVICE_COLLECTIVE_ID_BYTES,
+     * net/collective.h) on rank 0; device_collective_new joins it as `rank` of `world`,
+     * giving up after timeout_ms. swarm/peer/averaging.c builds one over the ring. */
+    int (*device_collective_id)(uint8_t *id, cirrus_error *err);
+    int (*device_collective_new)(struct collective **out, int rank, int world,
+                                 const uint8_t *id, int timeout_ms, cirrus_error *err);
 } ops_backend;
 
 extern const ops_backend ops_backend_cpu;

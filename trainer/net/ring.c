@@ -132,7 +132,7 @@ static void *ring_sender(void *arg)
             chunk_range(c, k, j, &off, &len);
             int rc = net_send_frame(r->right, RING_CHUNK_TYPE, chunk_tag(r, item),
                                     c->data + off, (uint32_t)(len * sizeof(float)),
-                                    r->opt.timeout_ms);
+                                    r->base.timeout_ms);
             if (rc) {
                 pthread_mutex_lock(&c->mu);
                 c->failed = 1;
@@ -183,7 +183,7 @@ static int ring_receive(ring_call *c, cirrus_error *err)
             wire_header h;
             cirrus_error e = {0};
             int rc = net_recv_frame_into(r->left, &h, into, (uint32_t)(len * sizeof(float)),
-                                         r->opt.timeout_ms, &e);
+                                         r->base.timeout_ms, &e);
             if (rc)
                 return cirrus_fail(err, rc, "ring rank %d: chunk %zu of phase %d from rank %d: %s",
                                    rank, j, p, mod(rank - 1, world), e.msg);
@@ -285,11 +285,6 @@ static void ring_free(collective *base)
     free(r);
 }
 
-void ring_set_timeout(collective *base, int timeout_ms)
-{
-    if (base && timeout_ms > 0) ((ring *)base)->opt.timeout_ms = timeout_ms;
-}
-
 static const collective_ops ring_ops = {
     .name = "tcp-ring",
     .allreduce_sum = ring_allreduce_sum,
@@ -363,21 +358,21 @@ int ring_new(collective **out, int rank, int world, int listen_fd, const char *c
     r->base.world = world;
     r->opt = *opt;
     if (r->opt.chunk_bytes < sizeof(float)) r->opt.chunk_bytes = RING_DEFAULT_CHUNK;
-    if (r->opt.timeout_ms <= 0) r->opt.timeout_ms = 30000;
+    r->base.timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : 30000;
     if (world == 1) {
         *out = &r->base;
         return 0;
     }
     const int right = (rank + 1) % world, left = (rank + world - 1) % world;
     ring_dial d = {.host = hosts[right], .port = ports[right], .rank = rank,
-                   .timeout_ms = r->opt.timeout_ms, .job_id = opt->job_id};
+                   .timeout_ms = r->base.timeout_ms, .job_id = opt->job_id};
     pthread_t dialer;
     if (pthread_create(&dialer, NULL, ring_dial_right, &d) != 0) {
         ring_free(&r->base);
         return cirrus_fail(err, CIRRUS_ENOMEM, "ring: cannot start the dialer thread");
     }
     int rc = 0;
-    const int64_t deadline = clock_now_ms() + r->opt.timeout_ms;
+    const int64_t deadline = clock_now_ms() + r->base.timeout_ms;
     /* Accept until the left neighbour shows up; anything else is refused and dropped. */
     while (!r->left) {
         int wait = (int)(deadline - clock_now_ms());

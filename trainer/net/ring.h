@@ -10,7 +10,8 @@
 
 typedef struct ring_options {
     const char *job_id;    /* handshake: ranks of another job are refused */
-    int timeout_ms;        /* deadline for connecting and for each chunk */
+    int timeout_ms;        /* deadline for connecting and for each chunk (later calls: the
+                              collective's timeout_ms, collective_set_timeout) */
     size_t chunk_bytes;    /* pipelining granularity (default 1 MiB) */
 } ring_options;
 
@@ -19,8 +20,5 @@ typedef struct ring_options {
  * address. Rank r connects to rank (r+1) % world and accepts from (r-1+world) % world. */
 int ring_new(collective **out, int rank, int world, int listen_fd, const char *const *hosts,
                 const int *ports, const ring_options *opt, cirrus_error *err);
-/* From the next all-reduce on: give up after timeout_ms without progress (ring_options'
- * timeout_ms at creation). The stage's client learns the right figure as training goes. */
-void ring_set_timeout(collective *ring, int timeout_ms);
 
 #endif

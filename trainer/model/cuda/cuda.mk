@@ -9,7 +9,7 @@
 
 CUDA_BUILD      := $(BUILD)/cuda
 CUDA_TOOLKIT_MK := $(CUDA_BUILD)/toolkit.mk
-CUDA_CU_SRC     := $(wildcard trainer/model/cuda/*.cu)
+CUDA_CU_SRC     := $(wildcard trainer/model/cuda/*.cu trainer/net/*.cu)
 CUDA_CU_OBJ     := $(patsubst %.cu,$(CUDA_BUILD)/obj/%.o,$(CUDA_CU_SRC))
 CUDA_SELECT_OBJ := $(CUDA_BUILD)/obj/trainer/model/ops_select.o
 CUDA_LIB_OBJ    := $(filter-out $(BUILD)/obj/trainer/model/ops_select.o,$(LIB_OBJ)) \
@@ -39,8 +39,9 @@ include $(CUDA_TOOLKIT_MK)
 # A100 (sm_80) and H100 (sm_90) machine code, plus sm_90 PTX that newer GPUs compile at load.
 CUDA_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
-NVCCFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP
-CUDA_LDLIBS := -L$(CUDA_LIBDIR) -lcublas -lcudart -Wl,-rpath,$(CUDA_LIBDIR) -lstdc++
+NVCCFLAGS  := -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -MMD -MP -I$(NCCL_INC)
+CUDA_LDLIBS := -L$(CUDA_LIBDIR) -lcublas -lcudart -Wl,-rpath,$(CUDA_LIBDIR) \
+               -L$(NCCL_LIBDIR) -lnccl -Wl,-rpath,$(NCCL_LIBDIR) -lstdc++
 
 $(CUDA_BUILD)/obj/%.o: %.cu trainer/model/cuda/cuda.mk
 	@mkdir -p $(dir $@)
@@ -57,12 +58,12 @@ $(CUDA_BUILD)/bin/cirrus-trainer: $(call obj,$(BUILD),trainer/cmd/main.c) $(CUDA
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
-# The GPU tests also link NCCL: its version in their first line shows the library loads.
+# The GPU tests print NCCL's version in their first line: it shows the library loads.
 $(CUDA_BUILD)/obj/tests/cuda/%.o: tests/cuda/%.c trainer/model/cuda/cuda.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCIRRUS_CUDA -I$(CUDA_INC) -I$(NCCL_INC) -c $< -o $@
 
 $(CUDA_BUILD)/bin/gpu-tests: $(CUDA_BUILD)/obj/tests/cuda/gpu_tests.o $(CUDA_LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS) -L$(NCCL_LIBDIR) -lnccl -Wl,-rpath,$(NCCL_LIBDIR)
+	$(CC) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 endif

@@ -14,6 +14,10 @@
 
 #include "cuda_internal.cuh"
 
+extern "C" {
+#include "../../net/nccl_collective.h"
+}
+
 cuda_state cuda_g;
 
 void cuda_fail(const char *file, int line, const char *what, const char *detail)
@@ -516,6 +520,8 @@ static void fill_table(ops_backend *b)
     b->head_backward = cuda_head_backward;
     b->sgemm = cuda_sgemm_op;
     cuda_optim_codec_fill(b);
+    b->device_collective_id = nccl_collective_id;
+    b->device_collective_new = nccl_collective_new;
 }
 
 extern "C" int ops_cuda_open(const ops_backend **out, cirrus_error *err)

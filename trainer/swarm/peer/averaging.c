@@ -1,13 +1,15 @@
 /* averaging: the stage's gradients between steps. AVERAGE sums them with the stage's
- * other peers (a TCP ring among the members the client names each round); a round that
- * fails is repeated from each peer's own gradients (kept in `backup`); a new state or a
- * new stage drops them. All under the peer's lock. */
+ * other peers (a TCP ring among the members the client names each round, and NCCL over the
+ * same members when every one of them runs the CUDA backend); a round that fails is
+ * repeated from each peer's own gradients (kept in `backup`); a new state or a new stage
+ * drops them. All under the peer's lock. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../../../common/failpoint.h"
 #include "../../../common/log.h"
+#include "../../model/ops.h"
 #include "../../net/ring.h"
 #include "peer_internal.h"
 
@@ -41,6 +43,70 @@ void peer_unsum_gradients(peer *p)
     if (!p->summed) return;
     pack_gradients(p, p->backup, 1);
     p->summed = 0;
+}
+
+void peer_drop_rings(peer *p)
+{
+    collective_free(p->device_ring);
+    collective_free(p->ring);
+    p->device_ring = p->ring = NULL;
+    p->ring_members[0] = '\0';
+}
+
+/* Over a new ring: if every member's backend has a device collective (NCCL), rank 0 makes
+ * its id, the ring carries it to the others (a sum where only rank 0 adds non-zeros: the
+ * bytes as exact small floats), each joins, and the ring tells whether all did; otherwise,
+ * or if any failed, all keep the ring. Each decision is a sum over the ring, so the members
+ * agree. Fails (EIO) only when the ring itself does. */
+static int try_device_ring(peer *p, int rank, int n, int timeout_ms)
+{
+    const ops_backend *b = p->model.ops;
+    cirrus_error err = {0};
+    float capable = b->device_collective_new ? 1.0f : 0.0f;
+    if (collective_allreduce_sum(p->ring, &capable, 1, &err)) goto ring_failed;
+    if (capable != (float)n) {
+        if (b->device_collective_new)
+            log_info("averaging: %d of %d peers run on a device with a collective; the TCP "
+                     "ring averages", (int)capable, n);
+        return 0;
+    }
+    float idf[DEVICE_COLLECTIVE_ID_BYTES] = {0};
+    uint8_t id[DEVICE_COLLECTIVE_ID_BYTES];
+    if (rank == 0) {
+        if (b->device_collective_id(id, &err)) {
+            log_warn("averaging: %s", err.msg);
+            idf[0] = 1000.0f; /* not a byte: tells the others to stay on the ring */
+        } else {
+            for (int i = 0; i < DEVICE_COLLECTIVE_ID_BYTES; i++) idf[i] = id[i];
+        }
+    }
+    if (collective_allreduce_sum(p->ring, idf, DEVICE_COLLECTIVE_ID_BYTES, &err)) goto ring_failed;
+    int have_id = 1;
+    for (int i = 0; i < DEVICE_COLLECTIVE_ID_BYTES; i++) {
+        if (!(idf[i] >= 0.0f && idf[i] <= 255.0f)) have_id = 0;
+        id[i] = (uint8_t)(have_id ? idf[i] : 0);
+    }
+    collective *dev = NULL;
+    float joined = 0.0f;
+    cirrus_error why = {0};
+    if (have_id && b->device_collective_new(&dev, rank, n, id, timeout_ms, &why) == 0)
+        joined = 1.0f;
+    if (collective_allreduce_sum(p->ring, &joined, 1, &err)) {
+        collective_free(dev);
+        goto ring_failed;
+    }
+    if (joined != (float)n) {
+        collective_free(dev);
+        log_info("averaging: the device collective did not start on every peer (%s); the TCP "
+                 "ring averages", why.msg[0] ? why.msg : "another peer failed");
+        return 0;
+    }
+    p->device_ring = dev;
+    log_info("averaging: %s among the stage's %d peers", dev->ops->name, n);
+    return 0;
+ring_failed:
+    log_warn("averaging: %s", err.msg);
+    return CIRRUS_EIO;
 }
 
 /* attempt (the request id, shared by all members of one attempt) names the ring's
@@ -83,18 +149,12 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
     /* A repeated round (a member failed): start again from this peer's own gradients, and
      * build a new ring, as every member of the repeat does. */
     peer_unsum_gradients(p);
-    if (round == p->last_round && p->ring) {
-        collective_free(p->ring);
-        p->ring = NULL;
-    }
+    if (round == p->last_round && p->ring) peer_drop_rings(p);
     p->last_round = round;
     if (n == 1) return 0; /* a lone member's gradients are the sum */
     pack_gradients(p, p->pack, 0);
     memcpy(p->backup, p->pack, sizeof(float) * p->pack_count);
-    if (p->ring && strcmp(members, p->ring_members) != 0) {
-        collective_free(p->ring);
-        p->ring = NULL;
-    }
+    if (p->ring && strcmp(members, p->ring_members) != 0) peer_drop_rings(p);
     cirrus_error err = {0};
     *why = "gradient averaging failed";
     if (!p->ring) {
@@ -109,6 +169,10 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
             log_warn("averaging: %s", err.msg);
             return CIRRUS_EIO; /* the request was fine; the ring was not */
         }
+        if (try_device_ring(p, rank, (int)n, (int)ring_ms)) {
+            peer_drop_rings(p);
+            return CIRRUS_EIO;
+        }
         snprintf(p->ring_members, sizeof p->ring_members, "%s", members);
     }
     /* A test's peer stuck mid-averaging, once. */
@@ -120,14 +184,14 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
                  (unsigned long long)stall_ms, (unsigned long long)stall_at);
         usleep((useconds_t)(stall_ms * 1000));
     }
-    ring_set_timeout(p->ring, (int)ring_ms);
-    int rc = collective_allreduce_sum(p->ring, p->pack, p->pack_count, &err);
+    collective *c = p->device_ring ? p->device_ring : p->ring;
+    collective_set_timeout(c, (int)ring_ms);
+    int rc = collective_allreduce_sum(c, p->pack, p->pack_count, &err);
     if (rc) {
         /* A member left: drop the ring (the gradients are untouched); the client repeats
          * the round with the survivors. */
         log_warn("averaging: %s", err.msg);
-        collective_free(p->ring);
-        p->ring = NULL;
+        peer_drop_rings(p);
         return CIRRUS_EIO;
     }
     pack_gradients(p, p->pack, 1);

@@ -134,9 +134,7 @@ static int adopt_stage(peer *p, const coord_peer_info *donor, int to, cirrus_err
     p->stage = to;
     p->steps = steps;
     peer_drop_gradients(p);
-    collective_free(p->ring); /* the new stage's members are named by the next AVERAGE */
-    p->ring = NULL;
-    p->ring_members[0] = '\0';
+    peer_drop_rings(p); /* the new stage's members are named by the next AVERAGE */
     p->last_round = 0;
     p->rates_reset = 1;
     p->move_to = -1;

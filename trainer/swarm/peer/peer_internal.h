@@ -68,6 +68,7 @@ typedef struct peer {
     float *in, *out, *grad;    /* max_B * max_T * max(C, V) */
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
+    collective *device_ring;   /* NCCL over the same members when all run CUDA, else NULL */
     char ring_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX]; /* the list the ring was built for */
     /* An AVERAGE as parsed (under mu; per peer, as several peers may share a process: the
      * tests run them as threads). */
@@ -118,6 +119,9 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
 void peer_unsum_gradients(peer *p);
 /* The gradients of an unfinished step are dropped (a new state, a new stage). */
 void peer_drop_gradients(peer *p);
+/* The stage's collectives are freed (the ring and the device's): the next AVERAGE builds
+ * them for its members. */
+void peer_drop_rings(peer *p);
 
 /* ---- state.c ---- */
 

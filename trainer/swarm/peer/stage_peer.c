@@ -82,7 +82,7 @@ static int peer_setup(peer *p, const stage_peer_options *o, cirrus_error *err)
 
 static void peer_teardown(peer *p)
 {
-    collective_free(p->ring);
+    peer_drop_rings(p);
     free(p->tokens);
     free(p->targets);
     free(p->in);
