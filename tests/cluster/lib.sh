@@ -31,8 +31,7 @@ K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kube
 
 # Put before `go build` / `go install`: the compiler collects garbage a quarter as often, for
 # a little more memory (a cold build of kwok: 320 s of CPU instead of 372 s, peak 1.05 GB
-# instead of 0.96 GB). Only the builds: the
-# programs built, run later, keep Go's default.
+# instead of 0.96 GB). Only the builds: the programs built, run later, keep Go's default.
 GO_BUILD_ENV=(env "GOGC=${CIRRUS_BUILD_GOGC:-400}")
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
