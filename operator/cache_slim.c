@@ -21,7 +21,13 @@ static void keep_only(json_t *obj, const char *const *keys, size_t n)
     }
 }
 
-void cache_slim_job(json_t *job) { without_managed_fields(job); }
+void cache_slim_job(json_t *job)
+{
+    /* kubectl apply's copy of the whole spec: nothing here reads a job's annotations. */
+    json_t *annotations = json_object_get(json_object_get(job, "metadata"), "annotations");
+    json_object_del(annotations, "kubectl.kubernetes.io/last-applied-configuration");
+    without_managed_fields(job);
+}
 
 /* keep_only on each object of array arr. */
 static void keep_only_each(json_t *arr, const char *const *keys, size_t n)

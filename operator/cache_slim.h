@@ -9,7 +9,8 @@
  * classifies every pod both whole and slimmed). A node keeps its metadata and spec; a
  * Service or Secret only its metadata (the controller only asks whether one exists: the
  * job Secret's keys are not held in the operator's memory); a SwarmJob all but
- * managedFields.
+ * managedFields and kubectl's last-applied-configuration annotation (a second copy of the
+ * spec). Pods and SwarmJobs are then cached as text (informer.h: compact).
  */
 #ifndef CIRRUS_OPERATOR_CACHE_SLIM_H
 #define CIRRUS_OPERATOR_CACHE_SLIM_H

@@ -465,6 +465,9 @@ static int informer(controller *ctl, const char *path, const char *query, enum w
 {
     kube_informer_config ic = {.path = path, .query = query, .ctx = ctl};
     if (w == WATCH_JOBS) {
+        /* Kept as text too (parsed once per reconcile): a SwarmJob's jansson objects were
+         * most of the operator's own memory after the pods (docs/BENCHMARKS.md). */
+        ic.compact = 1;
         ic.transform = cache_slim_job;
         ic.on_add = ic.on_delete = job_changed;
         ic.on_update = job_updated;
@@ -566,6 +569,7 @@ int controller_process(controller *ctl, int max_keys)
         int rc = reconcile(ctl, key, &requeue_ms, &err);
         kube_informer_release(ctl->pods); /* the pods it parsed (kept ones are its own refs) */
         ctl_flush_events(ctl); /* the reconcile's Events, side by side */
+        kube_informer_release(ctl->jobs); /* and its job, parsed from the cache's text */
         double dt = clock_now_s() - t0;
         ctl->stats.reconciles++;
         enum op_result res = OP_RESULT_SUCCESS;

@@ -31,7 +31,8 @@ run=(--batch 8 --lr 1e-3 --steps 25 --log-every 1 --eval-batches 4 --json)
     bad "cpu train ran: $(tail -1 "$tmp/train.err")"
 
 gpus=0
-[ "$gpu" = cuda ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+# (the caller found a GPU: without nvidia-smi to count them, one)
+[ "$gpu" = cuda ] && { gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); [ "$gpus" -ge 1 ] || gpus=1; }
 # region NAME SPEC...: a gateway, one stage peer per SPEC ("STAGE LAYERS BACKEND"; the k-th
 # GPU peer on GPU k mod the GPUs there are), then a client training 25 steps with a
 # checkpoint in $tmp/NAME.ck; its losses checked against CPU train's. Peer logs in
@@ -86,7 +87,7 @@ PY
 
 # A CUDA and a CPU peer average stage 0 over the TCP ring; a CUDA peer serves stage 1.
 region mixed "0 0:1 $gpu" "0 0:1 cpu" "1 1:3 $gpu"
-if [ "$gpu" = cuda ] && grep -q 'averaging: 1 of 2 peers run on a device with a collective; the TCP ring averages' "$tmp/mixed.peers"; then
+if [ "$gpu" = cuda ] && grep -q 'averaging: 1 of 2 peers can build a device collective for these members; the TCP ring averages' "$tmp/mixed.peers"; then
     ok "mixed_stage_averages_over_the_ring"
 elif [ "$gpu" = cuda ]; then
     bad "mixed_stage_averages_over_the_ring"; grep averaging "$tmp/mixed.peers" | sed 's/^/    /'
@@ -95,10 +96,11 @@ fi
 # refuses two ranks on one device, and both must say so and average over the ring instead.
 region twogpu "0 0:1 $gpu" "0 0:1 $gpu" "1 1:3 cpu"
 if [ "$gpu" = cuda ]; then
-    if [ "$gpus" -ge 2 ] && [ "$(grep -c 'averaging: nccl among the stage.s 2 peers' "$tmp/twogpu.peers")" -eq 2 ]; then
+    # (-ge: a repeated round rebuilds the ring and says it again)
+    if [ "$gpus" -ge 2 ] && [ "$(grep -c 'averaging: nccl among the stage.s 2 peers' "$tmp/twogpu.peers")" -ge 2 ]; then
         ok "two_gpu_peers_average_with_nccl"
     elif [ "$gpus" -eq 1 ] && [ "$(grep -c 'the device collective did not start on every peer (NCCL init: .*Duplicate GPU' "$tmp/twogpu.peers")" -ge 1 ] &&
-        [ "$(grep -c 'the TCP ring averages' "$tmp/twogpu.peers")" -eq 2 ]; then
+        [ "$(grep -c 'the TCP ring averages' "$tmp/twogpu.peers")" -ge 2 ]; then
         ok "two_peers_on_one_gpu_fall_back_to_the_ring (NCCL refused the shared device)"
     else
         bad "two_gpu_peers_nccl_or_fallback ($gpus GPUs)"; grep averaging "$tmp/twogpu.peers" | sed 's/^/    /'

@@ -10,7 +10,9 @@
  * one for the next membership, which is how NCCL wants a communicator replaced.
  *
  * The caller's buffers are host memory (the packed gradients); they travel through a device
- * buffer of this collective's own on a stream of its own.
+ * buffer of this collective's own on a stream of its own. The deadline covers a whole call
+ * (copies and the sum), where the TCP ring's is per chunk: the client sizes it from past
+ * rounds (a few times the median), which holds either way.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>

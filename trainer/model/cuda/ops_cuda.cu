@@ -139,6 +139,7 @@ __global__ void col_finish_kernel(float *acc, const float *part, unsigned groups
 /* acc (C) += the column sums of x (N,C). */
 static void column_sums_add(float *acc, const float *x, int N, int C)
 {
+    if (N <= 0 || C <= 0) return; /* nothing to add, and a grid of 0 blocks is an error */
     unsigned groups = col_groups(N);
     float *part = (float *)scratch((size_t)groups * C * sizeof(float));
     if (!part) return;
@@ -226,7 +227,7 @@ static void cuda_encoder_forward(float *out, const int32_t *tokens, const float 
 static void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                   const int32_t *tokens, int B, int T, int C)
 {
-    if (cuda_g.failed) return;
+    if (cuda_g.failed || B <= 0 || T <= 0 || C <= 0) return;
     const int N = B * T;
     int V = 0; /* tokens were checked against the vocabulary before they got here */
     for (int i = 0; i < N; i++) V = tokens[i] >= V ? tokens[i] + 1 : V;
@@ -333,7 +334,7 @@ static void cuda_layernorm_backward(float *dinp, float *dw, float *db, const flo
                                     const float *inp, const float *w, const float *mean,
                                     const float *rstd, int N, int C)
 {
-    if (cuda_g.failed) return;
+    if (cuda_g.failed || N <= 0 || C <= 0) return;
     layernorm_backward_rows_kernel<<<N, CUDA_ROW_THREADS, 0, cuda_g.stream>>>(
         dinp, dout, inp, w, mean, rstd, C);
     unsigned groups = col_groups(N);

@@ -3,6 +3,8 @@
  * deterministic: no reduction whose order matters uses atomics, so a run repeats bit for bit
  * on the same GPU. Memory is CUDA managed memory, so the host code around the kernels (the
  * stage's copies, the optimizer, checkpoints) reads and writes the same buffers unchanged.
+ * One stream and process-wide scratch buffers: one thread of a process uses the backend at a
+ * time (a CUDA stage peer runs as a process of its own; the tests' in-process peers are CPU).
  */
 #ifndef CIRRUS_OPS_CUDA_H
 #define CIRRUS_OPS_CUDA_H

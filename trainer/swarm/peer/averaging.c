@@ -53,21 +53,24 @@ void peer_drop_rings(peer *p)
     p->ring_members[0] = '\0';
 }
 
-/* Over a new ring: if every member's backend has a device collective (NCCL), rank 0 makes
- * its id, the ring carries it to the others (a sum where only rank 0 adds non-zeros: the
- * bytes as exact small floats), each joins, and the ring tells whether all did; otherwise,
- * or if any failed, all keep the ring. Each decision is a sum over the ring, so the members
- * agree. Fails (EIO) only when the ring itself does. */
-static int try_device_ring(peer *p, int rank, int n, int timeout_ms)
+/* Over a new ring: if every member's backend has a device collective (NCCL) and it has not
+ * failed for these members before, rank 0 makes its id, the ring carries it to the others (a
+ * sum where only rank 0 adds non-zeros: the bytes as exact small floats), each joins, and
+ * the ring tells whether all did; otherwise, or if any failed, all keep the ring. Each
+ * decision is a sum over the ring, so the members agree. The build gets half the round's
+ * timeout, so that a member whose build failed at once still hears, within the ring's
+ * timeout, from one that waited the build out. Fails (EIO) only when the ring does. */
+static int try_device_ring(peer *p, const char *members, int rank, int n, int timeout_ms)
 {
     const ops_backend *b = p->model.ops;
     cirrus_error err = {0};
-    float capable = b->device_collective_new ? 1.0f : 0.0f;
+    float capable = b->device_collective_new && strcmp(members, p->device_failed_members) != 0
+                        ? 1.0f : 0.0f;
     if (collective_allreduce_sum(p->ring, &capable, 1, &err)) goto ring_failed;
     if (capable != (float)n) {
         if (b->device_collective_new)
-            log_info("averaging: %d of %d peers run on a device with a collective; the TCP "
-                     "ring averages", (int)capable, n);
+            log_info("averaging: %d of %d peers can build a device collective for these "
+                     "members; the TCP ring averages", (int)capable, n);
         return 0;
     }
     float idf[DEVICE_COLLECTIVE_ID_BYTES] = {0};
@@ -89,14 +92,16 @@ static int try_device_ring(peer *p, int rank, int n, int timeout_ms)
     collective *dev = NULL;
     float joined = 0.0f;
     cirrus_error why = {0};
-    if (have_id && b->device_collective_new(&dev, rank, n, id, timeout_ms, &why) == 0)
+    if (have_id && b->device_collective_new(&dev, rank, n, id, timeout_ms / 2, &why) == 0)
         joined = 1.0f;
+    if (dev) collective_set_timeout(dev, timeout_ms);
     if (collective_allreduce_sum(p->ring, &joined, 1, &err)) {
         collective_free(dev);
         goto ring_failed;
     }
     if (joined != (float)n) {
         collective_free(dev);
+        snprintf(p->device_failed_members, sizeof p->device_failed_members, "%s", members);
         log_info("averaging: the device collective did not start on every peer (%s); the TCP "
                  "ring averages", why.msg[0] ? why.msg : "another peer failed");
         return 0;
@@ -169,7 +174,7 @@ int peer_average(peer *p, wire_reader *r, uint64_t attempt, wire_writer *reply,
             log_warn("averaging: %s", err.msg);
             return CIRRUS_EIO; /* the request was fine; the ring was not */
         }
-        if (try_device_ring(p, rank, (int)n, (int)ring_ms)) {
+        if (try_device_ring(p, members, rank, (int)n, (int)ring_ms)) {
             peer_drop_rings(p);
             return CIRRUS_EIO;
         }

@@ -69,6 +69,9 @@ typedef struct peer {
     size_t act_cap;
     collective *ring;          /* the stage's peers, built at the first AVERAGE */
     collective *device_ring;   /* NCCL over the same members when all run CUDA, else NULL */
+    /* The member list a device collective last failed to start for: not tried again for
+     * the same members (it would cost the build's deadline at every rebuild of the ring). */
+    char device_failed_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX];
     char ring_members[PEER_MAX_MEMBERS * STAGE_ADDR_MAX]; /* the list the ring was built for */
     /* An AVERAGE as parsed (under mu; per peer, as several peers may share a process: the
      * tests run them as threads). */
