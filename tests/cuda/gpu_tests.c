@@ -309,6 +309,21 @@ static void test_sumsq_adamw(void)
     expect_same_bits("adamw_update m == cpu", m.g, m.c, n);
     expect_same_bits("adamw_update v == cpu", v.g, v.c, n);
     expect_same_bits("adamw_update grads zeroed == cpu", g.g, g.c, n);
+    /* The batched update (the optimizer's): tensors of several sizes, one empty, their
+     * moments elsewhere than their parameters, each with its own constants. */
+    ops_adamw_tensor t[4] = {{0, 100, 7, a}, {7, 0, 0, a}, {9, 107, 3 * OPS_SUMSQ_CHUNK, a},
+                             {3 * OPS_SUMSQ_CHUNK + 20, 3 * OPS_SUMSQ_CHUNK + 200, 12000, a}};
+    t[2].a.weight_decay = 0.0f;
+    t[3].a.lr = 1e-3f;
+    t[3].a.bc1 = 0.5f;
+    pair p2 = pair_new(n, 1), g2 = pair_new(n, 3), m2 = pair_new(n, 0.1f), v2 = pair_new(n, 0.1f);
+    for (size_t i = 0; i < n; i++) v2.c[i] = v2.g[i] = fabsf(v2.c[i]);
+    cpu->adamw_update_many(p2.c, g2.c, m2.c, v2.c, t, 4);
+    gpu->adamw_update_many(p2.g, g2.g, m2.g, v2.g, t, 4);
+    expect_same_bits("adamw_update_many params == cpu", p2.g, p2.c, n);
+    expect_same_bits("adamw_update_many m == cpu", m2.g, m2.c, n);
+    expect_same_bits("adamw_update_many v == cpu", v2.g, v2.c, n);
+    pair_free(&p2), pair_free(&g2), pair_free(&m2), pair_free(&v2);
     pair_free(&g), pair_free(&p), pair_free(&m), pair_free(&v);
 }
 

@@ -94,6 +94,15 @@ typedef struct ops_adamw_args {
 /* For i < n: g' = g * grad_scale; g = 0; m, v updated; p -= lr * (mhat / (sqrt(vhat) + eps)
  * + weight_decay * p), in binary32 with no fused multiply-adds (bit-equal across backends). */
 void ops_adamw_update(float *p, float *g, float *m, float *v, size_t n, const ops_adamw_args *a);
+/* One tensor of a batched AdamW step: its parameters/gradients at p + param, its moments at
+ * m + state and v + state, count floats, its own constants. */
+typedef struct ops_adamw_tensor {
+    size_t param, state, count;
+    ops_adamw_args a;
+} ops_adamw_tensor;
+/* ops_adamw_update for each of n tensors: the same bits as a call per tensor. */
+void ops_adamw_update_many(float *p, float *g, float *m, float *v, const ops_adamw_tensor *t,
+                           int n);
 
 /* ---- the backend table ---- */
 
@@ -147,6 +156,9 @@ typedef struct ops_backend {
                        float scale, double *out);
     void (*adamw_update)(float *p, float *g, float *m, float *v, size_t n,
                          const ops_adamw_args *a);
+    /* Every tensor of a step at once (on the GPU one launch, not one per tensor). */
+    void (*adamw_update_many)(float *p, float *g, float *m, float *v,
+                              const ops_adamw_tensor *t, int n);
     /* The q8 activation codec (codec/q8.h), bit-equal across backends; buffers from this
      * backend's alloc. The wire path still encodes on the host (the buffers are managed
      * memory, so that works on both backends); these are the device versions for later. */

@@ -63,6 +63,7 @@ const ops_backend ops_backend_cpu = {
     .sumsq = ops_sumsq,
     .sumsq_many = ops_sumsq_many,
     .adamw_update = ops_adamw_update,
+    .adamw_update_many = ops_adamw_update_many,
     .q8_encode = codec_q8_encode,
     .q8_decode = codec_q8_decode,
 };

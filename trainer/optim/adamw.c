@@ -133,20 +133,28 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
     const float b1 = c->beta1, b2 = c->beta2;
     ops_adamw_args a = {.grad_scale = grad_scale * clip, .lr = lr, .beta1 = b1, .beta2 = b2,
                         .eps = c->eps};
+    /* Every tensor in one backend call (one launch on a GPU); a call each if the table
+     * cannot be had. */
+    ops_adamw_tensor *t = malloc(sizeof *t * (size_t)(o->n_seg ? o->n_seg : 1));
     for (int s = 0; s < o->n_seg; s++) {
         const adamw_segment *seg = &o->seg[s];
         a.weight_decay = seg->decay ? c->weight_decay : 0.0f;
         if (seg->moments_from && step > seg->moments_from) { /* fresh moments: their own count */
-            const float t = (float)(step - seg->moments_from);
-            a.bc1 = 1.0f - powf(b1, t);
-            a.bc2 = 1.0f - powf(b2, t);
+            const float tf = (float)(step - seg->moments_from);
+            a.bc1 = 1.0f - powf(b1, tf);
+            a.bc2 = 1.0f - powf(b2, tf);
         } else {
             a.bc1 = 1.0f - powf(b1, (float)step);
             a.bc2 = 1.0f - powf(b2, (float)step);
         }
-        o->ops->adamw_update(params + seg->offset, grads + seg->offset, o->m + seg->state,
-                             o->v + seg->state, seg->count, &a);
+        if (t)
+            t[s] = (ops_adamw_tensor){seg->offset, seg->state, seg->count, a};
+        else
+            o->ops->adamw_update(params + seg->offset, grads + seg->offset, o->m + seg->state,
+                                 o->v + seg->state, seg->count, &a);
     }
+    if (t) o->ops->adamw_update_many(params, grads, o->m, o->v, t, o->n_seg);
+    free(t);
     return norm;
 }
 

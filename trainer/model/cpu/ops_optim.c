@@ -39,6 +39,14 @@ void ops_sumsq_many(const float *base, const size_t *offset, const size_t *count
     for (int i = 0; i < n; i++) out[i] = ops_sumsq(base + offset[i], count[i], scale);
 }
 
+void ops_adamw_update_many(float *p, float *g, float *m, float *v, const ops_adamw_tensor *t,
+                           int n)
+{
+    for (int i = 0; i < n; i++)
+        ops_adamw_update(p + t[i].param, g + t[i].param, m + t[i].state, v + t[i].state,
+                         t[i].count, &t[i].a);
+}
+
 void ops_adamw_update(float *p, float *g, float *m, float *v, size_t n, const ops_adamw_args *a)
 {
     const float gs = a->grad_scale, lr = a->lr, b1 = a->beta1, b2 = a->beta2;

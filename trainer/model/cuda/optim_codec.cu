@@ -129,17 +129,22 @@ static double cuda_sumsq(const float *x, size_t n, float scale)
 
 /* ---- AdamW: elementwise, the CPU's expressions ---- */
 
+__device__ __forceinline__ void adamw_one(float *p, float *g, float *m, float *v,
+                                          const ops_adamw_args &a)
+{
+    float gi = *g * a.grad_scale;
+    *g = 0.0f;
+    *m = a.beta1 * *m + (1.0f - a.beta1) * gi;
+    *v = a.beta2 * *v + (1.0f - a.beta2) * gi * gi;
+    float mhat = *m / a.bc1, vhat = *v / a.bc2;
+    *p -= a.lr * (mhat / (sqrtf(vhat) + a.eps) + a.weight_decay * *p);
+}
+
 __global__ void adamw_kernel(float *p, float *g, float *m, float *v, size_t n,
                              ops_adamw_args a)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float gi = g[i] * a.grad_scale;
-    g[i] = 0.0f;
-    m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
-    v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
-    float mhat = m[i] / a.bc1, vhat = v[i] / a.bc2;
-    p[i] -= a.lr * (mhat / (sqrtf(vhat) + a.eps) + a.weight_decay * p[i]);
+    if (i < n) adamw_one(p + i, g + i, m + i, v + i, a);
 }
 
 static void cuda_adamw_update(float *p, float *g, float *m, float *v, size_t n,
@@ -149,6 +154,48 @@ static void cuda_adamw_update(float *p, float *g, float *m, float *v, size_t n,
     adamw_kernel<<<cuda_blocks(n, CUDA_ELEM_THREADS), CUDA_ELEM_THREADS, 0, cuda_g.stream>>>(
         p, g, m, v, n, *a);
     cuda_finish("adamw_update");
+}
+
+/* Every tensor of a step in one launch: blockIdx.y picks the tensor, the x blocks stride
+ * over its elements. A launch and a synchronisation per tensor (~150 at GPT-2's shape) cost
+ * more than the update at small shapes. */
+#define ADAMW_MAX_X_BLOCKS 1024u
+#define ADAMW_MAX_Y 65535
+
+__global__ void adamw_many_kernel(float *p, float *g, float *m, float *v,
+                                  const ops_adamw_tensor *t, int n)
+{
+    for (int k = blockIdx.y; k < n; k += gridDim.y) {
+        const ops_adamw_tensor tk = t[k];
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tk.count;
+             i += (size_t)gridDim.x * blockDim.x)
+            adamw_one(p + tk.param + i, g + tk.param + i, m + tk.state + i, v + tk.state + i,
+                      tk.a);
+    }
+}
+
+static void cuda_adamw_update_many(float *p, float *g, float *m, float *v,
+                                   const ops_adamw_tensor *t, int n)
+{
+    static ops_adamw_tensor *table; /* on the device, kept and grown */
+    static int cap;
+    if (cuda_g.failed || n <= 0) return;
+    if (n > cap) {
+        cudaFree(table);
+        table = NULL;
+        cap = 0;
+        if (!CUDA_OK(cudaMalloc(&table, sizeof *table * (size_t)n))) return;
+        cap = n;
+    }
+    size_t most = 0;
+    for (int k = 0; k < n; k++) most = t[k].count > most ? t[k].count : most;
+    if (most == 0) return;
+    unsigned x = cuda_blocks(most, CUDA_ELEM_THREADS);
+    dim3 grid(x < ADAMW_MAX_X_BLOCKS ? x : ADAMW_MAX_X_BLOCKS, n < ADAMW_MAX_Y ? n : ADAMW_MAX_Y);
+    if (CUDA_OK(cudaMemcpyAsync(table, t, sizeof *t * (size_t)n, cudaMemcpyHostToDevice,
+                                cuda_g.stream)))
+        adamw_many_kernel<<<grid, CUDA_ELEM_THREADS, 0, cuda_g.stream>>>(p, g, m, v, table, n);
+    cuda_finish("adamw_update_many");
 }
 
 /* ---- q8: one thread per block, the reference's arithmetic (codec/q8.c) ---- */
@@ -260,6 +307,7 @@ void cuda_optim_codec_fill(ops_backend *b)
     b->sumsq = cuda_sumsq;
     b->sumsq_many = cuda_sumsq_many;
     b->adamw_update = cuda_adamw_update;
+    b->adamw_update_many = cuda_adamw_update_many;
     b->q8_encode = cuda_q8_encode;
     b->q8_decode = cuda_q8_decode;
 }
