@@ -288,6 +288,14 @@ static void test_sumsq_adamw(void)
     int same = memcmp(&sc, &sg, sizeof sc) == 0;
     if (!same) failures++;
     printf("%s sumsq bit-equal: gpu %.17g cpu %.17g\n", same ? "ok  " : "FAIL", sg, sc);
+    {   /* the tied gradients' fold */
+        pair d = pair_new(n, 1), s2 = pair_new(n, 2);
+        cpu->fold(d.c, s2.c, n);
+        gpu->fold(d.g, s2.g, n);
+        expect_same_bits("fold: sums == cpu", d.g, d.c, n);
+        expect_same_bits("fold: source zeroed == cpu", s2.g, s2.c, n);
+        pair_free(&d), pair_free(&s2);
+    }
     /* Several tensors in one call (the optimizer's): empty, short, odd-length, unaligned,
      * longer than a chunk; each the bits of its own sumsq call. */
     const size_t off[5] = {0, 7, 7, 40, OPS_SUMSQ_CHUNK + 3};
@@ -499,7 +507,9 @@ static void test_device_collective(void)
         collective *c = NULL;
         cirrus_error err = {0};
         int rc = gpu->device_collective_id(id, &err);
-        if (!rc) rc = gpu->device_collective_new(&c, 0, 1, id, 10000, &err);
+        /* A long deadline: a build that succeeds returns as soon as it is up, and under
+         * compute-sanitizer NCCL's first set-up took over 10 s. */
+        if (!rc) rc = gpu->device_collective_new(&c, 0, 1, id, 120000, &err);
         float v[3] = {1.5f, -2.0f, 3.25f};
         if (!rc) rc = collective_allreduce_sum(c, v, 3, &err);
         expect_true(round ? "device collective of 1 rank, built again, sums"

@@ -264,8 +264,10 @@ void gpt_add_head_grad(gpt_model *m, const float *head)
     for (size_t i = 0; i < n; i++) m->g.wte[i] += head[i];
 }
 
+/* Through the backend: on a GPU, a host loop here moved both tensors' pages of managed
+ * memory to the host and back every step (most of the optimizer's 5 ms at the small
+ * preset on an H200). */
 void gpt_fold_tied_grads(gpt_model *m)
 {
-    gpt_add_head_grad(m, m->grad_head);
-    memset(m->grad_head, 0, (size_t)m->cfg.vocab * m->cfg.n_embd * sizeof(float));
+    m->ops->fold(m->g.wte, m->grad_head, (size_t)m->cfg.vocab * m->cfg.n_embd);
 }

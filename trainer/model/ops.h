@@ -76,6 +76,10 @@ void ops_head_backward(float *dinp, float *dwte, const float *dlogits, const flo
 
 /* ---- the optimizer's and the codec's kernels (CPU: model/cpu/ops_optim.c) ---- */
 
+/* dst[i] += src[i], then src[i] = 0, for i < n: the tied head's gradient folded into the
+ * embedding's before a step (one float addition each: the same bits on every backend). */
+void ops_fold(float *dst, float *src, size_t n);
+
 /* Sum of squares of (scale * x[i]) over n floats, in double: chunks of OPS_SUMSQ_CHUNK
  * floats each summed in index order, then the chunks' sums added in order. Every backend
  * does exactly these additions (no fused multiply-adds), so every backend gives the same
@@ -148,7 +152,9 @@ typedef struct ops_backend {
      * or tb is 1: the product the matmuls are made of, exposed for `bench`'s ceiling. */
     void (*sgemm)(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
-    /* The optimizer (optim/adamw.c calls these on the buffers of its backend). */
+    /* The optimizer (optim/adamw.c calls these on the buffers of its backend); fold, the
+     * tied gradients' fold before it (gpt_fold_tied_grads). */
+    void (*fold)(float *dst, float *src, size_t n);
     double (*sumsq)(const float *x, size_t n, float scale);
     /* Many tensors' sums of squares at once (the optimizer's, a tensor each): the bits of a
      * sumsq call per tensor; on the GPU one launch and one copy back instead of one each. */

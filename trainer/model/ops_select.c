@@ -60,6 +60,7 @@ const ops_backend ops_backend_cpu = {
     .head_forward = ops_head_forward,
     .head_backward = ops_head_backward,
     .sgemm = cpu_sgemm_rm,
+    .fold = ops_fold,
     .sumsq = ops_sumsq,
     .sumsq_many = ops_sumsq_many,
     .adamw_update = ops_adamw_update,

@@ -2,8 +2,9 @@
  * squares and the AdamW update. Built, like the rest, with -std=c11, where GCC does not fuse
  * a multiply and an add (-ffp-contract=off), which is what lets the CUDA versions (built
  * with -fmad=false) give the same bits. */
-#include <stdlib.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../ops.h"
 
@@ -31,6 +32,12 @@ double ops_sumsq(const float *x, size_t n, float scale)
     for (size_t c = 0; c < nchunks; c++) total += part[c];
     free(part);
     return total;
+}
+
+void ops_fold(float *dst, float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    memset(src, 0, n * sizeof(float));
 }
 
 void ops_sumsq_many(const float *base, const size_t *offset, const size_t *count, int n,

@@ -80,7 +80,7 @@ __device__ __forceinline__ float cuda_block_max(float v, float *shared)
     return r;
 }
 
-/* optim_codec.cu: fills the sumsq, adamw_update and q8 entries of the table. */
+/* optim_codec.cu: fills the fold, sumsq, adamw_update and q8 entries of the table. */
 void cuda_optim_codec_fill(ops_backend *b);
 
 /* attention.cu */

@@ -1,5 +1,6 @@
-/* optim_codec: the CUDA versions of the gradient's sum of squares, the AdamW update and the
- * q8 activation codec (ops.h), each giving the same bits as the CPU's.
+/* optim_codec: the CUDA versions of the tied gradients' fold, the gradient's sum of squares,
+ * the AdamW update and the q8 activation codec (ops.h), each giving the same bits as the
+ * CPU's.
  *
  * That is why this file alone is compiled with -fmad=false (cuda.mk): nvcc otherwise fuses
  * a*b + c into one FMA with a single rounding, while the CPU code (-std=c11: GCC does not
@@ -125,6 +126,24 @@ static double cuda_sumsq(const float *x, size_t n, float scale)
     double total;
     cuda_sumsq_many(x, &zero, &n, 1, scale, &total);
     return total;
+}
+
+/* ---- the tied head's gradient into the embedding's ---- */
+
+__global__ void fold_kernel(float *dst, float *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    dst[i] += src[i];
+    src[i] = 0.0f;
+}
+
+static void cuda_fold(float *dst, float *src, size_t n)
+{
+    if (cuda_g.failed || n == 0) return;
+    fold_kernel<<<cuda_blocks(n, CUDA_ELEM_THREADS), CUDA_ELEM_THREADS, 0, cuda_g.stream>>>(
+        dst, src, n);
+    cuda_finish("fold");
 }
 
 /* ---- AdamW: elementwise, the CPU's expressions ---- */
@@ -304,6 +323,7 @@ static int cuda_q8_decode(float *out, size_t n, const uint8_t *in, size_t in_len
 
 void cuda_optim_codec_fill(ops_backend *b)
 {
+    b->fold = cuda_fold;
     b->sumsq = cuda_sumsq;
     b->sumsq_many = cuda_sumsq_many;
     b->adamw_update = cuda_adamw_update;
