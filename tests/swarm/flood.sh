@@ -10,13 +10,8 @@
 # Usage: tests/swarm/flood.sh path/to/cirrus-trainer path/to/flood
 set -u
 bin=$1 flood=$2
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+# shellcheck source=../lib/suite.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/suite.sh"
 
 # Each flood process holds 5,000 connections.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"

@@ -3,13 +3,8 @@
 # Usage: tests/swarm/run.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$1
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+# shellcheck source=../lib/suite.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/suite.sh"
 
 model=(--layers 3 --width 64 --heads 4 --context 32 --batch 4)
 run=(--steps 25 --log-every 1 --eval-batches 4 --json)
