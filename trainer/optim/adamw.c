@@ -47,6 +47,18 @@ int adamw_init(adamw *o, const gpt_config *model, const gpt_span *spans, int n_s
     }
     free(table);
     table = NULL;
+    const size_t n = o->n_seg ? (size_t)o->n_seg : 1;
+    o->seg_offset = calloc(n, sizeof *o->seg_offset);
+    o->seg_count = calloc(n, sizeof *o->seg_count);
+    o->update = calloc(n, sizeof *o->update);
+    o->seg_sums = calloc(n, sizeof *o->seg_sums);
+    if (!o->seg_offset || !o->seg_count || !o->update || !o->seg_sums) goto nomem;
+    for (int s = 0; s < o->n_seg; s++) {
+        o->seg_offset[s] = o->seg[s].offset;
+        o->seg_count[s] = o->seg[s].count;
+        o->update[s] = (ops_adamw_tensor){.param = o->seg[s].offset, .state = o->seg[s].state,
+                                          .count = o->seg[s].count};
+    }
     o->m = o->ops->alloc(o->state_count);
     o->v = o->ops->alloc(o->state_count);
     if (!o->m || !o->v) goto nomem;
@@ -64,6 +76,10 @@ void adamw_free(adamw *o)
         o->ops->free(o->v);
     }
     free(o->seg);
+    free(o->seg_offset);
+    free(o->seg_count);
+    free(o->update);
+    free(o->seg_sums);
     memset(o, 0, sizeof *o);
 }
 
@@ -86,19 +102,7 @@ double adamw_grad_sumsq(const float *grads, size_t n, float scale)
 
 void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out)
 {
-    size_t *offset = malloc(sizeof(size_t) * (size_t)o->n_seg * 2);
-    if (!offset) { /* the same sums, a call each */
-        for (int s = 0; s < o->n_seg; s++)
-            out[s] = o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
-        return;
-    }
-    size_t *count = offset + o->n_seg;
-    for (int s = 0; s < o->n_seg; s++) {
-        offset[s] = o->seg[s].offset;
-        count[s] = o->seg[s].count;
-    }
-    o->ops->sumsq_many(grads, offset, count, o->n_seg, scale, out);
-    free(offset);
+    o->ops->sumsq_many(grads, o->seg_offset, o->seg_count, o->n_seg, scale, out);
 }
 
 double adamw_sum_in_order(const double *parts, int n)
@@ -110,17 +114,8 @@ double adamw_sum_in_order(const double *parts, int n)
 
 double adamw_total_sumsq(const adamw *o, const float *grads, float scale)
 {
-    double stack[64], *part = o->n_seg <= 64 ? stack : malloc(sizeof(double) * (size_t)o->n_seg);
-    double total = 0.0;
-    if (!part) {
-        for (int s = 0; s < o->n_seg; s++)
-            total += o->ops->sumsq(grads + o->seg[s].offset, o->seg[s].count, scale);
-        return total;
-    }
-    adamw_segment_sumsq(o, grads, scale, part);
-    total = adamw_sum_in_order(part, o->n_seg);
-    if (part != stack) free(part);
-    return total;
+    adamw_segment_sumsq(o, grads, scale, o->seg_sums);
+    return adamw_sum_in_order(o->seg_sums, o->n_seg);
 }
 
 float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
@@ -133,9 +128,7 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
     const float b1 = c->beta1, b2 = c->beta2;
     ops_adamw_args a = {.grad_scale = grad_scale * clip, .lr = lr, .beta1 = b1, .beta2 = b2,
                         .eps = c->eps};
-    /* Every tensor in one backend call (one launch on a GPU); a call each if the table
-     * cannot be had. */
-    ops_adamw_tensor *t = malloc(sizeof *t * (size_t)(o->n_seg ? o->n_seg : 1));
+    /* Every tensor in one backend call (one launch on a GPU). */
     for (int s = 0; s < o->n_seg; s++) {
         const adamw_segment *seg = &o->seg[s];
         a.weight_decay = seg->decay ? c->weight_decay : 0.0f;
@@ -147,14 +140,9 @@ float adamw_step(adamw *o, float *params, float *grads, float grad_scale,
             a.bc1 = 1.0f - powf(b1, (float)step);
             a.bc2 = 1.0f - powf(b2, (float)step);
         }
-        if (t)
-            t[s] = (ops_adamw_tensor){seg->offset, seg->state, seg->count, a};
-        else
-            o->ops->adamw_update(params + seg->offset, grads + seg->offset, o->m + seg->state,
-                                 o->v + seg->state, seg->count, &a);
+        o->update[s].a = a;
     }
-    if (t) o->ops->adamw_update_many(params, grads, o->m, o->v, t, o->n_seg);
-    free(t);
+    o->ops->adamw_update_many(params, grads, o->m, o->v, o->update, o->n_seg);
     return norm;
 }
 

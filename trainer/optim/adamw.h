@@ -49,6 +49,12 @@ typedef struct adamw {
     float *m, *v;
     adamw_segment *seg;
     int n_seg;
+    /* The segments as the backend's batched calls take them, made once at adamw_init:
+     * their offsets and counts (sumsq_many), the update table (adamw_update_many; its
+     * constants filled in by each step), and room for the per-segment sums. */
+    size_t *seg_offset, *seg_count;
+    struct ops_adamw_tensor *update;
+    double *seg_sums;
 } adamw;
 
 /* Optimizer state for the parameters inside `spans` (in buffer order, not overlapping): a
@@ -70,7 +76,8 @@ double adamw_grad_sumsq(const float *x, size_t n, float scale);
  * the same whether one process or several stages computed the parts. */
 void adamw_segment_sumsq(const adamw *o, const float *grads, float scale, double *out);
 double adamw_sum_in_order(const double *parts, int n);
-/* Both of the above for an optimizer that owns every segment (one process). */
+/* Both of the above for an optimizer that owns every segment (one process); the parts go
+ * in the optimizer's own room for them (seg_sums). */
 double adamw_total_sumsq(const adamw *o, const float *grads, float scale);
 
 /* One update of the segments' parameters from their gradients (params and grads are the
