@@ -29,7 +29,7 @@ FUZZ_SRC_ckpt       := trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/
 FUZZ_SRC_flags      := common/flags.c common/cerr.c
 FUZZ_WAN_CODEC_SRC  := trainer/gateway/wan_codec.c trainer/gateway/wan_codec_dense.c trainer/gateway/wan_codec_topk.c
 FUZZ_SRC_wan_codec  := $(FUZZ_WAN_CODEC_SRC) common/cerr.c
-FUZZ_SRC_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c trainer/net/wire.c $(FUZZ_WAN_CODEC_SRC) common/cerr.c common/names.c
+FUZZ_SRC_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c trainer/gateway/schedule.c trainer/net/wire.c $(FUZZ_WAN_CODEC_SRC) common/cerr.c common/names.c
 FUZZ_SWARM_MSG_SRC  := trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c trainer/codec/q8.c
 FUZZ_SRC_swarm_msg  := $(FUZZ_SWARM_MSG_SRC) trainer/net/wire.c common/cerr.c common/names.c
 FUZZ_TARGET_swarm_msg  := trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c
@@ -44,7 +44,7 @@ FUZZ_TARGET_pod        := operator/podstate.c operator/failpolicy.c operator/cac
 FUZZ_TARGET_lease      := operator/kube/lease.c
 FUZZ_TARGET_progress   := operator/progress.c
 FUZZ_TARGET_wan_codec  := $(FUZZ_WAN_CODEC_SRC)
-FUZZ_TARGET_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c
+FUZZ_TARGET_wan_msg    := trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c trainer/gateway/schedule.c
 FUZZ_LIBS_trainer   := -lz -lm
 FUZZ_LIBS_operator  := $(OPERATOR_LDLIBS)
 $(foreach n,watch kubeconfig swarmjob pod lease progress,$(eval FUZZ_SRC_$(n) := $(FUZZ_OPERATOR_SRC)))
@@ -122,7 +122,7 @@ fuzz-coverage: fuzz-deps
 fuzz-seeds: $(FUZZ_BUILD)/bin/fuzz_seeds
 	$(FUZZ_BUILD)/bin/fuzz_seeds $(FUZZ_SEEDS)
 
-$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c common/names.c trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c)
+$(FUZZ_BUILD)/bin/fuzz_seeds: $(call obj,$(FUZZ_BUILD)/seeds,tests/fuzz/seeds.c trainer/net/wire.c trainer/codec/q8.c trainer/ckpt/checkpoint.c trainer/model/gpt.c tests/fuzz/fuzz_ops.c operator/kube/yamljson.c common/cerr.c common/rng.c $(FUZZ_WAN_CODEC_SRC) trainer/gateway/wan_msg.c trainer/gateway/outer_msg.c trainer/gateway/schedule.c common/names.c trainer/swarm/proto/stage_msg.c trainer/swarm/proto/coord_msg.c)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $^ -o $@ $(KUBE_LIBS) -lz -lzstd -lm
 

@@ -176,10 +176,12 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
     case M_DONE:
         FUZZ_CHECK(d->done.round == le_get(b, 8) && d->done.tokens == le_get(b + 8, 8) &&
                        d->done.prev_digest == le_get(b + 16, 8) && d->done.total == le_get(b + 24, 8) &&
-                       d->done.hash == le_get(b + 32, 8),
+                       d->done.hash == le_get(b + 32, 8) && d->done.at == le_get(b + 40, 8) &&
+                       d->done.wish == le_get(b + 48, 4) && len == 52,
                    "DONE fields differ from their bytes");
         FUZZ_CHECK(d->done.round >= 1 && d->done.total <= max_message(arg), "DONE round %llu total %llu",
                    (unsigned long long)d->done.round, (unsigned long long)d->done.total);
+        FUZZ_CHECK(outer_stride_valid(d->done.wish), "DONE stride wish %u", d->done.wish);
         break;
     case M_DONE_OK:
         FUZZ_CHECK(d->u0 == le_get(b, 8) && d->u1 == le_get(b + 8, 8), "DONE_OK fields differ");
@@ -191,8 +193,15 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
                    (unsigned long long)d->u1, (unsigned long long)arg);
         break;
     case M_STATE_OK:
-        FUZZ_CHECK(d->slice.round == le_get(b, 8) && d->slice.digest == le_get(b + 8, 8), "STATE_OK fields differ");
-        FUZZ_CHECK(arg <= WAN_STATE_SLICE && d->slice.floats == b + 16 && len == 16 + 4 * arg,
+        FUZZ_CHECK(d->slice.round == le_get(b, 8) && d->slice.digest == le_get(b + 8, 8) &&
+                       d->slice.sched.at == le_get(b + 16, 8) &&
+                       d->slice.sched.stride == le_get(b + 24, 4) &&
+                       d->slice.sched.next_stride == le_get(b + 28, 4),
+                   "STATE_OK fields differ");
+        FUZZ_CHECK(outer_stride_valid(d->slice.sched.stride) &&
+                       outer_stride_valid(d->slice.sched.next_stride),
+                   "STATE_OK strides %u, %u", d->slice.sched.stride, d->slice.sched.next_stride);
+        FUZZ_CHECK(arg <= WAN_STATE_SLICE && d->slice.floats == b + 32 && len == 32 + 4 * arg,
                    "STATE_OK floats not the %llu at the payload's end", (unsigned long long)arg);
         break;
     case M_HAVE:
@@ -208,12 +217,12 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
     case M_PUSH: {
         const outer_push *q = &d->push;
         FUZZ_CHECK(q->fragment == le_get(b, 2) && q->round == le_get(b + 2, 8) &&
-                       q->inner_step == le_get(b + 10, 8) && q->tokens == le_get(b + 18, 8) &&
-                       q->n_params == le_get(b + 26, 8) && q->offset == le_get(b + 34, 8) &&
-                       q->count == le_get(b + 42, 8),
+                       q->inner_step == le_get(b + 10, 8) && q->at == le_get(b + 18, 8) &&
+                       q->tokens == le_get(b + 26, 8) && q->n_params == le_get(b + 34, 8) &&
+                       q->offset == le_get(b + 42, 8) && q->count == le_get(b + 50, 8),
                    "PUSH fields differ");
         FUZZ_CHECK(q->n_params == arg && q->offset + q->count <= arg && q->count <= OUTER_SLICE &&
-                       q->floats == b + 50 && len == 50 + 4 * q->count,
+                       q->floats == b + 58 && len == 58 + 4 * q->count,
                    "PUSH slice [%llu, +%llu) of %llu, floats at %td of %zu", (unsigned long long)q->offset,
                    (unsigned long long)q->count, (unsigned long long)arg, q->floats - b, len);
         break;
@@ -228,14 +237,18 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         const outer_pull_ok *a = &d->pull_ok;
         FUZZ_CHECK(a->done == le_get(b, 8) && a->digest == le_get(b + 8, 8) && a->wan_bytes == le_get(b + 16, 8) &&
                        a->ready == b[24] && a->pushed == b[25] && a->region == le_get(b + 26, 2) &&
-                       a->regions == le_get(b + 28, 2) && a->fragments == le_get(b + 30, 2),
+                       a->regions == le_get(b + 28, 2) && a->fragments == le_get(b + 30, 2) &&
+                       a->sched.at == le_get(b + 32, 8) && a->sched.stride == le_get(b + 40, 4) &&
+                       a->sched.next_stride == le_get(b + 44, 4),
                    "PULL_OK fields differ");
+        FUZZ_CHECK(outer_stride_valid(a->sched.stride) && outer_stride_valid(a->sched.next_stride),
+                   "PULL_OK strides %u, %u", a->sched.stride, a->sched.next_stride);
         FUZZ_CHECK(a->fragments >= 1 && a->fragments <= OUTER_MAX_FRAGMENTS, "PULL_OK %u fragments",
                    a->fragments);
         FUZZ_CHECK(a->ready <= 1 && a->pushed <= 1 && arg <= OUTER_SLICE, "PULL_OK ready %u pushed %u count %llu",
                    a->ready, a->pushed, (unsigned long long)arg);
         FUZZ_CHECK(a->region < a->regions, "PULL_OK region %u of %u", a->region, a->regions);
-        FUZZ_CHECK(a->ready ? a->floats == b + 32 && len == 32 + 4 * arg : !a->floats && len == 32,
+        FUZZ_CHECK(a->ready ? a->floats == b + 48 && len == 48 + 4 * arg : !a->floats && len == 48,
                    "PULL_OK floats %td, ready %u, %zu bytes", a->floats ? a->floats - b : -1, a->ready, len);
     }
     }
@@ -261,7 +274,7 @@ static void encode(int sel, uint64_t arg, const decoded *d, wire_writer *w)
     case M_STATE: wan_msg_put_state(w, d->u0, d->u1); break;
     case M_STATE_OK:
         x = floats_of(d->slice.floats, arg);
-        wan_msg_put_state_ok(w, d->slice.round, d->slice.digest, x, arg);
+        wan_msg_put_state_ok(w, d->slice.round, d->slice.digest, &d->slice.sched, x, arg);
         break;
     case M_HAVE: wan_msg_put_have(w, d->u0, d->u1); break;
     case M_HAVE_OK: wan_msg_put_have_ok(w, d->u0, d->u1); break;
@@ -289,17 +302,22 @@ static int same_fields(int sel, const decoded *a, const uint8_t *b1, const decod
         return a->part.round == b->part.round && a->part.total == b->part.total &&
                a->part.offset == b->part.offset && a->part.len == b->part.len &&
                a->part.bytes - b1 == b->part.bytes - b2;
-    case M_DONE: return !memcmp(&a->done, &b->done, sizeof a->done);
+    case M_DONE:
+        return a->done.round == b->done.round && a->done.tokens == b->done.tokens &&
+               a->done.prev_digest == b->done.prev_digest && a->done.total == b->done.total &&
+               a->done.hash == b->done.hash && a->done.at == b->done.at &&
+               a->done.wish == b->done.wish;
     case M_DONE_OK:
     case M_STATE:
     case M_HAVE:
     case M_HAVE_OK: return a->u0 == b->u0 && a->u1 == b->u1;
     case M_STATE_OK:
         return a->slice.round == b->slice.round && a->slice.digest == b->slice.digest &&
+               !memcmp(&a->slice.sched, &b->slice.sched, sizeof a->slice.sched) &&
                a->slice.floats - b1 == b->slice.floats - b2;
     case M_PUSH:
         return a->push.round == b->push.round && a->push.inner_step == b->push.inner_step &&
-               a->push.tokens == b->push.tokens && a->push.n_params == b->push.n_params &&
+               a->push.at == b->push.at && a->push.tokens == b->push.tokens && a->push.n_params == b->push.n_params &&
                a->push.offset == b->push.offset && a->push.count == b->push.count &&
                a->push.floats - b1 == b->push.floats - b2;
     case M_PULL: return !memcmp(&a->pull, &b->pull, sizeof a->pull);
@@ -308,6 +326,7 @@ static int same_fields(int sel, const decoded *a, const uint8_t *b1, const decod
                a->pull_ok.wan_bytes == b->pull_ok.wan_bytes && a->pull_ok.ready == b->pull_ok.ready &&
                a->pull_ok.pushed == b->pull_ok.pushed && a->pull_ok.region == b->pull_ok.region &&
                a->pull_ok.regions == b->pull_ok.regions &&
+               !memcmp(&a->pull_ok.sched, &b->pull_ok.sched, sizeof a->pull_ok.sched) &&
                (a->pull_ok.floats ? a->pull_ok.floats - b1 : -1) == (b->pull_ok.floats ? b->pull_ok.floats - b2 : -1);
     }
 }

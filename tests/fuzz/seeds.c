@@ -330,7 +330,7 @@ static void wan_msg_seeds(void)
     wan_msg_put_part(&w, &part);
     wan_msg_seed("part", PART, n, &w);
     w.len = 0;
-    wan_done d = {8, 65536, 0x0123456789abcdefull, 1100, 0xfeedfacecafebeefull};
+    wan_done d = {8, 65536, 0x0123456789abcdefull, 1100, 0xfeedfacecafebeefull, 800, 4};
     wan_msg_put_done(&w, &d);
     wan_msg_seed("done", DONE, n, &w);
     w.len = 0;
@@ -340,10 +340,11 @@ static void wan_msg_seeds(void)
     wan_msg_put_state(&w, 998, 4); /* spans the parameters and the momentum */
     wan_msg_seed("state", STATE, n, &w);
     w.len = 0;
-    wan_msg_put_state_ok(&w, 8, 0x00112233aabbccddull, x, 4);
+    const outer_schedule sched = {.at = 800, .stride = 2, .next_stride = 4};
+    wan_msg_put_state_ok(&w, 8, 0x00112233aabbccddull, &sched, x, 4);
     wan_msg_seed("state-ok", STATE_OK, 4, &w);
     w.len = 0;
-    outer_push q = {1, 3, 300, 65536, n, 994, 6, NULL};
+    outer_push q = {1, 3, 300, 305, 65536, n, 994, 6, NULL};
     outer_msg_put_push(&w, &q, x);
     wan_msg_seed("push", PUSH, n, &w);
     w.len = 0;
@@ -352,7 +353,8 @@ static void wan_msg_seeds(void)
     wan_msg_seed("pull", PULL, n, &w);
     w.len = 0;
     outer_pull_ok a = {.done = 3, .digest = 0x00112233aabbccddull, .wan_bytes = 123456789,
-                       .ready = 1, .pushed = 1, .region = 1, .regions = 2, .fragments = 2};
+                       .ready = 1, .pushed = 1, .region = 1, .regions = 2, .fragments = 2,
+                       .sched = sched};
     outer_msg_put_pull_ok(&w, &a, x, 6);
     wan_msg_seed("pull-ok", PULL_OK, 6, &w);
     w.len = 0;

@@ -42,7 +42,7 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     float x[5] = {1, 2, 3, 4, 5};
     wire_writer w;
     wire_writer_init(&w, 1 << 20);
-    const outer_push q = {.fragment = 1, .round = 3, .inner_step = 30, .tokens = 640,
+    const outer_push q = {.fragment = 1, .round = 3, .inner_step = 30, .at = 35, .tokens = 640,
                           .n_params = 10, .offset = 5, .count = 5};
     outer_msg_put_push(&w, &q, x);
     wire_reader r;
@@ -53,6 +53,8 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     ASSERT_OK(outer_msg_get_push(&r, 10, &g));
     ASSERT_EQ(g.fragment, 1);
     ASSERT_EQ(g.round, 3);
+    ASSERT_EQ(g.inner_step, 30);
+    ASSERT_EQ(g.at, 35);
     ASSERT_EQ(g.tokens, 640);
     ASSERT(memcmp(g.floats, x, sizeof x) == 0);
     wire_reader_init(&r, w.data, w.len);
@@ -74,23 +76,39 @@ TEST(outer_msg_push_pull_round_trip_and_bounds)
     wire_writer_free(&w);
     /* PULL_OK, ready and not */
     wire_writer_init(&w, 1 << 20);
+    const outer_schedule sched = {.at = 70, .stride = 2, .next_stride = 4};
     const outer_pull_ok a = {.done = 2, .digest = 0xabc, .wan_bytes = 99, .ready = 1,
-                             .region = 2, .regions = 3, .fragments = 4};
+                             .region = 2, .regions = 3, .fragments = 4, .sched = sched};
     outer_msg_put_pull_ok(&w, &a, x, 5);
     outer_pull_ok b;
     wire_reader_init(&r, w.data, w.len);
     ASSERT_OK(outer_msg_get_pull_ok(&r, 5, &b));
     ASSERT(b.ready && b.done == 2 && b.digest == 0xabc && b.wan_bytes == 99);
     ASSERT(b.region == 2 && b.regions == 3 && b.fragments == 4);
+    ASSERT(b.sched.at == 70 && b.sched.stride == 2 && b.sched.next_stride == 4);
     ASSERT(memcmp(b.floats, x, sizeof x) == 0);
     wire_reader_init(&r, w.data, w.len);
     ASSERT(outer_msg_get_pull_ok(&r, 4, &b) != 0);
     wire_writer_free(&w);
-    /* a region index outside the region count, no fragment or too many: refused */
-    const outer_pull_ok outside[] = {{.done = 2, .region = 3, .regions = 3, .fragments = 1},
-                                     {.done = 2, .region = 0, .regions = 3, .fragments = 0},
-                                     {.done = 2, .region = 0, .regions = 3,
-                                      .fragments = OUTER_MAX_FRAGMENTS + 1}};
+    /* a region index outside the region count, no fragment or too many, a stride that is
+     * no power of two, none or too wide: refused (the first case as it is: accepted) */
+    const outer_schedule start = OUTER_SCHEDULE_START;
+    const outer_pull_ok fine = {.done = 2, .region = 0, .regions = 3, .fragments = 1,
+                                .sched = start};
+    wire_writer_init(&w, 64);
+    outer_msg_put_pull_ok(&w, &fine, NULL, 0);
+    wire_reader_init(&r, w.data, w.len);
+    ASSERT_OK(outer_msg_get_pull_ok(&r, 0, &b));
+    wire_writer_free(&w);
+    const outer_pull_ok outside[] = {
+        {.done = 2, .region = 3, .regions = 3, .fragments = 1, .sched = start},
+        {.done = 2, .region = 0, .regions = 3, .fragments = 0, .sched = start},
+        {.done = 2, .region = 0, .regions = 3, .fragments = OUTER_MAX_FRAGMENTS + 1,
+         .sched = start},
+        {.done = 2, .region = 0, .regions = 3, .fragments = 1, .sched = {0, 3, 1}},
+        {.done = 2, .region = 0, .regions = 3, .fragments = 1, .sched = {0, 1, 0}},
+        {.done = 2, .region = 0, .regions = 3, .fragments = 1,
+         .sched = {0, 1, OUTER_MAX_STRIDE * 2}}};
     for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
         wire_writer_init(&w, 64);
         outer_msg_put_pull_ok(&w, &outside[i], NULL, 0);
@@ -227,14 +245,21 @@ TEST(wan_msg_join_part_done_round_trip_and_refusals)
     ASSERT(wan_msg_get_part(&r, 1000, &gp) != 0); /* runs past its total */
     wire_writer_free(&w);
 
-    const wan_done d = {.round = 3, .tokens = 10, .prev_digest = 5, .total = 150, .hash = 9};
+    wan_done d = {.round = 3, .tokens = 10, .prev_digest = 5, .total = 150, .hash = 9,
+                  .at = 300, .wish = 8};
     wire_writer_init(&w, 1 << 20);
     wan_msg_put_done(&w, &d);
     wan_done gd;
     wire_reader_init(&r, w.data, w.len);
     ASSERT_OK(wan_msg_get_done(&r, 1000, &gd));
-    ASSERT(gd.round == 3 && gd.hash == 9 && gd.total == 150);
+    ASSERT(gd.round == 3 && gd.hash == 9 && gd.total == 150 && gd.at == 300 && gd.wish == 8);
     wire_reader_init(&r, w.data, w.len - 1);
+    ASSERT(wan_msg_get_done(&r, 1000, &gd) != 0);
+    wire_writer_free(&w);
+    d.wish = 6; /* no stride a gateway may wish for */
+    wire_writer_init(&w, 64);
+    wan_msg_put_done(&w, &d);
+    wire_reader_init(&r, w.data, w.len);
     ASSERT(wan_msg_get_done(&r, 1000, &gd) != 0);
     wire_writer_free(&w);
 }
@@ -291,10 +316,11 @@ TEST(adapt_follows_the_link)
     const int cur = 3;
     const double rate = adapt_bytes(cur - 1, n) / (0.7 * window);
     ASSERT_EQ(adapt_choose(cur, n, rate, window, why, sizeof why), cur);
-    /* Nothing fits: the sparsest rung, and the reason says to sync less often. */
+    /* Nothing fits: the sparsest rung, and the reason says it does not fit either (the
+     * stride, adapt_stride, spaces the syncs out). */
     r = adapt_choose(0, n, 100, window, why, sizeof why);
     ASSERT_EQ(r, ADAPT_RUNGS - 1);
-    ASSERT(strstr(why, "sync less often") != NULL);
+    ASSERT(strstr(why, "even it needs") != NULL);
     /* Not measured yet: stay. */
     ASSERT_EQ(adapt_choose(2, n, 0, window, why, sizeof why), 2);
 }

@@ -137,6 +137,34 @@ else
     bad codec_auto_wan_mbit_ran; tail -5 "$tmp/capauto.err" "$tmp/auto.err"
 fi
 
+# 2g. Syncing less often when even the sparsest codec does not fit (schedule.h): at
+#     0.05 Mbit/s a 1% top-k message of this small model needs several times the compute
+#     time of H = 4 steps, so the gateways agree to space the rounds out (the largest wish
+#     of each round, decided a round ahead): both regions log the same spacing at the same
+#     rounds, far fewer than 160 / 4 rounds happen, and every round ends bit-identical.
+spaced_of() { sed -n "s/.*local $2.*outer round \([0-9]*\): the round after next is pushed \([0-9]*\) x .*/\1 \2/p" "$1"; }
+digests_of() { sed -n "s/.*local $2.*outer round \([0-9]*\) done.*digest \([0-9a-f]*\),.*/\1 \2/p" "$1"; }
+if "$bin" local --regions 2 --stages 2 --layers 2 --width 32 --heads 4 --context 32 --batch 4 \
+    --eval-batches 4 --steps 160 --sync-every 4 --codec auto --wan-mbit 0.05 \
+    --json >"$tmp/stride.json" 2>"$tmp/stride.err"; then
+    f0=$(final_of "$tmp/stride.json" r0) f1=$(final_of "$tmp/stride.json" r1)
+    s0=$(spaced_of "$tmp/stride.err" r0) s1=$(spaced_of "$tmp/stride.err" r1)
+    k0=$(field outer_step "$f0")
+    if [ -n "$s0" ] && [ "$s0" = "$s1" ] && awk '$2 >= 2 { wide = 1 } END { exit !wide }' <<<"$s0" &&
+        [ "${k0:-99}" -le 20 ] && [ "$k0" = "$(field outer_step "$f1")" ] &&
+        [ -n "$(field digest "$f0")" ] && [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(digests_of "$tmp/stride.err" r0)" = "$(digests_of "$tmp/stride.err" r1)" ]; then
+        ok syncs_spaced_out_when_the_sparsest_codec_does_not_fit
+        echo "    $k0 outer steps in 160 inner steps; spacing (round, x H): $(tr '\n' ' ' <<<"$s0")"
+    else
+        bad syncs_spaced_out_when_the_sparsest_codec_does_not_fit
+        echo "r0 spacing: $(tr '\n' ' ' <<<"$s0")"; echo "r1 spacing: $(tr '\n' ' ' <<<"$s1")"
+        echo "r0: $f0"; echo "r1: $f1"; grep -E 'codec|pushed' "$tmp/stride.err" | tail -6
+    fi
+else
+    bad stride_ran; tail -5 "$tmp/stride.err"
+fi
+
 # 2b. Parameter-efficient mode: with --sync-params no-embed the embeddings stay regional:
 #     the synchronised part is one state everywhere (equal digests), fewer bytes cross the
 #     WAN than with every tensor (test 1, same run otherwise), and the regions' models

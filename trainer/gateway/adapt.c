@@ -3,6 +3,8 @@
 
 #include <stdio.h>
 
+#include "schedule.h"
+
 static const char *const ladder[ADAPT_RUNGS] = {
     "none", "fp16", "q8", "lowbit:4+zstd", "lowbit:2+zstd", "topk:0.01+zstd",
 };
@@ -43,15 +45,26 @@ int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char
     }
     const double need = adapt_bytes(pick, n) / link_Bps;
     if (need > ADAPT_BUDGET * window_s)
-        snprintf(why, why_size, "%s: even it needs %.2f s of a %.2f s window at %.2f Mbit/s: "
-                 "sync less often (--sync-every)", ladder[pick], need, window_s,
-                 link_Bps * 8e-6);
+        snprintf(why, why_size, "%s: even it needs %.2f s of a %.2f s window at %.2f Mbit/s",
+                 ladder[pick], need, window_s, link_Bps * 8e-6);
     else
         snprintf(why, why_size, "%s: %.2f s of a %.2f s window at %.2f Mbit/s%s", ladder[pick],
                  need, window_s, link_Bps * 8e-6,
                  pick > current ? " (compressing harder)"
                  : pick < current ? " (backing off)" : "");
     return pick;
+}
+
+uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s)
+{
+    if (!outer_stride_valid(current)) current = 1;
+    if (link_Bps <= 0 || base_window_s <= 0) return current;
+    const double need = adapt_bytes(ADAPT_RUNGS - 1, n) / link_Bps;
+    for (uint32_t s = 1; s < OUTER_MAX_STRIDE; s *= 2) {
+        const double budget = s < current ? ADAPT_BACKOFF_BUDGET : ADAPT_BUDGET;
+        if (need <= budget * base_window_s * s) return s;
+    }
+    return OUTER_MAX_STRIDE;
 }
 
 void adapt_rate_update(adapt_rate *est, uint64_t bytes, double seconds)

@@ -6,8 +6,8 @@
  * time between two of the region's pushes, H inner steps). It takes the densest rung whose
  * message crosses the slowest link within `budget` of the window; moving to a denser rung
  * (the link got faster) needs room under a lower budget, so a rate near a boundary does not
- * flip the codec every round. If even the sparsest rung does not fit, it is taken and the
- * reason says the sync should happen less often.
+ * flip the codec every round. If even the sparsest rung does not fit, it is taken, and the
+ * gateway asks for the syncs to be spaced further apart (adapt_stride, schedule.h).
  */
 #ifndef CIRRUS_ADAPT_H
 #define CIRRUS_ADAPT_H
@@ -60,5 +60,15 @@ double adapt_bytes(int r, uint64_t n);
  * syncs (<= 0: not known yet: stay). why receives one line for the logs and /status. */
 int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char *why,
                  size_t why_size);
+
+/* The stride (schedule.h) to wish for: the smallest power of two s up to OUTER_MAX_STRIDE
+ * whose window, s x base_window_s, the sparsest rung's message crosses within the budget
+ * (the lower ADAPT_BACKOFF_BUDGET for an s below current: a link near a boundary does not
+ * flip the spacing every round); OUTER_MAX_STRIDE if none. So syncs are spaced out only
+ * when compressing harder cannot make them fit, and back to every H steps as soon as the
+ * sparsest message fits again, before any denser codec is tried. base_window_s: the
+ * region's compute time of H inner steps. current unchanged while the link or the window
+ * is not measured yet. */
+uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s);
 
 #endif

@@ -15,6 +15,7 @@
 #include "../net/pacer.h"
 #include "adapt.h"
 #include "outer_sync.h"
+#include "schedule.h"
 
 typedef struct outer_lane outer_lane;
 
@@ -26,6 +27,8 @@ typedef struct round_slot {
     uint8_t *bytes;
     uint64_t total, got; /* got: bytes received in order */
     uint64_t tokens, prev_digest;
+    uint64_t at;         /* the clock its region pushed it at, and the stride its gateway */
+    uint32_t wish;       /*   wishes for after the next round (schedule.h) */
     int complete;
     int64_t progress_ms; /* when its last bytes arrived (net_now_ms) */
     int64_t first_ms;    /* when the first byte of its first PART arrived */
@@ -74,15 +77,19 @@ struct outer_lane {
         char addr[64];
     } *rslot;
     int n_rslot;               /* the acceptor's lane (fragment 0) holds every lane's */
-    /* Global state: theta and outer momentum after round `round` (-1: none yet). */
+    /* Global state: theta and outer momentum after round `round` (-1: none yet), and when
+     * the next rounds are pushed; the digest covers all three. */
     float *theta, *mom;
     int64_t round;
+    outer_schedule sched;
     uint64_t digest;
-    /* The region's push in progress (round push_round; push_got floats in order). */
+    /* The region's push in progress (round push_round at clock push_at; push_got floats in
+     * order). */
     float *region;
-    uint64_t push_round, push_got, push_tokens;
+    uint64_t push_round, push_at, push_got, push_tokens;
     int push_ready;            /* a whole push of round + 1 waits for the worker */
     uint64_t client_ahead;     /* a push of this later round was refused: the job is past us */
+    uint64_t client_ahead_at;  /*   and the clock it was pushed at */
     double push_time;
     /* Messages of rounds round + 1 and round + 2, by round parity, then region. */
     round_slot slot[2][WAN_MAX_REGIONS];
@@ -90,9 +97,10 @@ struct outer_lane {
     /* --codec auto: the ladder's rung, the region's compute time between two syncs, and why.
      * The time between pushes, less what the region spent blocked on the round before:
      * from its first PULL of a round not ready (wait_since, round wait_round) to the
-     * round's end. */
+     * round's end. base_window_s: that per H inner steps (the pushes are a stride of H
+     * apart); window_s: the window of the round being sent (base x its stride). */
     int rung;
-    double window_s, last_push_s, wait_since;
+    double window_s, base_window_s, last_push_s, wait_since;
     uint64_t wait_round;
     char codec_why[200];
     /* Seconds the last rounds waited for the other regions (a ring), for the deadline. */
@@ -118,7 +126,8 @@ struct outer_sync {
 
 /* outer_sync.c */
 double outer_wall_s(void);
-uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n);
+uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n,
+                            const outer_schedule *sched);
 
 /* outer_round.c: the rounds' thread */
 void *outer_round_main(void *arg);
@@ -131,14 +140,19 @@ void wan_link_stop(outer_lane *os);                    /* waits for receivers */
 void wan_link_interrupt(outer_lane *os);
 /* Send this region's message of `round` to region j until it is acknowledged, the round's
  * deadline passes or the gateway stops. */
+/* What a round's message says besides its bytes: DONE's fields (wan_msg.h). */
+typedef struct wan_send_meta {
+    uint64_t tokens, prev_digest, at;
+    uint32_t wish;
+} wan_send_meta;
 int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
-                  uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err);
+                  const wan_send_meta *meta, int64_t deadline_ms, cirrus_error *err);
 /* Connect to every other region not connected (their JOINs update round_seen). */
 void wan_link_probe(outer_lane *os, int64_t deadline_ms);
 /* Region j's global state of a round >= min_round (asked again until it has one, or the
- * deadline), checked against its digest, into theta and mom (n floats each). */
+ * deadline), checked against its digest, into theta and mom (n floats each) and *sched. */
 int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadline_ms,
-                         float *theta, float *mom, int64_t *round, uint64_t *digest,
-                         cirrus_error *err);
+                         float *theta, float *mom, int64_t *round, outer_schedule *sched,
+                         uint64_t *digest, cirrus_error *err);
 
 #endif

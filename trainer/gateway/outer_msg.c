@@ -21,6 +21,7 @@ void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x)
     wire_put_u16(w, q->fragment);
     wire_put_u64(w, q->round);
     wire_put_u64(w, q->inner_step);
+    wire_put_u64(w, q->at);
     wire_put_u64(w, q->tokens);
     wire_put_u64(w, q->n_params);
     wire_put_u64(w, q->offset);
@@ -33,6 +34,7 @@ int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
     q->fragment = wire_get_u16(r);
     q->round = wire_get_u64(r);
     q->inner_step = wire_get_u64(r);
+    q->at = wire_get_u64(r);
     q->tokens = wire_get_u64(r);
     q->n_params = wire_get_u64(r);
     q->offset = wire_get_u64(r);
@@ -72,6 +74,7 @@ void outer_msg_put_pull_ok(wire_writer *w, const outer_pull_ok *a, const float *
     wire_put_u16(w, a->region);
     wire_put_u16(w, a->regions);
     wire_put_u16(w, a->fragments);
+    outer_schedule_put(w, &a->sched);
     if (a->ready && x) wire_put_bytes(w, x, (size_t)count * sizeof(float));
 }
 
@@ -90,7 +93,7 @@ int outer_msg_get_pull_ok(wire_reader *r, uint64_t count, outer_pull_ok *a)
     a->regions = wire_get_u16(r);
     a->fragments = wire_get_u16(r);
     if (r->failed || a->regions < 1 || a->region >= a->regions || a->fragments < 1 ||
-        a->fragments > OUTER_MAX_FRAGMENTS)
+        a->fragments > OUTER_MAX_FRAGMENTS || outer_schedule_get(r, &a->sched))
         return CIRRUS_ECORRUPT;
     if (a->ready && !(a->floats = wire_get_bytes(r, (size_t)count * sizeof(float))))
         return CIRRUS_ECORRUPT;

@@ -6,8 +6,9 @@
  * Every request starts with u16 fragment: the fragment of the parameters it is about
  * (fragments.h; 0 with one fragment); offsets and counts are within that fragment.
  *
- *   PUSH   u16 fragment, u64 round, u64 inner_step, u64 tokens, u64 n_params, u64 offset, u64 count,
- *          count f32 -> OK: empty.
+ *   PUSH   u16 fragment, u64 round, u64 inner_step, u64 at, u64 tokens, u64 n_params,
+ *          u64 offset, u64 count, count f32 -> OK: empty.
+ *          at: the fragment's clock at the push (inner_step + its lead; schedule.h).
  *          The region's parameters after inner step `inner_step`, slice by slice (at most
  *          OUTER_SLICE floats a frame). Round 0 carries the initial parameters (the
  *          gateway adopts them as the global ones, or keeps those it has); round k >= 1
@@ -19,8 +20,9 @@
  *          (the gateway holds this region's push of `round`, or is past it), u16 region,
  *          u16 regions (the region's index among the job's regions, and their number:
  *          the client reads that shard of the data), u16 fragments (how many the gateway
- *          cuts the parameters into), then, if ready (done >= round),
- *          count f32 of the global parameters at offset.
+ *          cuts the parameters into), the schedule after done (u64 at, u32 stride,
+ *          u32 next_stride: when the next rounds are pushed; schedule.h), then, if ready
+ *          (done >= round), count f32 of the global parameters at offset.
  */
 #ifndef CIRRUS_OUTER_MSG_H
 #define CIRRUS_OUTER_MSG_H
@@ -29,6 +31,7 @@
 
 #include "../net/wire.h"
 #include "../swarm/proto/coord_msg.h"
+#include "schedule.h"
 
 enum outer_msg {
     OUTER_PUSH = COORD_EXT_FIRST,
@@ -44,7 +47,7 @@ enum outer_msg {
 
 typedef struct outer_push {
     uint16_t fragment;
-    uint64_t round, inner_step, tokens, n_params, offset, count;
+    uint64_t round, inner_step, at, tokens, n_params, offset, count;
     const uint8_t *floats; /* get: count f32 inside the payload, possibly unaligned */
 } outer_push;
 
@@ -58,6 +61,7 @@ typedef struct outer_pull_ok {
     uint8_t ready, pushed;
     uint16_t region, regions; /* get: regions >= 1, region < regions */
     uint16_t fragments;       /* get: 1..OUTER_MAX_FRAGMENTS */
+    outer_schedule sched;     /* get: valid strides */
     const uint8_t *floats;    /* get: count f32 if ready, else NULL */
 } outer_pull_ok;
 

@@ -68,7 +68,8 @@ static int64_t round_deadline_ms(const outer_lane *os)
 typedef struct send_job {
     outer_lane *os;
     int j;
-    uint64_t round, len, tokens, prev_digest;
+    uint64_t round, len;
+    wan_send_meta meta;
     const uint8_t *msg;
     int64_t deadline;
     int rc; /* wan_link_send's */
@@ -78,8 +79,8 @@ static void *send_main(void *arg)
 {
     send_job *sj = arg;
     cirrus_error err = {0};
-    int rc = sj->rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, sj->tokens,
-                                    sj->prev_digest, sj->deadline, &err);
+    int rc = sj->rc = wan_link_send(sj->os, sj->j, sj->round, sj->msg, sj->len, &sj->meta,
+                                    sj->deadline, &err);
     if (rc && !atomic_load(&sj->os->stopping))
         log_warn("outer round %llu: region %s did not take our delta: %s",
                  (unsigned long long)sj->round, sj->os->names[sj->j], err.msg);
@@ -109,10 +110,11 @@ static void deliver_late(outer_lane *os, uint64_t k, const send_job *jobs, int64
                  "it again", (unsigned long long)k, os->names[j]);
         /* own stays: only this thread replaces it, at the next round. */
         const uint8_t *msg = own->bytes;
-        const uint64_t len = own->total, tokens = own->tokens, digest = own->prev_digest;
+        const uint64_t len = own->total;
+        const wan_send_meta meta = {own->tokens, own->prev_digest, own->at, own->wish};
         pthread_mutex_unlock(&os->mu);
         cirrus_error err = {0};
-        int rc = wan_link_send(os, j, k, msg, len, tokens, digest, net_now_ms() + span_ms, &err);
+        int rc = wan_link_send(os, j, k, msg, len, &meta, net_now_ms() + span_ms, &err);
         if (rc && !atomic_load(&os->stopping))
             log_warn("outer round %llu: region %s still did not take our delta: %s",
                      (unsigned long long)k, os->names[j], err.msg);
@@ -183,6 +185,8 @@ static int take_step(outer_lane *os, uint64_t k, float *avg, float *dec, int *pr
                      cirrus_error *err)
 {
     struct { const uint8_t *bytes; uint64_t total, tokens; } in[WAN_MAX_REGIONS];
+    uint64_t at[WAN_MAX_REGIONS];
+    uint32_t wish[WAN_MAX_REGIONS];
     double tokens = 0.0;
     *present = 0;
     for (int r = 0; r < os->o.n_regions; r++) {
@@ -191,6 +195,8 @@ static int take_step(outer_lane *os, uint64_t k, float *avg, float *dec, int *pr
         in[*present].bytes = sl->bytes;
         in[*present].total = sl->total;
         in[*present].tokens = sl->tokens;
+        at[*present] = sl->at;
+        wish[*present] = sl->wish;
         tokens += (double)sl->tokens;
         (*present)++;
     }
@@ -206,8 +212,14 @@ static int take_step(outer_lane *os, uint64_t k, float *avg, float *dec, int *pr
     pthread_mutex_lock(&os->mu);
     if (rc) return rc;
     outer_step(&os->o.opt, os->theta, os->mom, avg, os->n);
-    os->digest = outer_state_digest(os->theta, os->mom, os->n);
+    const outer_schedule was = os->sched;
+    outer_schedule_advance(&os->sched, at, wish, *present);
+    os->digest = outer_state_digest(os->theta, os->mom, os->n, &os->sched);
     os->round = (int64_t)k;
+    if (os->sched.next_stride != was.next_stride)
+        log_info("outer round %llu: the round after next is pushed %u x %d inner steps after "
+                 "the next (was %u x %d)%s", (unsigned long long)k, os->sched.next_stride,
+                 os->o.sync_every, was.next_stride, os->o.sync_every, os->lane_name);
     return 0;
 }
 
@@ -218,15 +230,17 @@ static int adopt_from(outer_lane *os, int j, int64_t min_round, int64_t deadline
     float *theta = malloc(os->n * sizeof(float)), *mom = malloc(os->n * sizeof(float));
     cirrus_error err = {0};
     int64_t round = -1;
+    outer_schedule sched = OUTER_SCHEDULE_START;
     uint64_t digest = 0;
     int rc = theta && mom ? wan_link_fetch_state(os, j, min_round, deadline, theta, mom, &round,
-                                                 &digest, &err)
+                                                 &sched, &digest, &err)
                           : cirrus_fail(&err, CIRRUS_ENOMEM, "out of memory");
     pthread_mutex_lock(&os->mu);
     if (!rc && round > os->round) {
         memcpy(os->theta, theta, os->n * sizeof(float));
         memcpy(os->mom, mom, os->n * sizeof(float));
         os->round = round;
+        os->sched = sched;
         os->digest = digest;
         /* A push of a round this state is past is answered by it (the round thread drops
          * it): the region's next push must not find it in progress. */
@@ -274,8 +288,11 @@ static void catch_up(outer_lane *os, int startup)
 /* --codec auto: the rung for this round from the slowest present link's rate and the
  * region's compute time between syncs: the time since its last push, less the time it then
  * waited for that round (a blocking sync, or one longer than --sync-delay). Counting that
- * wait would let a slow sync make its own window longer. Under mu. */
-static void choose_codec(outer_lane *os)
+ * wait would let a slow sync make its own window longer. That time is for the stride of H
+ * steps the pushes were apart; this round's message has until the round after it, its own
+ * stride (schedule.h). Returns the stride this gateway wishes for after the round: above 1
+ * when even the sparsest rung does not fit (adapt_stride). Under mu. */
+static uint32_t choose_codec(outer_lane *os)
 {
     const double now = outer_wall_s();
     if (os->last_push_s > 0) {
@@ -284,7 +301,9 @@ static void choose_codec(outer_lane *os)
             os->wait_since > os->last_push_s)
             w -= os->last_sync_s - os->wait_since;
         if (w < 0.01) w = 0.01;
-        os->window_s = os->window_s > 0 ? 0.5 * os->window_s + 0.5 * w : w;
+        w /= os->sched.stride;
+        os->base_window_s = os->base_window_s > 0 ? 0.5 * os->base_window_s + 0.5 * w : w;
+        os->window_s = os->base_window_s * os->sched.next_stride;
     }
     os->last_push_s = now;
     double slowest = 0;
@@ -296,11 +315,21 @@ static void choose_codec(outer_lane *os)
     const int was = os->rung;
     /* The lanes' messages share the link, each in its own slot of the window: a lane's
      * must cross in its share of it. */
-    os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s / os->group->n_lanes,
-                            os->codec_why, sizeof os->codec_why);
+    const int lanes = os->group->n_lanes;
+    os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s / lanes, os->codec_why,
+                            sizeof os->codec_why);
     adapt_rung(os->rung, &os->o.codec);
-    if (os->rung != was)
+    const uint32_t wish = adapt_stride(os->sched.next_stride, os->n, slowest,
+                                       os->base_window_s / lanes);
+    if (wish > 1 || os->sched.next_stride > 1) {
+        const size_t used = strlen(os->codec_why);
+        snprintf(os->codec_why + used, sizeof os->codec_why - used,
+                 "; synced every %u x %d steps, %u wished after", os->sched.next_stride,
+                 os->o.sync_every, wish);
+    }
+    if (os->rung != was || wish != os->sched.next_stride)
         log_info("outer round %lld: codec %s", (long long)os->round + 1, os->codec_why);
+    return wish;
 }
 
 /* Whether some region has completed round k + 1 or later: it is past round k for good, and
@@ -330,9 +359,9 @@ static void run_round(outer_lane *os, float *delta, float *residual, float *avg,
     const uint64_t k = (uint64_t)os->round + 1;
     const int64_t t0 = net_now_ms();
     for (size_t i = 0; i < n; i++) delta[i] = os->theta[i] - os->region[i];
-    const uint64_t tokens = os->push_tokens, prev_digest = os->digest;
+    const uint64_t tokens = os->push_tokens, prev_digest = os->digest, at = os->push_at;
     const int64_t deadline = t0 + round_deadline_ms(os);
-    if (os->o.codec_auto) choose_codec(os);
+    const uint32_t wish = os->o.codec_auto ? choose_codec(os) : 1;
     const wan_codec_params codec = os->o.codec;
     int absent[WAN_MAX_REGIONS];
     for (int j = 0; j < os->o.n_regions; j++) absent[j] = os->peer[j].absent;
@@ -359,7 +388,7 @@ static void run_round(outer_lane *os, float *delta, float *residual, float *avg,
     for (int j = 0; j < os->o.n_regions; j++) {
         if (j == os->o.region_index) continue;
         const int64_t until = absent[j] ? t0 + ROUND_ABSENT_GRACE_MS : deadline;
-        jobs[j] = (send_job){os, j, k, len, tokens, prev_digest, msg, until, 0};
+        jobs[j] = (send_job){os, j, k, len, {tokens, prev_digest, at, wish}, msg, until, 0};
         started[j] = pthread_create(&th[j], NULL, send_main, &jobs[j]) == 0;
         if (!started[j]) send_main(&jobs[j]);
     }
@@ -367,7 +396,7 @@ static void run_round(outer_lane *os, float *delta, float *residual, float *avg,
     round_slot *own = &os->slot[k & 1][os->o.region_index];
     free(own->bytes);
     *own = (round_slot){.round = k, .bytes = msg, .total = len, .got = len, .tokens = tokens,
-                        .prev_digest = prev_digest, .complete = 1};
+                        .prev_digest = prev_digest, .at = at, .wish = wish, .complete = 1};
     pthread_cond_broadcast(&os->changed);
     pthread_mutex_unlock(&os->mu);
     for (int j = 0; j < os->o.n_regions; j++)
@@ -454,7 +483,7 @@ static void run_round(outer_lane *os, float *delta, float *residual, float *avg,
         uint64_t corrupt_after = 0;
         if (failpoint_on("corrupt-after", &corrupt_after) && corrupt_after == k) {
             os->theta[0] += 1e-3f;
-            os->digest = outer_state_digest(os->theta, os->mom, os->n);
+            os->digest = outer_state_digest(os->theta, os->mom, os->n, &os->sched);
             log_warn("outer round %llu: global parameter 0 changed (failpoint corrupt-after)",
                      (unsigned long long)k);
         }
@@ -490,7 +519,11 @@ static int reseed_if_alone(outer_lane *os, int64_t behind_since_ms)
     if (os->o.n_regions > 1 && net_now_ms() - behind_since_ms < ROUND_RESEED_MS) return 0;
     const int64_t was = os->round;
     os->round = (int64_t)os->client_ahead - 1;
-    os->digest = outer_state_digest(os->theta, os->mom, os->n);
+    /* As if outer step client_ahead - 1 had been pushed a stride before the client's push
+     * (whose round is the next): a region fetching this state pushes with it. */
+    const uint64_t span = os->o.sync_every > 0 ? (uint64_t)os->sched.stride * os->o.sync_every : 0;
+    os->sched.at = os->client_ahead_at > span ? os->client_ahead_at - span : 0;
+    os->digest = outer_state_digest(os->theta, os->mom, os->n, &os->sched);
     log_warn("outer: the region's client is at outer step %llu and no region holds a global "
              "state past outer step %lld: this gateway's becomes outer step %lld's (digest "
              "%016llx)", (unsigned long long)os->client_ahead, (long long)was,

@@ -21,14 +21,18 @@ double outer_wall_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The digest of the global state: XXH3-64 of the parameters, then the momentum. */
-uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n)
+/* The digest of the global state: XXH3-64 of the parameters, the momentum, then the
+ * schedule (one model everywhere includes when it syncs next). */
+uint64_t outer_state_digest(const float *theta, const float *mom, uint64_t n,
+                            const outer_schedule *sched)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, theta, n * sizeof(float));
     XXH3_64bits_update(st, mom, n * sizeof(float));
+    const uint64_t when[3] = {sched->at, sched->stride, sched->next_stride};
+    XXH3_64bits_update(st, when, sizeof when);
     uint64_t d = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return d;
@@ -63,6 +67,7 @@ static int serve_push(outer_lane *os, wire_reader *r, int *drop, cirrus_error *e
         rc = cirrus_fail(err, CIRRUS_ENOENT, "outer step %llu: the gateway is at %lld, "
                          "catching up", (unsigned long long)q.round, (long long)os->round);
         os->client_ahead = q.round;
+        os->client_ahead_at = q.at;
         pthread_cond_broadcast(&os->changed);
     } else if (q.round != 0 && (q.round != next || os->push_ready)) {
         rc = cirrus_fail(err, CIRRUS_EINVAL, "outer round %llu pushed while the gateway is at "
@@ -76,6 +81,7 @@ static int serve_push(outer_lane *os, wire_reader *r, int *drop, cirrus_error *e
     } else {
         if (q.offset == 0) {
             os->push_round = q.round;
+            os->push_at = q.at;
             os->push_got = 0;
             os->push_tokens = q.tokens;
         }
@@ -86,7 +92,8 @@ static int serve_push(outer_lane *os, wire_reader *r, int *drop, cirrus_error *e
                 memcpy(os->theta, os->region, os->n * sizeof(float));
                 memset(os->mom, 0, os->n * sizeof(float));
                 os->round = 0;
-                os->digest = outer_state_digest(os->theta, os->mom, os->n);
+                os->sched = OUTER_SCHEDULE_START;
+                os->digest = outer_state_digest(os->theta, os->mom, os->n, &os->sched);
                 log_info("outer: initial parameters adopted (%llu floats, digest %016llx)",
                          (unsigned long long)os->n, (unsigned long long)os->digest);
             } else {
@@ -123,7 +130,8 @@ static int serve_pull(outer_lane *os, wire_reader *r, wire_writer *reply, int *d
                                        (os->push_ready && os->push_round == q.round),
                              .region = (uint16_t)os->o.region_index,
                              .regions = (uint16_t)os->o.n_regions,
-                             .fragments = (uint16_t)os->group->n_lanes};
+                             .fragments = (uint16_t)os->group->n_lanes,
+                             .sched = os->sched};
     outer_msg_put_pull_ok(reply, &a, os->theta + q.offset, q.count);
     pthread_mutex_unlock(&os->mu);
     return 0;
@@ -179,6 +187,7 @@ static int lane_new(outer_sync *g, const outer_sync_options *o, int f, uint64_t 
     const wan_codec_params widest = {.id = WAN_CODEC_NONE, .zstd = 1};
     os->max_message = wan_encode_bound(os->n, &widest);
     os->round = -1;
+    os->sched = OUTER_SCHEDULE_START;
     os->lfd = f == 0 ? o->listen_fd : -1;
     pthread_mutex_init(&os->mu, NULL);
     pthread_cond_init(&os->changed, NULL);
@@ -306,8 +315,10 @@ int outer_sync_view(void *ctx, coord_outer_view *v)
             snprintf(v->fragments[f].codec_reason, sizeof v->fragments[f].codec_reason, "%s",
                      os->codec_why);
             v->fragments[f].window_s = os->window_s;
+            v->fragments[f].stride = os->sched.stride;
             v->n_fragments = (uint32_t)f + 1;
         }
+        if (os->sched.stride > v->stride) v->stride = os->sched.stride;
         digests[f] = os->digest;
         v->wan_sent += os->wan_sent;
         v->wan_received += os->wan_received;

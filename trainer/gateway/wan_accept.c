@@ -29,6 +29,7 @@ typedef struct receiver {
      * would never complete. Freed after its last slice. */
     float *snap; /* theta, then momentum: 2n floats */
     int64_t snap_round;
+    outer_schedule snap_sched;
     uint64_t snap_digest;
 } receiver;
 
@@ -123,6 +124,8 @@ static int take_done(outer_lane *os, int from, const wan_done *d, uint64_t *rece
                            (unsigned long long)d->round);
     sl->tokens = d->tokens;
     sl->prev_digest = d->prev_digest;
+    sl->at = d->at;
+    sl->wish = d->wish;
     sl->complete = 1;
     const int64_t took = net_now_ms() - sl->first_ms;
     *receive_ms = took > 0 ? (uint64_t)took : 1;
@@ -145,6 +148,7 @@ static int serve_state(outer_lane *os, receiver *rv, const wire_header *h, wire_
         memcpy(rv->snap, os->theta, os->n * sizeof(float));
         memcpy(rv->snap + os->n, os->mom, os->n * sizeof(float));
         rv->snap_round = os->round;
+        rv->snap_sched = os->sched;
         rv->snap_digest = os->digest;
     }
     if (os->round < 0) {
@@ -157,7 +161,8 @@ static int serve_state(outer_lane *os, receiver *rv, const wire_header *h, wire_
     wire_writer w;
     wire_writer_init(&w, count * sizeof(float) + 64);
     /* theta and momentum are one array in the snapshot: the slice may span both. */
-    wan_msg_put_state_ok(&w, (uint64_t)rv->snap_round, rv->snap_digest, rv->snap + off, count);
+    wan_msg_put_state_ok(&w, (uint64_t)rv->snap_round, rv->snap_digest, &rv->snap_sched,
+                         rv->snap + off, count);
     pthread_mutex_unlock(&os->mu);
     int rc = w.failed ? cirrus_fail(err, CIRRUS_ENOMEM, "STATE reply too large")
                       : net_send_frame(c, WAN_STATE_OK, h->request_id, w.data, (uint32_t)w.len,

@@ -216,7 +216,7 @@ static uint64_t resume_offset(outer_lane *os, int j, uint64_t round, const uint8
 /* One attempt: the message as PARTs from byte `from`, then DONE and its answer
  * (*receive_ms: how long the receiver saw the message arrive; 0: it had it already). */
 static int send_once(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
-                     uint64_t from, uint64_t tokens, uint64_t prev_digest, uint64_t *receive_ms,
+                     uint64_t from, const wan_send_meta *meta, uint64_t *receive_ms,
                      cirrus_error *err)
 {
     net_conn *c = os->peer[j].out;
@@ -244,7 +244,9 @@ static int send_once(outer_lane *os, int j, uint64_t round, const uint8_t *msg, 
     pthread_mutex_unlock(&os->mu);
     wire_writer w;
     wire_writer_init(&w, 64);
-    const wan_done d = {round, tokens, prev_digest, len, XXH3_64bits(msg, len)};
+    const wan_done d = {.round = round, .tokens = meta->tokens, .prev_digest = meta->prev_digest,
+                        .total = len, .hash = XXH3_64bits(msg, len), .at = meta->at,
+                        .wish = meta->wish};
     wan_msg_put_done(&w, &d);
     wire_reader r;
     rc = rpc_call(c, WAN_DONE, round, &w, WAN_IO_TIMEOUT_MS, os->names[j], &r, err);
@@ -256,7 +258,7 @@ static int send_once(outer_lane *os, int j, uint64_t round, const uint8_t *msg, 
 }
 
 int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uint64_t len,
-                  uint64_t tokens, uint64_t prev_digest, int64_t deadline_ms, cirrus_error *err)
+                  const wan_send_meta *meta, int64_t deadline_ms, cirrus_error *err)
 {
     int backoff_ms = 100, cut = 0;
     for (;;) {
@@ -266,7 +268,7 @@ int wan_link_send(outer_lane *os, int j, uint64_t round, const uint8_t *msg, uin
         /* After a cut, the receiver may hold the message's first bytes already. */
         const uint64_t from = !rc && cut ? resume_offset(os, j, round, msg, len) : 0;
         if (!rc)
-            rc = send_once(os, j, round, msg, len, from, tokens, prev_digest, &receive_ms, err);
+            rc = send_once(os, j, round, msg, len, from, meta, &receive_ms, err);
         if (!rc) {
             /* What the link carried: the message over the time the receiver saw it arrive
              * (the acknowledgement's way back queues behind the other direction's message
@@ -318,8 +320,8 @@ void wan_link_probe(outer_lane *os, int64_t deadline_ms)
 }
 
 int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadline_ms,
-                         float *theta, float *mom, int64_t *round, uint64_t *digest,
-                         cirrus_error *err)
+                         float *theta, float *mom, int64_t *round, outer_schedule *sched,
+                         uint64_t *digest, cirrus_error *err)
 {
     /* A slice must cross within the frame timeout: on a slow link (1 Mbit/s: 4 MiB take 34 s)
      * ask for what the link to j carried in a third of it, and for a quarter as much after
@@ -334,6 +336,7 @@ int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadl
     for (int attempt = 0;; attempt++) {
         int rc = os->peer[j].out ? 0 : sender_connect(os, j, err);
         uint64_t r0 = 0, d0 = 0;
+        outer_schedule s0 = OUTER_SCHEDULE_START;
         for (uint64_t off = 0; !rc && off < 2 * os->n;) {
             const uint64_t count = 2 * os->n - off < slice ? 2 * os->n - off : slice;
             wire_writer w;
@@ -346,7 +349,7 @@ int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadl
             wan_state_slice sl;
             if (!rc && wan_msg_get_state_ok(&r, count, &sl))
                 rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed STATE_OK");
-            if (!rc && off == 0) r0 = sl.round, d0 = sl.digest;
+            if (!rc && off == 0) r0 = sl.round, d0 = sl.digest, s0 = sl.sched;
             if (!rc && (sl.round != r0 || sl.digest != d0))
                 rc = cirrus_fail(err, CIRRUS_ECONFLICT, "its state changed during the fetch");
             if (!rc && (int64_t)r0 < min_round)
@@ -360,10 +363,11 @@ int wan_link_fetch_state(outer_lane *os, int j, int64_t min_round, int64_t deadl
             }
             off += count;
         }
-        if (!rc && outer_state_digest(theta, mom, os->n) != d0)
+        if (!rc && outer_state_digest(theta, mom, os->n, &s0) != d0)
             rc = cirrus_fail(err, CIRRUS_ECORRUPT, "the state does not match its digest");
         if (!rc) {
             *round = (int64_t)r0;
+            *sched = s0;
             *digest = d0;
             return 0;
         }

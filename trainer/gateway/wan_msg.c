@@ -67,6 +67,8 @@ void wan_msg_put_done(wire_writer *w, const wan_done *d)
     wire_put_u64(w, d->prev_digest);
     wire_put_u64(w, d->total);
     wire_put_u64(w, d->hash);
+    wire_put_u64(w, d->at);
+    wire_put_u32(w, d->wish);
 }
 
 int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d)
@@ -76,7 +78,11 @@ int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d)
     d->prev_digest = wire_get_u64(r);
     d->total = wire_get_u64(r);
     d->hash = wire_get_u64(r);
-    return wire_reader_done(r) || d->total > max_total || d->round == 0 ? CIRRUS_ECORRUPT : 0;
+    d->at = wire_get_u64(r);
+    d->wish = wire_get_u32(r);
+    return wire_reader_done(r) || d->total > max_total || d->round == 0 ||
+                   !outer_stride_valid(d->wish)
+               ? CIRRUS_ECORRUPT : 0;
 }
 
 void wan_msg_put_done_ok(wire_writer *w, uint64_t round, uint64_t receive_ms)
@@ -108,11 +114,12 @@ int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *co
     return 0;
 }
 
-void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
-                          uint64_t count)
+void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest,
+                          const outer_schedule *sched, const float *x, uint64_t count)
 {
     wire_put_u64(w, round);
     wire_put_u64(w, digest);
+    outer_schedule_put(w, sched);
     wire_put_bytes(w, x, (size_t)count * sizeof(float));
 }
 
@@ -120,6 +127,8 @@ int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s)
 {
     s->round = wire_get_u64(r);
     s->digest = wire_get_u64(r);
+    s->floats = NULL;
+    if (outer_schedule_get(r, &s->sched)) return CIRRUS_ECORRUPT;
     s->floats = count <= WAN_STATE_SLICE ? wire_get_bytes(r, (size_t)count * sizeof(float)) : NULL;
     return !s->floats || wire_reader_done(r) ? CIRRUS_ECORRUPT : 0;
 }

@@ -16,7 +16,9 @@
  *            n_params, round and digest are that fragment's.
  *   PART     u64 round, u64 total, u64 offset, bytes (to the frame's end)
  *   DONE     u64 round, u64 tokens, u64 prev_digest, u64 total, u64 hash (XXH3-64 of the
- *            message) -> OK: u64 round, u64 receive_ms (from the first byte of the
+ *            message), u64 at (the clock the sender's region pushed the round at), u32 wish
+ *            (the stride its gateway wishes for after the next round; schedule.h)
+ *            -> OK: u64 round, u64 receive_ms (from the first byte of the
  *            message's first PART to its DONE, as the receiver saw them: what the link
  *            carried, without the reply's way back, which queues behind the other
  *            direction's message; 0 when the receiver had the message already)
@@ -28,7 +30,8 @@
  *            bytes, sends PARTs from there instead of the whole message again. got is 0 when
  *            the receiver holds none of it; total when it holds all of it.
  *
- *   STATE    u64 offset, u64 count -> OK: u64 round, u64 digest, count f32: floats
+ *   STATE    u64 offset, u64 count -> OK: u64 round, u64 digest, schedule (u64 at, u32
+ *            stride, u32 next_stride: when the rounds after it are pushed), count f32: floats
  *            [offset, offset + count) of the sender's global state (n parameters, then n
  *            outer momentum), at most WAN_STATE_SLICE a frame. How a gateway that lost its
  *            state (restarted, cut off past the others) or holds a different one (digest)
@@ -45,6 +48,7 @@
 #include <stdint.h>
 
 #include "../net/wire.h"
+#include "schedule.h"
 
 enum wan_msg {
     WAN_JOIN = 192,
@@ -84,7 +88,8 @@ typedef struct wan_part {
 } wan_part;
 
 typedef struct wan_done {
-    uint64_t round, tokens, prev_digest, total, hash;
+    uint64_t round, tokens, prev_digest, total, hash, at;
+    uint32_t wish; /* get: a valid stride */
 } wan_done;
 
 void wan_msg_put_join(wire_writer *w, const wan_join *j);
@@ -99,14 +104,15 @@ void wan_msg_put_done(wire_writer *w, const wan_done *d);
 int wan_msg_get_done(wire_reader *r, uint64_t max_total, wan_done *d);
 typedef struct wan_state_slice {
     uint64_t round, digest;
+    outer_schedule sched;
     const uint8_t *floats; /* get: count f32 inside the payload */
 } wan_state_slice;
 
 void wan_msg_put_state(wire_writer *w, uint64_t offset, uint64_t count);
 /* Refuses a slice outside the 2n floats of the state or over WAN_STATE_SLICE. */
 int wan_msg_get_state(wire_reader *r, uint64_t n, uint64_t *offset, uint64_t *count);
-void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest, const float *x,
-                          uint64_t count);
+void wan_msg_put_state_ok(wire_writer *w, uint64_t round, uint64_t digest,
+                          const outer_schedule *sched, const float *x, uint64_t count);
 int wan_msg_get_state_ok(wire_reader *r, uint64_t count, wan_state_slice *s);
 void wan_msg_put_have(wire_writer *w, uint64_t round, uint64_t total);
 /* Refuses total over max_total. */

@@ -10,6 +10,7 @@
 #include "../../../common/log.h"
 #include "../../gateway/fragments.h"
 #include "../../gateway/outer_msg.h"
+#include "../../gateway/schedule.h"
 #include "../../gateway/sync_params.h"
 #include "../../net/conn.h"
 #include "../proto/rpc.h"
@@ -32,7 +33,9 @@ typedef struct frag {
     int pending;          /* a round was pushed and is not applied yet */
     uint64_t pending_round, pushed_at;
     uint64_t pushed_step; /* the inner step of the parameters last pushed */
+    uint64_t result_due;  /* the clock (step + lead) by which the pending round is needed */
     uint64_t tokens, outer_step, digest;
+    outer_schedule sched; /* when the rounds after outer_step are pushed (schedule.h) */
     char name[48];        /* " (fragment f of P)" in logs; "" with one fragment */
 } frag;
 
@@ -153,8 +156,8 @@ static int send_push(outer_client *oc, frag *fr, uint64_t round, uint64_t step,
     for (uint64_t off = 0; !rc && off < fr->m;) {
         const uint64_t count = fr->m - off < OUTER_SLICE ? fr->m - off : OUTER_SLICE;
         const outer_push q = {.fragment = (uint16_t)fr->f, .round = round, .inner_step = step,
-                              .tokens = fr->tokens, .n_params = fr->m, .offset = off,
-                              .count = count};
+                              .at = step + fr->lead, .tokens = fr->tokens, .n_params = fr->m,
+                              .offset = off, .count = count};
         wire_writer w;
         wire_writer_init(&w, 64 + count * sizeof(float));
         outer_msg_put_push(&w, &q, fr->pushed_sync + off);
@@ -237,6 +240,7 @@ static int pull(outer_client *oc, frag *fr, uint64_t round, int wait, cirrus_err
                                (unsigned long long)a.done);
         fr->outer_step = a.done;
         fr->digest = a.digest;
+        fr->sched = a.sched;
         memcpy(fr->global + off, a.floats, count * sizeof(float));
         off += count;
     }
@@ -344,18 +348,20 @@ static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_err
      * than `delay` steps, or a region that pushed later than this one, costs no waiting as
      * long as the round is done within the window. */
     if (fr->pending && step >= fr->pushed_at + (uint64_t)oc->delay) {
-        const int due = at % every == 0 || step >= oc->final_step;
+        const int due = at >= fr->result_due || step >= oc->final_step;
         rc = apply_round(oc, fr, due, err);
         if (rc == OUTER_NOT_YET && !due) rc = 0;
         if (rc) return rc;
     }
     /* The last step is an outer step too (every region ends at the same step): the run
      * ends with the global model whatever its length. */
-    if (at % every == 0 || step == oc->final_step) {
-        /* Outer step k of fragment f is pushed at inner step k x every - lead in every
-         * region (the last step's is the one after), so the regions stay in step however
-         * one of them rejoined. */
-        const uint64_t want = (at + every - 1) / every;
+    if ((!fr->pending && outer_schedule_push_due(&fr->sched, every, at)) ||
+        step == oc->final_step) {
+        /* The rounds are pushed where the global state's schedule says (k x every - lead
+         * in every region while no link is too slow for every H steps; the last step's is
+         * the one after), so the regions stay in step however one of them rejoined. */
+        const uint64_t want = outer_schedule_round(&fr->sched, fr->outer_step, every, at);
+        fr->result_due = outer_schedule_result_due(&fr->sched, every, at);
         const int64_t deadline = net_now_ms() + oc->timeout_ms;
         fr->pending_round = want;
         fr->pushed_at = step;
@@ -433,7 +439,7 @@ uint64_t outer_client_job_step(const outer_client *oc)
     uint64_t job = 0;
     for (int f = 0; f < oc->n_frags; f++) {
         const frag *fr = &oc->frag[f];
-        const uint64_t at = fr->outer_step * (uint64_t)oc->every;
+        const uint64_t at = fr->sched.at;
         const uint64_t step = at > fr->lead ? at - fr->lead : 0;
         job = step > job ? step : job;
     }

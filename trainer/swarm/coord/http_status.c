@@ -144,14 +144,16 @@ static json_t *outer_json(const coord_outer_view *v, int *bad)
     put(o, "codec", json_string(v->codec), bad);
     put(o, "codec_reason", json_string(v->codec_reason), bad);
     put(o, "sync_every", count(v->sync_every), bad);
+    put(o, "stride", count(v->stride), bad);
     json_t *frags = json_array();
     for (uint32_t f = 0; frags && f < v->n_fragments && f < COORD_OUTER_FRAGMENTS; f++)
-        append(frags, json_pack("{s:I,s:I,s:s,s:s,s:o}", "fragment", (json_int_t)f, "step",
+        append(frags, json_pack("{s:I,s:I,s:s,s:s,s:o,s:I}", "fragment", (json_int_t)f, "step",
                                 (json_int_t)v->fragments[f].step, "codec",
                                 v->fragments[f].codec, "codec_reason",
                                 v->fragments[f].codec_reason, "window_s",
                                 v->fragments[f].window_s > 0 ? json_real(v->fragments[f].window_s)
-                                                             : json_null()),
+                                                             : json_null(),
+                                "stride", (json_int_t)v->fragments[f].stride),
                bad);
     put(o, "fragments", frags, bad);
     for (uint32_t i = 0; i < v->n_links && i < COORD_OUTER_LINKS; i++)
@@ -263,6 +265,10 @@ static void outer_metrics(text *t, const coord_outer_view *v)
     family(t, "cirrus_outer_step", "gauge",
            "Latest outer step across regions (-1 before the global parameters).");
     tprintf(t, "cirrus_outer_step %lld\n", (long long)v->step);
+    family(t, "cirrus_outer_sync_stride", "gauge",
+           "Outer syncs are this many times --sync-every inner steps apart now (the widest "
+           "fragment; above 1 when even the sparsest codec does not fit the window).");
+    tprintf(t, "cirrus_outer_sync_stride %u\n", v->stride);
     family(t, "cirrus_wan_bytes_sent_total", "counter",
            "Bytes sent on the WAN connections to other regions' gateways, TLS included.");
     tprintf(t, "cirrus_wan_bytes_sent_total %llu\n", (unsigned long long)v->wan_sent);

@@ -49,6 +49,9 @@ typedef struct coord_outer_view {
     char codec[48];               /* the first fragment's (and the only one's without) */
     char codec_reason[200];       /* why this codec (--codec auto: the link and window) */
     uint32_t sync_every;
+    uint32_t stride;              /* the widest fragment's: syncs are stride x sync_every
+                                   * inner steps apart now (1 unless even the sparsest codec
+                                   * did not fit the window; gateway/schedule.h) */
     /* Each fragment's lane (--fragments; 1 without): its own outer step, codec choice and
      * window (--codec auto: the region's compute time between two of its syncs). */
     uint32_t n_fragments;
@@ -57,6 +60,7 @@ typedef struct coord_outer_view {
         char codec[48];
         char codec_reason[200];
         double window_s;          /* 0: not measured yet */
+        uint32_t stride;          /* its next round is stride x sync_every steps after the last */
     } fragments[COORD_OUTER_FRAGMENTS];
     uint32_t n_links;
     struct {
