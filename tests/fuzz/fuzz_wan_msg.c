@@ -14,7 +14,8 @@
  *     exact length, every documented cap (offset + count within n or 2n, count within
  *     the slice, len <= WAN_PART_BYTES and offset + len <= total <= the message cap,
  *     round >= 1 in DONE, n_params == n, ready and pushed 0/1, region [A-Za-z0-9._-]{1,63},
- *     index < n_regions <= 16);
+ *     index < n_regions <= 16, strides (DONE's wish, the schedule of STATE_OK and PULL_OK)
+ *     powers of two up to 16);
  *   accepted: every field equals its bytes, pointers point at their bytes inside the
  *     payload, the caps hold; put(get(x)) reproduces the payload byte for byte (every
  *     format here is canonical: fixed-width fields, a u16-length string), and
@@ -66,6 +67,12 @@ static uint64_t max_message(uint64_t n)
     return wan_encode_bound((size_t)n, &widest);
 }
 
+/* A stride as the format allows it (schedule.h): 1, 2, 4, 8 or 16. */
+static int stride_ok(uint64_t v)
+{
+    return v == 1 || v == 2 || v == 4 || v == 8 || v == 16;
+}
+
 /* Whether the format accepts the payload b[0..len), from the bytes alone. */
 static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
 {
@@ -86,21 +93,24 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
                blen <= WAN_PART_BYTES;
     }
     case M_DONE:
-        return len == 40 && le_get(b, 8) != 0 && le_get(b + 24, 8) <= max_message(arg);
+        return len == 52 && le_get(b, 8) != 0 && le_get(b + 24, 8) <= max_message(arg) &&
+               stride_ok(le_get(b + 48, 4));
     case M_DONE_OK: return len == 16;
     case M_STATE: {
         if (len != 16 || arg > UINT64_MAX / 2) return 0;
         uint64_t offset = le_get(b, 8), count = le_get(b + 8, 8);
         return offset <= 2 * arg && count <= 2 * arg - offset && count <= WAN_STATE_SLICE;
     }
-    case M_STATE_OK: return arg <= WAN_STATE_SLICE && len == 16 + 4 * arg;
+    case M_STATE_OK:
+        return arg <= WAN_STATE_SLICE && len == 32 + 4 * arg && stride_ok(le_get(b + 24, 4)) &&
+               stride_ok(le_get(b + 28, 4));
     case M_HAVE: return len == 16 && le_get(b + 8, 8) <= max_message(arg);
     case M_HAVE_OK: return len == 16 && le_get(b, 8) <= arg;
     case M_PUSH: {
-        if (len < 50) return 0;
-        uint64_t n_params = le_get(b + 26, 8), offset = le_get(b + 34, 8), count = le_get(b + 42, 8);
+        if (len < 58) return 0;
+        uint64_t n_params = le_get(b + 34, 8), offset = le_get(b + 42, 8), count = le_get(b + 50, 8);
         return n_params == arg && offset <= arg && count <= arg - offset && count <= OUTER_SLICE &&
-               len == 50 + 4 * count;
+               len == 58 + 4 * count;
     }
     case M_PULL: {
         if (len != 26) return 0;
@@ -108,10 +118,11 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
         return offset <= arg && count <= arg - offset && count <= OUTER_SLICE;
     }
     default: /* M_PULL_OK */
-        if (len < 32 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
+        if (len < 48 || b[24] > 1 || b[25] > 1 || arg > OUTER_SLICE) return 0;
         if (le_get(b + 28, 2) < 1 || le_get(b + 26, 2) >= le_get(b + 28, 2)) return 0;
         if (le_get(b + 30, 2) < 1 || le_get(b + 30, 2) > OUTER_MAX_FRAGMENTS) return 0;
-        return len == 32 + (b[24] ? 4 * arg : 0);
+        if (!stride_ok(le_get(b + 40, 4)) || !stride_ok(le_get(b + 44, 4))) return 0;
+        return len == 48 + (b[24] ? 4 * arg : 0);
     }
 }
 
