@@ -45,6 +45,7 @@
 #define ROLE_FLAG_DATA "data"               /* client: training text file */
 #define ROLE_FLAG_MICROBATCH "microbatch"   /* client: sequences per microbatch */
 #define ROLE_FLAG_CLIENTS "clients"         /* client: the region's clients, sharing each step */
+#define ROLE_MAX_CLIENTS 64                 /*   at most (the coordinator's step barrier) */
 #define ROLE_FLAG_CLIENT_INDEX "client-index" /* client: which of them, 0-based (0 steps) */
 #define ROLE_FLAG_ACT_COMPRESS "act-compress" /* client: activation codec */
 /* The outer steps between regions (trainer/cmd/wan_roles.h, gateway.c, client.c). */

@@ -493,13 +493,13 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
             snprintf(d.waiting, sizeof d.waiting,
                      "waiting for the endpoint of region %s's gateway (cluster %s)", r.name,
                      r.cluster);
-        /* A region's outer step is taken by its one client (trainer/cmd/client.c refuses
-         * --sync-every with --clients > 1), and a region without one has no inner steps. */
-        if (desired_outer(&v) && r.clients != 1)
+        /* A region's outer steps are taken by its client 0 (the others wait at the step
+         * barrier meanwhile), and a region without clients has no inner steps. */
+        if (desired_outer(&v) && r.clients < 1)
             rc = cirrus_fail(err, CIRRUS_EINVAL,
                              "spec.regions[%zu].clients is %d: with more than one region "
-                             "every region must have exactly 1 client (several clients per "
-                             "region cannot yet take part in outer steps)",
+                             "every region must run clients (a region without one takes no "
+                             "inner steps to synchronise)",
                              k, r.clients);
     }
     if (!rc && pods > DESIRED_MAX_PODS)

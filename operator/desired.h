@@ -14,7 +14,8 @@
  * With more than one region the gateways take outer steps across regions (spec.gateway:
  * syncEvery, codec, outerLearningRate, outerMomentum) over their WAN endpoints (wanPort, the
  * Service's and the container's port "wan"), authenticated by the job Secret's certificates;
- * every region then has exactly one client, which gets --sync-every too. A job of one region
+ * every region then runs clients, which get --sync-every too (client 0 takes the region's
+ * outer steps, the others read their data shard from the gateway). A job of one region
  * trains with no outer steps: none of those flags or ports.
  *
  * Suspended jobs (spec.suspend) have no desired Pods: `pods` is empty, Services and the

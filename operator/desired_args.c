@@ -153,7 +153,8 @@ json_t *desired_args_client(const job_view *v, const region_view *r, const char 
         argf(args, &bad, ROLE_ARG(ROLE_FLAG_CLIENTS), "%d", r->clients);
         argf(args, &bad, ROLE_ARG(ROLE_FLAG_CLIENT_INDEX), "%d", i);
     }
-    /* The region's one client takes the outer steps, through its gateway (--coordinator). */
+    /* Client 0 takes the outer steps through its gateway (--coordinator); the others read
+     * the region's data shard from it. */
     if (desired_outer(v)) argf(args, &bad, ROLE_ARG(ROLE_FLAG_SYNC_EVERY), "%lld", v->sync_every);
     /* Client 0 takes the optimizer steps and gathers the model from the stage peers: it
      * writes the region's checkpoints (the trainer refuses --ckpt on the others). A folder

@@ -150,10 +150,12 @@ static int get_num(const json_t *parent, const char *key, const char *path, doub
 }
 
 /* A WAN codec spec as the CRD's pattern takes it (and the trainer's wan_codec_parse):
- * none, fp16, q8, lowbit:2, lowbit:4 or topk:DENSITY[:8|:16], each optionally followed by
- * +zstd, DENSITY a decimal in (0, 1]: 0*\.[0-9]*[1-9][0-9]* or 0*1(\.0+)?. */
+ * auto (the gateways choose per outer step: gateway/adapt.h), or none, fp16, q8, lowbit:2,
+ * lowbit:4 or topk:DENSITY[:8|:16], each optionally followed by +zstd, DENSITY a decimal in
+ * (0, 1]: 0*\.[0-9]*[1-9][0-9]* or 0*1(\.0+)?. */
 static int codec_valid(const char *spec)
 {
+    if (!strcmp(spec, "auto")) return 1;
     char buf[64];
     size_t n = strlen(spec);
     if (n >= sizeof buf) return 0;
@@ -407,8 +409,9 @@ int desired_read_job(const json_t *job, job_view *v, const json_t **regions, cir
     if (!strcmp(v->codec, "fp32")) v->codec = "none";
     if (!codec_valid(v->codec))
         return cirrus_fail(err, CIRRUS_EINVAL,
-                           "spec.gateway.codec '%s' is not none, fp16, q8, topk:DENSITY[:8|:16] "
-                           "(DENSITY in (0, 1]) or lowbit:2|4, optionally followed by +zstd",
+                           "spec.gateway.codec '%s' is not auto, or none, fp16, q8, "
+                           "topk:DENSITY[:8|:16] (DENSITY in (0, 1]) or lowbit:2|4, optionally "
+                           "followed by +zstd",
                            v->codec);
     if (v->fragments > v->sync_every)
         return cirrus_fail(err, CIRRUS_EINVAL,
@@ -489,7 +492,7 @@ int desired_read_region(const job_view *v, const json_t *regions, size_t k, regi
                                v->peers_per_stage, sub, (long long)json_integer_value(max));
         r->replicas = v->peers_per_stage;
     }
-    if ((rc = get_int(reg, "clients", path, 0, 256, 1, &x, err))) return rc;
+    if ((rc = get_int(reg, "clients", path, 0, ROLE_MAX_CLIENTS, 1, &x, err))) return rc;
     r->clients = (int)x;
     if ((rc = get_str(reg, "cluster", path, NULL, 1, &r->cluster, err)) ||
         (rc = get_str(reg, "endpoint", path, NULL, 1, &r->endpoint, err)))

@@ -266,10 +266,10 @@ refuse "fragments 9 (the trainer's most is 8)" "spec.gateway.fragments" "less th
     '[{"op":"add","path":"/spec/gateway/fragments","value":9}]'
 refuse "more fragments than syncEvery" "spec.gateway.fragments" "must not exceed gateway.syncEvery" \
     '[{"op":"add","path":"/spec/gateway/fragments","value":4},{"op":"replace","path":"/spec/gateway/syncEvery","value":3}]'
-refuse "two regions, one with 2 clients" "spec.regions" "several clients per region cannot yet take part in outer steps" \
-    '[{"op":"replace","path":"/spec/regions/1/clients","value":2}]'
-refuse "two regions, one without a client" "spec.regions" "every region must have exactly 1 client" \
+refuse "two regions, one without a client" "spec.regions" "every region must run clients" \
     '[{"op":"replace","path":"/spec/regions/0/clients","value":0}]'
+refuse "65 clients (the step barrier's most is 64)" "spec.regions[1].clients" "less than or equal to 64" \
+    '[{"op":"replace","path":"/spec/regions/1/clients","value":65}]'
 refuse "the old gateway.syncPeriod" 'unknown field "spec.gateway.syncPeriod"' "strict decoding error" \
     '[{"op":"add","path":"/spec/gateway/syncPeriod","value":"2m"}]'
 refuse "bad service type" "spec.gateway.serviceType" 'Unsupported value: "ExternalName"' \
@@ -309,7 +309,7 @@ accept() {
         not_ok "$1: refused: $out"
     fi
 }
-for codec in none fp16 q8 q8+zstd lowbit:2 lowbit:4+zstd topk:0.01 topk:1 topk:.5 topk:0.05:8 topk:0.001:16+zstd; do
+for codec in auto none fp16 q8 q8+zstd lowbit:2 lowbit:4+zstd topk:0.01 topk:1 topk:.5 topk:0.05:8 topk:0.001:16+zstd; do
     accept "codec $codec" "[{\"op\":\"replace\",\"path\":\"/spec/gateway/codec\",\"value\":\"$codec\"}]"
 done
 accept "outerMomentum 0, outerLearningRate 10, syncEvery 1, wanPort 443" \
@@ -320,6 +320,8 @@ accept "fragments 8 with syncEvery 8" \
     '[{"op":"add","path":"/spec/gateway/fragments","value":8},{"op":"replace","path":"/spec/gateway/syncEvery","value":8}]'
 accept "one region with 3 clients (no outer steps)" \
     '[{"op":"remove","path":"/spec/regions/1"},{"op":"replace","path":"/spec/regions/0/clients","value":3}]'
+accept "two regions, one with 2 clients (client 0 takes its outer steps)" \
+    '[{"op":"replace","path":"/spec/regions/1/clients","value":2}]'
 
 # ---- updates: immutable fields -----------------------------------------------------------------
 

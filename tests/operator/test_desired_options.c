@@ -131,7 +131,7 @@ TEST(desired_options)
     desired_job_free(&d);
 
     /* One region with two clients: they share each step, each told how many and which it
-     * is (several clients per region are for jobs of one region: no outer steps). */
+     * is. */
     json_array_remove(json_object_get(spec, "regions"), 1);
     json_object_set_new(r1, "clients", json_integer(2));
     if (desired_build(job, &d, &err)) TEST_FAIL("desired_build: %s", err.msg);

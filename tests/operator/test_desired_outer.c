@@ -148,18 +148,33 @@ TEST(desired_outer_one_region)
 TEST(desired_outer_errors)
 {
     json_t *j;
-    /* With more than one region every region has exactly one client. */
-    int clients[] = {2, 0, 256};
+    /* With more than one region every region runs clients, 64 at most (the step barrier's). */
+    int clients[] = {0, 65};
     for (size_t i = 0; i < sizeof clients / sizeof *clients; i++) {
         j = sample_job();
         json_object_set_new(json_array_get(json_object_get(spec_of(j), "regions"), 1), "clients",
                             json_integer(clients[i]));
         expect_invalid(j, "spec.regions[1].clients");
     }
+    /* Two clients in a region: both take --sync-every (client 0 the outer steps, client 1
+     * its region's data shard from the gateway), each its place in the step. */
     j = sample_job();
     json_object_set_new(json_array_get(json_object_get(spec_of(j), "regions"), 0), "clients",
                         json_integer(2));
-    expect_invalid(j, "several clients per region cannot yet take part in outer steps");
+    desired_job two;
+    cirrus_error berr = {0};
+    if (desired_build(j, &two, &berr)) TEST_FAIL("desired_build: %s", berr.msg);
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "tiny-bible-r1-c%d", i);
+        const json_t *cp = pod(&two, name);
+        ASSERT(cp != NULL);
+        ASSERT(arg_of(cp, "--sync-every") != NULL);
+        assert_str(arg_of(cp, "--clients"), "2", "--clients");
+        assert_str(arg_of(cp, "--client-index"), i ? "1" : "0", "--client-index");
+    }
+    desired_job_free(&two);
+    json_decref(j);
     /* Ports: the WAN's must differ from the gateway's Service port and its container's
      * coordinator and HTTP ports; the Service port from the HTTP port. */
     long long wan[] = {7400, 7480, 0, 65536};

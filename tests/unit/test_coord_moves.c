@@ -92,7 +92,8 @@ TEST_T(coordinator_capacity_from_stats, 5)
 /* Every period the coordinator feeds the policy its live stage peers: three peers of equal
  * capacity on stage 0 and one on stage 1 (of equal depth) -> exactly one stage-0 peer is
  * told to move to stage 1; once it registered there (2, 2), nothing moves again, however
- * many periods pass. /status and /metrics count the move. */
+ * many periods pass. /status and /metrics count the move. Before the job's first step
+ * (peers reporting step 0) no period starts: nothing moves in three periods' time. */
 TEST_T(coordinator_rebalances_unbalanced_stages, 15)
 {
     coordinator_options o = {.job_id = JOB, .host = "127.0.0.1", .http_port = 0, .n_stages = 2,
@@ -110,6 +111,12 @@ TEST_T(coordinator_rebalances_unbalanced_stages, 15)
     coord_stats s = {.loss = NAN, .fwd_throughput = 10, .bwd_throughput = 4}; /* capacity 10 */
     uint32_t ins[NP];
     int mover = -1;
+    for (double t0 = now_ms(); now_ms() - t0 < 600; sleep_ms(50))
+        for (int i = 0; i < NP; i++) {
+            heartbeat(m[i], &s, &ins[i], NULL);
+            ASSERT_EQ(ins[i], COORD_NO_INSTRUCTION); /* not training yet */
+        }
+    s.step = 1; /* the job's first step: the first period starts */
     for (double t0 = now_ms(); mover < 0 && now_ms() - t0 < 3000; sleep_ms(50))
         for (int i = 0; i < NP; i++) {
             heartbeat(m[i], &s, &ins[i], NULL);
@@ -180,7 +187,7 @@ TEST_T(coordinator_rebalance_bounded_by_max_stage_peers, 15)
     for (int i = 0; i < NP; i++)
         m[i] = join(co, stage_reg(names[i], i < 3 ? 0 : 1, i < 3 ? 0 : 4, i < 3 ? 4 : 8,
                                   (uint16_t)(7001 + i), 10), &id[i]);
-    coord_stats s = {.loss = NAN, .fwd_throughput = 10, .bwd_throughput = 4};
+    coord_stats s = {.loss = NAN, .step = 1, .fwd_throughput = 10, .bwd_throughput = 4};
     uint32_t ins;
     for (double t0 = now_ms(); now_ms() - t0 < 1000; sleep_ms(50))
         for (int i = 0; i < NP; i++) {

@@ -117,6 +117,7 @@ typedef struct follower_spec {
     int micro;
     const char *act, *routing;
     int inflight, index, n_clients;
+    int sync_every; /* outer steps: the follower reads its region's data shard (0: none) */
 } follower_spec;
 
 /* Start follower client fs->index as a process; its progress lines go nowhere (the
@@ -129,7 +130,7 @@ static pid_t spawn_follower(const follower_spec *fs)
     die_with_parent(parent);
     const train_options *o = fs->o;
     const gpt_config *cfg = &o->model;
-    char v[16][32];
+    char v[20][32];
     int i = 0;
 #define NUM(fmt, x) (snprintf(v[i], sizeof v[i], fmt, x), v[i++])
     char *args[64] = {ROLE_TRAINER_BIN, ROLE_CLIENT,
@@ -153,7 +154,13 @@ static pid_t spawn_follower(const follower_spec *fs)
                       ROLE_ARG(ROLE_FLAG_ACT_COMPRESS), (char *)fs->act,
                       "--routing", (char *)fs->routing,
                       "--log-every", "1000000000",
-                      NULL};
+                      NULL, NULL, NULL};
+    if (fs->sync_every) {
+        size_t end = 0;
+        while (args[end]) end++;
+        args[end] = ROLE_ARG(ROLE_FLAG_SYNC_EVERY);
+        args[end + 1] = NUM("%d", fs->sync_every);
+    }
 #undef NUM
     int devnull = open("/dev/null", O_WRONLY);
     if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
@@ -494,7 +501,7 @@ int roles_cmd_local(int argc, char **argv)
     int followers = 0;
     for (int i = 1; i < n_clients && !rc; i++) {
         follower_spec fs = {&o, job, coord_addr, micro, act, routing.name, routing.inflight,
-                            i, n_clients};
+                            i, n_clients, wan.sync_every};
         if ((clients[followers] = spawn_follower(&fs)) < 0) rc = 1;
         else followers++;
     }

@@ -22,7 +22,8 @@ struct pipeline_executor {
     int index, n_clients;
     step_share share;          /* with n_clients > 1 */
     uint64_t exit_mid_step;    /* tests: die half-way through this step's share (0: never) */
-    outer_client *outer;       /* outer steps across regions; NULL: none */
+    outer_client *outer;       /* outer steps across regions (the leader's); NULL: none */
+    int region_rank, regions;  /* a follower's region among the job's, from the gateway */
     const char *region;        /* shown on progress lines; NULL: not */
     int outer_begun;
     int replace_wait_s;        /* for a replacement of a stage's last peer */
@@ -86,6 +87,25 @@ static int join_job_if_behind(pipeline_executor *e, cirrus_error *err)
                        (unsigned long long)pipeline_steps_done(e->p));
 }
 
+/* The outer steps' part of a step, once the optimizer step is taken (and, with several
+ * clients, before the followers are let go: step_share_lead): push, merge or install the
+ * global parameters; and if the job is past the region, join it there (e->joined_job). */
+typedef struct after_step {
+    pipeline_executor *e;
+    uint64_t step, tokens;
+} after_step;
+
+static int outer_after_step(void *ctx, cirrus_error *err)
+{
+    const after_step *a = ctx;
+    int rc = outer_client_after_step(a->e->outer, a->step, a->tokens, err);
+    if (!rc && outer_client_job_step(a->e->outer) > pipeline_steps_done(a->e->p)) {
+        rc = outer_client_join_job(a->e->outer, err);
+        if (!rc) a->e->joined_job = 1;
+    }
+    return rc;
+}
+
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
@@ -122,23 +142,28 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     if (rc) return rc;
     double loss_sum = 0.0;
     for (int m = 0; m < mine; m++) loss_sum += losses[m]; /* in order: reproducible */
+    after_step outer = {e, step, (uint64_t)B * (uint64_t)T};
     if (e->n_clients == 1) {
         rc = pipeline_step(e->p, lr, 1.0f / (float)M, step, err);
         *loss = (float)(loss_sum / M);
+        if (!rc && e->outer) rc = outer_after_step(&outer, err);
     } else if (e->index == 0) {
         double total = 0.0;
         e->share.loss_sum = loss_sum;
-        rc = step_share_lead(&e->share, M, lr, 1.0f / (float)M, &total, err);
+        rc = step_share_lead(&e->share, M, lr, 1.0f / (float)M,
+                             e->outer ? outer_after_step : NULL, &outer, &total, err);
         *loss = (float)(total / M);
     } else {
         e->share.loss_sum = loss_sum;
         rc = step_share_follow(&e->share, err);
         *loss = (float)(e->share.loss_sum / mine); /* this client's share (as last redone) */
+        /* The leader's region joined the job at a later step (step_share_follow). */
+        if (!rc && pipeline_steps_done(e->p) > step) e->joined_job = 1;
     }
-    if (!rc && e->outer)
-        rc = outer_client_after_step(e->outer, step, (uint64_t)B * (uint64_t)T, err);
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
-    if (!rc && e->outer) rc = join_job_if_behind(e, err);
+    if (!rc && e->joined_job)
+        rc = cirrus_fail(err, JOINED_JOB, "the region joined the job at inner step %llu",
+                         (unsigned long long)pipeline_steps_done(e->p));
     return rc;
 }
 
@@ -275,15 +300,16 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
     if (o->n_clients > 1)
         step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
     if (o->sync_every > 0) {
-        /* Several clients would need the outer step inside the step barrier (the leader
-         * installs parameters while the followers wait): not built yet, so refused. */
-        int rc = o->n_clients > 1
-                     ? cirrus_fail(err, CIRRUS_EINVAL, "outer steps (--sync-every) need the "
-                                   "region's only client; --clients %d", o->n_clients)
+        /* The leader takes the outer steps, between its optimizer step and letting the
+         * followers go (step_share_lead); a follower only reads its region's shard of the
+         * data from the gateway. */
+        const int timeout_ms = o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000;
+        int rc = o->index > 0
+                     ? outer_client_region(o->coord, timeout_ms, o->stop, &e->region_rank,
+                                           &e->regions, err)
                      : outer_client_open(p, o->coord, pipeline_config(p), o->sync_every,
                                          o->sync_delay, o->sync_params, o->final_step,
-                                         o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000,
-                                         o->stop, &e->outer, err);
+                                         timeout_ms, o->stop, &e->outer, err);
         if (rc) {
             free(e);
             return rc;
@@ -301,6 +327,7 @@ int pipeline_executor_data_shard(pipeline_executor *e, int *rank, int *world,
                                  cirrus_error *err)
 {
     *rank = 0, *world = 1;
+    if (e->regions > 0) *rank = e->region_rank, *world = e->regions; /* a follower */
     return e->outer ? outer_client_data_shard(e->outer, rank, world, err) : 0;
 }
 

@@ -4,8 +4,8 @@
  * peers; this module is the second case. Each step's batch is cut into microbatches that
  * the pipeline drives through the stages; with several clients sharing each step, this
  * client runs a contiguous run of them and meets the others at the coordinator's step
- * barrier (step_share.h), and only client 0, the leader, runs the optimizer step and the
- * validation passes. Between steps it admits the peers the coordinator lists and the
+ * barrier (step_share.h), and only client 0, the leader, runs the optimizer step, the
+ * outer steps across regions (before it lets the others go on) and the validation passes. Between steps it admits the peers the coordinator lists and the
  * pipeline lacks, and after each step it reports progress to the coordinator.
  *
  * A stage that loses every peer loses its state with them. The region's only client then
@@ -39,8 +39,9 @@ typedef struct pipeline_executor_options {
     /* Tests only: exit (137) half-way through this step's share, as a preempted pod
      * would (0: never). */
     uint64_t exit_mid_step;
-    /* > 0: an outer step across regions every this many inner steps, through the
-     * coordinator's gateway (outer_client.h); 0: none. The only client of its region. */
+    /* > 0: an outer step across regions every this many inner steps (or a stride of them:
+     * gateway/schedule.h), through the coordinator's gateway (outer_client.h), taken by
+     * client 0; a follower only learns its region's data shard there. 0: none. */
     int sync_every;
     int sync_timeout_ms;   /* how long an outer step may take; 0: 10 minutes */
     int sync_delay;        /* inner steps trained while an outer step runs (0: wait) */

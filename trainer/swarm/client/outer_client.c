@@ -267,6 +267,18 @@ static int head_pull(outer_client *oc, outer_pull_ok *a, cirrus_error *err)
     return 0;
 }
 
+int outer_client_region(coord_client *cc, int timeout_ms, const volatile sig_atomic_t *stop,
+                        int *region, int *regions, cirrus_error *err)
+{
+    if (!cc) return cirrus_fail(err, CIRRUS_EINVAL, "outer steps need the region's gateway "
+                                "(--coordinator)");
+    outer_client oc = {.cc = cc, .timeout_ms = timeout_ms, .stop = stop};
+    outer_pull_ok a;
+    int rc = head_pull(&oc, &a, err);
+    if (!rc) *region = a.region, *regions = a.regions;
+    return rc;
+}
+
 int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err)
 {
     (void)err; /* told by the gateway at outer_client_open */

@@ -1,6 +1,9 @@
 /* outer_client: the region's leader client taking part in the outer steps across regions.
  *
- * Every `every` inner steps, between two steps, the leader gathers the region's parameters
+ * At the inner steps the global state's schedule names (every `every` inner steps, or a
+ * stride of that the gateways agreed on: gateway/schedule.h), between two steps (with
+ * several clients, while the followers are held at the step barrier: step_share.h), the
+ * leader gathers the region's parameters
  * from its stage peers, PUSHes them to its gateway (gateway/outer_msg.h, over the
  * coordinator connection), waits for the gateway to complete the outer round with the
  * other regions, PULLs the new global parameters and installs them on every peer of every
@@ -40,6 +43,11 @@ void outer_client_close(outer_client *oc);
  * outer_client_open: the region trains on that shard of every global batch (train_options
  * data_rank, data_world), so that the regions' pseudo-gradients come from disjoint data. */
 int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_error *err);
+
+/* The same for a follower client of the region (it takes no outer steps: the leader does,
+ * step_share.h), asked of the gateway at cc alone. */
+int outer_client_region(coord_client *cc, int timeout_ms, const volatile sig_atomic_t *stop,
+                        int *region, int *regions, cirrus_error *err);
 
 /* Round 0, before the first step. */
 int outer_client_begin(outer_client *oc, cirrus_error *err);

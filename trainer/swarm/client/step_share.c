@@ -202,12 +202,16 @@ void step_share_begin(step_share *sh, uint64_t step, int mine)
 }
 
 int step_share_lead(step_share *sh, int microbatches, float lr, float grad_scale,
-                    double *total_loss, cirrus_error *err)
+                    step_share_applied_fn before_applied, void *ctx, double *total_loss,
+                    cirrus_error *err)
 {
     pipeline_step_sync sync = {microbatches, leader_settle, sh};
     int rc = leader_gather(sh, err);
     if (!rc) rc = pipeline_step_shared(sh->p, lr, grad_scale, sh->step, &sync, err);
     *total_loss = sh->barrier.loss_sum; /* every client's share, from the gather */
+    if (!rc && before_applied) rc = before_applied(ctx, err);
+    /* The region joined the job at a later step: the followers go there too. */
+    if (!rc && pipeline_steps_done(sh->p) > sh->step) sh->step = pipeline_steps_done(sh->p);
     /* Best effort: if the coordinator is away, the leader's next ARRIVE says it too. */
     cirrus_error why;
     if (!rc && barrier_call_until(sh, COORD_STEP_APPLIED, 0, NULL, clock_now_s() + 30.0, &why))
@@ -219,6 +223,11 @@ int step_share_lead(step_share *sh, int microbatches, float lr, float grad_scale
 int step_share_follow(step_share *sh, cirrus_error *err)
 {
     int rc = follower_wait(sh, err);
-    if (!rc) pipeline_step_skip(sh->p, sh->step);
-    return rc;
+    if (rc) return rc;
+    const uint64_t at = sh->barrier.applied_step > sh->step ? sh->barrier.applied_step : sh->step;
+    if (at > sh->step)
+        log_info("step %llu: the leader's region joined the job at step %llu: going there too",
+                 (unsigned long long)sh->step, (unsigned long long)at);
+    pipeline_step_skip(sh->p, at);
+    return 0;
 }

@@ -12,6 +12,12 @@
  * it after all), the leader starts the step again: RESET on every peer, a REDO for all stages, every client
  * reruns its share. The barrier's calls ride out a coordinator restart, and the leader
  * posts again the notices a restarted coordinator no longer has.
+ *
+ * What the leader does between the optimizer step and APPLIED (the region's outer step
+ * across regions: installing the global parameters) happens while the followers are held,
+ * so no follower runs the next step on parameters about to change. If the leader then stands
+ * at a later step (its region joined the job at the global state's step), APPLIED says that
+ * step, and the followers jump there with it.
  */
 #ifndef CIRRUS_STEP_SHARE_H
 #define CIRRUS_STEP_SHARE_H
@@ -59,14 +65,22 @@ void step_share_init(step_share *s, pipeline *p, coord_client *coord, int index,
 /* A new step: this client will run `mine` of its microbatches. */
 void step_share_begin(step_share *s, uint64_t step, int mine);
 
+/* Run after the leader's optimizer step, before APPLIED (NULL: nothing). */
+typedef int (*step_share_applied_fn)(void *ctx, cirrus_error *err);
+
 /* After this client's share (s->loss_sum set). The leader: wait for every client, sum every
  * stage expecting `microbatches`, take the optimizer step (lr, grad_scale as
- * pipeline_step) and say APPLIED; *total_loss is the sum of every client's losses. May
- * return PIPELINE_STEP_RESTARTED's outcome as pipeline_step_shared does. */
+ * pipeline_step), run before_applied(ctx), and say APPLIED (of the pipeline's step then:
+ * later than the step shared if before_applied moved the region on); *total_loss is the sum
+ * of every client's losses. May return PIPELINE_STEP_RESTARTED's outcome as
+ * pipeline_step_shared does. */
 int step_share_lead(step_share *s, int microbatches, float lr, float grad_scale,
-                    double *total_loss, cirrus_error *err);
+                    step_share_applied_fn before_applied, void *ctx, double *total_loss,
+                    cirrus_error *err);
 
-/* A follower: wait until the leader has applied the step, redoing what it is asked to. */
+/* A follower: wait until the leader has applied the step, redoing what it is asked to.
+ * The pipeline then stands at the step the leader applied: the shared one, or a later one
+ * the leader's region jumped to (pipeline_steps_done tells). */
 int step_share_follow(step_share *s, cirrus_error *err);
 
 #endif

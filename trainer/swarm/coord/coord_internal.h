@@ -99,6 +99,7 @@ struct coordinator {
     /* rebalancing (NULL rb: off) */
     rebalance_state *rb;
     int64_t next_rebalance_ms;
+    int rebalance_started;  /* the first period began (with the job's first step) */
     uint32_t *rb_ids;      /* [max_peers] the peers the policy was fed last period */
     size_t n_rb_ids;
     uint64_t moves, withdrawn;

@@ -121,7 +121,8 @@ int coordinator_start(const coordinator_options *o, coordinator **out, cirrus_er
         rc_cfg.max_peers = f.max_stage_peers > COORD_MAX_PEERS ? 0 : (int)f.max_stage_peers;
         co->rb = rebalance_new((int)f.n_stages, &rc_cfg);
         co->rb_ids = calloc(f.max_peers, sizeof *co->rb_ids);
-        /* The first period starts now: peers measure their capacity meanwhile. */
+        /* Looked at from now on; the first period starts with the job's first step
+         * (coord_moves_rebalance): peers measure their capacity meanwhile. */
         co->next_rebalance_ms = co->start_ms + f.rebalance_period_ms;
         if (!co->rb || !co->rb_ids) {
             rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory for the rebalancer");

@@ -118,10 +118,22 @@ static void rebalance_moves(coordinator *co, int64_t now)
     }
 }
 
-/* One period of the rebalancer, when it is due. */
+/* While the job has taken no step, how often the rebalancer looks whether it has. */
+#define REBALANCE_START_POLL_MS 250
+
+/* One period of the rebalancer, when it is due. The first period starts with the job's
+ * first step, not with the coordinator: until then the peers start, load and wait for a
+ * client, and a period spent mostly so measures startup, not the stages' capacity (on a
+ * loaded machine the first decision then came after a step or two of training). */
 void coord_moves_rebalance(coordinator *co, int64_t now)
 {
     if (!co->rb || now < co->next_rebalance_ms) return;
+    if (!co->rebalance_started) {
+        co->rebalance_started = co->step > 0;
+        co->next_rebalance_ms = now + (co->rebalance_started ? (int64_t)co->o.rebalance_period_ms
+                                                             : REBALANCE_START_POLL_MS);
+        return;
+    }
     co->next_rebalance_ms = now + co->o.rebalance_period_ms;
     rebalance_forget_gone(co);
     int rc = rebalance_feed(co, now);

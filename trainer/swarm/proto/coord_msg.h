@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "../../../common/cerr.h"
+#include "../../../common/role_args.h"
 #include "../../net/wire.h"
 
 enum coord_msg {
@@ -72,7 +73,7 @@ enum coord_role { COORD_ROLE_STAGE = 1, COORD_ROLE_CLIENT = 2 };
 #define COORD_NO_INSTRUCTION 0xffffffffu
 #define COORD_REQUEST_LIMIT 4096u    /* largest request payload a coordinator accepts */
 #define COORD_REPLY_LIMIT (16u << 20) /* largest reply payload a member accepts */
-#define COORD_MAX_CLIENTS 64       /* pipeline clients of one job in the step barrier */
+#define COORD_MAX_CLIENTS ROLE_MAX_CLIENTS       /* pipeline clients of one job in the step barrier */
 #define COORD_MAX_NOTICES 16       /* REDO notices in one STEP_SYNC_OK */
 #define COORD_NOTICE_KEEP 64       /* REDO notices the coordinator remembers (newest) */
 #define COORD_STEP_WAIT_MAX_MS 2000 /* the longest an ARRIVE may ask its answer to be held */
