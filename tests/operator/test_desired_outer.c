@@ -93,6 +93,11 @@ TEST(desired_outer_two_regions)
     ASSERT_OK(desired_build(job, &d, &err));
     assert_str(arg_of(pod(&d, "tiny-bible-r1-gw"), "--codec"), "none", "fp32 is none");
     desired_job_free(&d);
+    /* auto: the gateways choose per outer step (and space the steps out when they must). */
+    json_object_set_new(g, "codec", json_string("auto"));
+    ASSERT_OK(desired_build(job, &d, &err));
+    assert_str(arg_of(pod(&d, "tiny-bible-r2-gw"), "--codec"), "auto", "codec auto");
+    desired_job_free(&d);
     /* Fields left out (an object from an older CRD): the CRD's defaults. */
     json_object_set_new(spec_of(job), "gateway", json_object());
     ASSERT_OK(desired_build(job, &d, &err));
