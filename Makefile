@@ -126,22 +126,24 @@ demo: deps
 
 # ---- tests ----
 test: deps
-	$(MAKE) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
+	$(MAKE) -j$$(nproc) data all $(BIN)/unit-tests $(BIN)/unit-tests-asan
 	@# Every suite runs even after another failed; the summary at the end names the failures.
 	@# A+B run side by side: the operator tests mostly wait on the API server while the
-	@# real nodes' set-up downloads and builds images. The real-node test trains after them:
-	@# beside the operator suite (at nice 10) it saved four minutes, but a progress check of
-	@# the operator suite failed once under that load. Fuzzing runs beside no other suite:
-	@# its 1 s per-input limit is wall time.
+	@# real nodes' set-up downloads and builds images, and while the real-node test trains
+	@# (at nice 10). That test's load once failed a progress check of the operator suite, so
+	@# the operator tests whose checks are timed (test-operator-timed: the fault run, the
+	@# end-to-end and progress tests, and both under valgrind) run beside the set-up only,
+	@# the rest (test-operator-rest) beside the real-node test. Fuzzing runs beside no other
+	@# suite: its 1 s per-input limit is wall time.
 	@# &test-prefetch: the Go builds of the control plane, helm and the real nodes' binaries, at
 	@# the lowest CPU priority, beside the first suites (they leave a core idle much of the
 	@# time); the suites that need the binaries wait for the build if it is still running.
 	@# On a cold machine the build outlasts the suites that do not need it by minutes: fuzzing
 	@# and the CUDA build (mostly a download) come last among those, filling that wait instead
 	@# of adding to the run's end.
-	bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
+	CIRRUS_NODES_NICE=10 bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
 	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz \
-	  test-cuda-build test-cluster test-operator+nodes-prep test-nodes
+	  test-cuda-build test-cluster test-operator-timed+nodes-prep test-operator-rest+test-nodes
 
 # What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
 # niced, so that a cold run builds it while the first suites run (the installers take locks:
@@ -242,13 +244,26 @@ chaos-operator: cluster-deps $(BIN)/cirrus-operator
 
 # Operator tests need the control plane's binaries (cluster-deps) and start it themselves.
 # A second operator build without -march=native (valgrind cannot run AVX-512 code) is run
-# under valgrind through a reconcile test.
+# under valgrind through a reconcile test. test-operator runs them all; make test runs them
+# in two parts (test-operator-timed, test-operator-rest), each beside another suite.
 VALGRIND_BUILD := $(BUILD)/valgrind
-test-operator: cluster-deps all $(CORPUS) $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+OPERATOR_TESTS_BIN := $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+OPERATOR_TIMED := faults_test.sh operator_test.sh progress_test.sh
+.PHONY: valgrind-operator test-operator-timed test-operator-rest
+valgrind-operator:
 	$(MAKE) --no-print-directory BUILD=$(VALGRIND_BUILD) MARCH= OPT='-O1 -g' $(VALGRIND_BUILD)/bin/cirrus-operator
+test-operator: cluster-deps all $(CORPUS) $(OPERATOR_TESTS_BIN) valgrind-operator
 	@echo "cirrus: operator tests against the real control plane"
 	CIRRUS_CORPUS=$(CORPUS) CIRRUS_OPERATOR_VALGRIND=$(VALGRIND_BUILD)/bin/cirrus-operator \
-	  bash tests/operator/run.sh $(if $(wildcard tests/operator/*.c),$(BIN)/operator-tests)
+	  bash tests/operator/run.sh $(OPERATOR_TESTS_BIN)
+test-operator-timed: cluster-deps all $(CORPUS) valgrind-operator
+	@echo "cirrus: operator tests against the real control plane: $(OPERATOR_TIMED), then under valgrind"
+	CIRRUS_CORPUS=$(CORPUS) CIRRUS_OPERATOR_TESTS="$(OPERATOR_TIMED)" \
+	  CIRRUS_OPERATOR_VALGRIND=$(VALGRIND_BUILD)/bin/cirrus-operator bash tests/operator/run.sh
+test-operator-rest: cluster-deps all $(CORPUS) $(OPERATOR_TESTS_BIN)
+	@echo "cirrus: operator tests against the real control plane: all but $(OPERATOR_TIMED)"
+	CIRRUS_CORPUS=$(CORPUS) CIRRUS_OPERATOR_SKIP="$(OPERATOR_TIMED)" \
+	  bash tests/operator/run.sh $(OPERATOR_TESTS_BIN)
 
 clean:
 	rm -rf $(BUILD)

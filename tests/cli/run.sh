@@ -280,5 +280,14 @@ check demo_wan_bytes awk 'NR == 1 { first = $2 } END { exit !(NR >= 30 && $2 > f
 check demo_checkpoint_from_the_region test -s "$tmp/demo/ckpt/cirrus.ckpt"
 check demo_sampled grep -q '^And God said' "$tmp/demo.out"
 
+# Several clients without --microbatch: the default cuts each step's batch into a microbatch
+# for every client (it once stayed the whole batch, and the run refused to start: "1
+# microbatches per step cannot be shared by 2 clients", as every SwarmJob region with
+# clients: 2 did, the operator passing no --microbatch).
+"$bin" local --stages 2 --clients 2 --layers 2 --width 32 --heads 2 --context 16 --batch 4 \
+    --steps 3 --log-every 1 --eval-batches 1 >"$tmp/clients.out" 2>"$tmp/clients.err"
+check local_two_clients_default_microbatch test $? -eq 0
+check local_two_clients_trained grep -q '^done: 3 steps' "$tmp/clients.out"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

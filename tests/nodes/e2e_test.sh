@@ -8,7 +8,8 @@
 #     pod on a node of its region; the namespace's restricted policy admitted them all
 #   - the job Succeeds, both regions' clients end with the same global parameters (digest);
 #     each region's client validation loss is within 3% of the same layout
-#     run by `cirrus-trainer local` on this machine
+#     run by `cirrus-trainer local` on this machine; region r2 of the calm job runs two
+#     clients sharing each step (client 0 takes its outer steps)
 #   - the WAN bytes in the job's status equal the sum of the gateways' own counters
 #   - under preemption: the job Succeeds, the deletions and evictions are counted as
 #     preemptions (not failures), the loss stays within 3% of the calm run; the region whose
@@ -165,10 +166,10 @@ drain_node() {
     kubectl uncordon "$node" >/dev/null 2>&1 || not_ok "kubectl uncordon $node"
 }
 run_job() {
-    local name=$1 peers=$2 chaos=$3 outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
+    local name=$1 peers=$2 chaos=$3 r2_clients=${4:-1} outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
     local all=$((peers * 4))/$((peers * 4))
     deleted=0 reclaims=0
-    swarmjob_yaml "$name" "$peers" "$STEPS" "$SYNC_EVERY" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
+    swarmjob_yaml "$name" "$peers" "$STEPS" "$SYNC_EVERY" "$r2_clients" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
         { not_ok "apply $name: $(cat "$work/apply.log")"; return 1; }
     grep -qi warning "$work/apply.log" && not_ok "apply $name warned: $(cat "$work/apply.log")"
     until phase_is "$name" Succeeded; do
@@ -262,7 +263,7 @@ check_placement() { # NAME: every pod of the job on a real node of its own regio
 check_losses() { # NAME REFERENCE WHAT
     local r c v
     for r in r1 r2; do
-        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client" -o jsonpath='{.items[0].metadata.name}')
+        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client,cirrus.dev/index=0" -o jsonpath='{.items[0].metadata.name}')
         v=$(val_loss "$c")
         if within "$v" "$2" 3; then
             ok "$1 region $r: validation loss $v within 3% of $3 $2"
@@ -276,7 +277,7 @@ check_losses() { # NAME REFERENCE WHAT
 check_one_model() {
     local r c d digests=
     for r in r1 r2; do
-        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client" -o jsonpath='{.items[0].metadata.name}')
+        c=$(kubectl -n "$NS" get pods -l "cirrus.dev/job=$1,cirrus.dev/region=$r,cirrus.dev/role=client,cirrus.dev/index=0" -o jsonpath='{.items[0].metadata.name}')
         d=$(kubectl -n "$NS" logs "$c" 2>/dev/null | sed -nE "s|^step +$STEPS/$STEPS .*digest ([0-9a-f]+).*|\1|p" | tail -1)
         digests+="${d:-none} "
     done
@@ -288,8 +289,8 @@ check_one_model() {
     fi
 }
 
-echo "[e2e] job calm: two regions, ${STEPS} steps, outer step every ${SYNC_EVERY} over ${WAN_MBIT} Mbit/s"
-run_job calm 1 0
+echo "[e2e] job calm: two regions (r2 with 2 clients sharing each step), ${STEPS} steps, outer step every ${SYNC_EVERY} over ${WAN_MBIT} Mbit/s"
+run_job calm 1 0 2
 [[ -n "${bytes_checked:-}" ]] || not_ok "no outer step was seen while the calm job ran: wanBytes never checked"
 check_losses calm "$ref" "local's"
 check_one_model calm

@@ -56,7 +56,7 @@ install_operator_chart() { # LOG
 # A two-region SwarmJob (r1, r2) of the tiny model in 2 stages, as the tests and benchmarks
 # run it on the two nodes: q8 outer steps, CPU requests in proportion to the work (a pod
 # without requests crawls under load).
-swarmjob_yaml() { # NAME PEERS-PER-STAGE STEPS SYNC-EVERY
+swarmjob_yaml() { # NAME PEERS-PER-STAGE STEPS SYNC-EVERY [CLIENTS-OF-R2 (default 1)]
     cat <<EOF
 apiVersion: cirrus.dev/v1alpha1
 kind: SwarmJob
@@ -73,7 +73,7 @@ spec:
 $(for r in r1 r2; do cat <<REGION
     - name: $r
       peers: {replicas: $2, min: 1}
-      clients: 1
+      clients: $([[ $r == r2 ]] && echo "${5:-1}" || echo 1)
       resources:
         peer: {requests: {cpu: 300m, memory: 128Mi}}
         client: {requests: {cpu: 300m, memory: 128Mi}}

@@ -30,11 +30,13 @@ NODES_NEED_ROOT = [ "$$(id -u)" = 0 ] || { echo "cirrus: SKIP $@: real nodes nee
 nodes-prep:
 	@$(NODES_NEED_ROOT); $(MAKE) --no-print-directory image
 
+# CIRRUS_NODES_NICE: the nice level of the test and of everything it starts (containerd, the
+# kubelets and so the pods); make test sets 10, the test running beside operator tests.
 test-nodes: nodes-prep $(BIN)/cirrus-trainer $(CORPUS)
 	@$(NODES_NEED_ROOT); \
 	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions"; \
 	CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) \
-	  $(NODES_SCRIPTS)e2e_test.sh
+	  nice -n $${CIRRUS_NODES_NICE:-0} $(NODES_SCRIPTS)e2e_test.sh
 
 demo-k8s: deps
 	@[ "$$(id -u)" = 0 ] || { echo "cirrus: demo-k8s runs real nodes and needs root" >&2; exit 1; }

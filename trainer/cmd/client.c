@@ -45,7 +45,9 @@ int roles_cmd_client(int argc, char **argv)
          "stage peers, stages in order separated by '/', a stage's peers by ',' "
          "(default: ask --coordinator)",
          0},
-        {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536, "sequences per microbatch (default: batch)",
+        {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536,
+         "sequences per microbatch (default: batch, or with --clients C the largest divisor of "
+         "batch giving C microbatches or more: each client runs its share)",
          0},
         {ROLE_FLAG_COORDINATOR, FLAG_STR, &coordinator, 0, 0,
          "the region's coordinator, HOST:PORT: finds the stage peers when --stages is not "
@@ -103,7 +105,7 @@ int roles_cmd_client(int argc, char **argv)
                     "--stages HOST:PORT,... or --coordinator HOST:PORT is required");
         return cli_fail_input("client", &err);
     }
-    micro = micro ? micro : o.batch;
+    micro = micro ? micro : roles_default_microbatch(o.batch, share.n_clients);
     if (!stages) {
         peer_source src = {.n = 0, .wait_s = wait_s};
         return roles_run_client("client", &o, job, &src, codec, micro, coordinator, &routing,

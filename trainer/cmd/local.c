@@ -299,7 +299,8 @@ int roles_cmd_local(int argc, char **argv)
         {"stage-peers", FLAG_STR, &stage_peers, 0, 0,
          "peers of each stage, N0,N1,... (overrides --peers; e.g. 3,1 starts unbalanced)", 0},
         {ROLE_FLAG_MICROBATCH, FLAG_INT, &micro, 1, 65536,
-         "sequences per microbatch (default: batch / peers)", 0},
+         "sequences per microbatch (default: the largest divisor of batch giving a "
+         "microbatch to every peer of a stage and every client)", 0},
         {ROLE_FLAG_ACT_COMPRESS, FLAG_STR, &act, 0, 0, "activation codec: none or q8", 0},
         ROUTING_FLAGS(routing),
         {"act-slots", FLAG_INT, &act_slots, 1, STAGE_PEER_MAX_SLOTS,
@@ -373,7 +374,7 @@ int roles_cmd_local(int argc, char **argv)
         return cli_fail_input("local", &err);
     if (stall_text && parse_stall_peer(stall_text, n_stages, n_peers, &stall, &err))
         return cli_fail_input("local", &err);
-    if (!micro) micro = o.batch / n_peers > 0 ? o.batch / n_peers : 1;
+    if (!micro) micro = roles_default_microbatch(o.batch, n_peers > n_clients ? n_peers : n_clients);
     if (n_regions > 1 && !wan.sync_every) wan.sync_every = LOCAL_DEFAULT_SYNC_EVERY;
     /* Several regions: one process each (this one is region 0), each with its gateway's
      * outer sync next to its coordinator. */

@@ -33,6 +33,14 @@ void roles_catch_signals(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
+int roles_default_microbatch(int batch, int parts)
+{
+    if (parts < 1) parts = 1;
+    for (int m = batch / parts; m > 1; m--)
+        if (batch % m == 0) return m;
+    return 1;
+}
+
 int roles_parse_codec(const char *name, int *codec, cirrus_error *err)
 {
     if (strcmp(name, "none") == 0)

@@ -23,6 +23,11 @@ void roles_catch_signals(void);
 /* --act-compress: none or q8, into a STAGE_CODEC_*. */
 int roles_parse_codec(const char *name, int *codec, cirrus_error *err);
 
+/* The default --microbatch: the largest divisor of batch that cuts it into at least `parts`
+ * microbatches (so that `parts` peers, or clients sharing each step, each have one); 1 if
+ * batch has fewer sequences than parts. */
+int roles_default_microbatch(int batch, int parts);
+
 /* How a client routes microbatches (--routing, --inflight). */
 typedef struct routing_flags {
     const char *name;
