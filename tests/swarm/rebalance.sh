@@ -11,9 +11,9 @@
 #  - the median per-step tokens/s after the join is >= 1.5x the median before the move
 #    (ideal: 2x);
 #  - the loss trajectory stays sane: finite, the final loss below the first step's.
-# About 2 minutes (50 steps; 111 s on a Zen 1 EPYC: the peers sleep). When the machine is so loaded that only the throughput comparison fails (too
-# low a ratio, or too few steps before the move to compare), the run is repeated once; any
-# other failure fails at once.
+# About 2 minutes (50 steps; 111 s on a Zen 1 EPYC: the peers sleep). When the machine is
+# so loaded that only the throughput comparison fails (too low a ratio, or too few steps
+# before the move to compare), the run is repeated once; any other failure fails at once.
 # Usage: tests/swarm/rebalance.sh path/to/cirrus-trainer   (CIRRUS_CORPUS names the corpus)
 set -u
 bin=$1
