@@ -53,11 +53,12 @@ TEST(schedule_strides_are_agreed_one_round_ahead)
     ASSERT(!outer_schedule_push_due(&s, H, 20));
     ASSERT(!outer_schedule_push_due(&s, H, 15));
     ASSERT_EQ(outer_schedule_round(&s, 2, H, 15), 2);
-    /* The latest clock wins; a wish that is no valid stride is taken as the widest. */
-    const uint64_t at3[3] = {60, 70, 60};
+    /* The earliest clock past the last round's wins (one region's cannot pull the job's
+     * ahead); a wish that is no valid stride is taken as the widest. */
+    const uint64_t at3[3] = {90, 60, 20};
     const uint32_t wish3[3] = {1, 1, 1};
     outer_schedule_advance(&s, at3, wish3, 3);
-    ASSERT(s.at == 70 && s.stride == 2 && s.next_stride == 1);
+    ASSERT(s.at == 60 && s.stride == 2 && s.next_stride == 1);
     const uint32_t odd[1] = {3};
     outer_schedule_advance(&s, at3, odd, 1);
     ASSERT_EQ(s.next_stride, OUTER_MAX_STRIDE);

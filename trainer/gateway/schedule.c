@@ -29,13 +29,17 @@ uint64_t outer_schedule_result_due(const outer_schedule *s, uint64_t every, uint
 
 void outer_schedule_advance(outer_schedule *s, const uint64_t *at, const uint32_t *wish, int n)
 {
-    uint64_t latest = s->at;
+    /* The earliest push clock past the last round's: every region pushes a round at the
+     * same clock but the last step's (off the grid, and the run's end), so this is the
+     * grid point; and one message's clock cannot hold the job's schedule ahead of the
+     * others' (a clock from the network is used for nothing else). */
+    uint64_t earliest = 0;
     uint32_t widest = 1;
     for (int i = 0; i < n; i++) {
-        latest = at[i] > latest ? at[i] : latest;
+        if (at[i] > s->at && (!earliest || at[i] < earliest)) earliest = at[i];
         widest = wish[i] > widest ? wish[i] : widest;
     }
-    s->at = latest;
+    if (earliest) s->at = earliest;
     s->stride = s->next_stride;
     s->next_stride = outer_stride_valid(widest) ? widest : OUTER_MAX_STRIDE;
 }

@@ -52,8 +52,9 @@ uint64_t outer_schedule_round(const outer_schedule *s, uint64_t done, uint64_t e
 uint64_t outer_schedule_result_due(const outer_schedule *s, uint64_t every, uint64_t pushed);
 
 /* The schedule after a round, from the one before it and the round's present messages:
- * their push clocks at[0..n) and stride wishes wish[0..n) (each valid). Every gateway that
- * completes the round from the same messages computes the same. */
+ * their push clocks at[0..n) (the earliest past the previous round's is the round's) and
+ * stride wishes wish[0..n) (each valid; the widest wins). Every gateway that completes the
+ * round from the same messages computes the same. */
 void outer_schedule_advance(outer_schedule *s, const uint64_t *at, const uint32_t *wish, int n);
 
 /* On the wire: u64 at, u32 stride, u32 next_stride. Get refuses a stride that is not valid. */

@@ -304,6 +304,7 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
          * followers go (step_share_lead); a follower only reads its region's shard of the
          * data from the gateway. */
         const int timeout_ms = o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000;
+        if (o->n_clients > 1) e->share.outer = 1, e->share.outer_wait_s = timeout_ms / 1000.0;
         int rc = o->index > 0
                      ? outer_client_region(o->coord, timeout_ms, o->stop, &e->region_rank,
                                            &e->regions, err)

@@ -359,7 +359,7 @@ static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_err
      * must start from the merged parameters) or the run ends. So a sync that takes longer
      * than `delay` steps, or a region that pushed later than this one, costs no waiting as
      * long as the round is done within the window. */
-    if (fr->pending && step >= fr->pushed_at + (uint64_t)oc->delay) {
+    if (fr->pending && (step >= fr->pushed_at + (uint64_t)oc->delay || step >= oc->final_step)) {
         const int due = at >= fr->result_due || step >= oc->final_step;
         rc = apply_round(oc, fr, due, err);
         if (rc == OUTER_NOT_YET && !due) rc = 0;

@@ -157,7 +157,8 @@ static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
 /* A follower: wait until the leader has applied the step, redoing what it asks. */
 static int follower_wait(step_share *sh, cirrus_error *err)
 {
-    const double deadline = clock_now_s() + BARRIER_TIMEOUT_S;
+    const double wait_s = BARRIER_TIMEOUT_S + (sh->outer ? sh->outer_wait_s : 0.0);
+    const double deadline = clock_now_s() + wait_s;
     for (;;) { /* each ARRIVE is held until the step is applied or there is news, or 1 s */
         int rc = barrier_call_until(sh, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (rc) return rc;
@@ -174,7 +175,7 @@ static int follower_wait(step_share *sh, cirrus_error *err)
         }
         if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
-                               (unsigned long long)sh->step, BARRIER_TIMEOUT_S);
+                               (unsigned long long)sh->step, wait_s);
     }
 }
 
@@ -224,7 +225,10 @@ int step_share_follow(step_share *sh, cirrus_error *err)
 {
     int rc = follower_wait(sh, err);
     if (rc) return rc;
-    const uint64_t at = sh->barrier.applied_step > sh->step ? sh->barrier.applied_step : sh->step;
+    /* Only outer steps move a region on (a join); without them a later applied step is
+     * not this run's (the coordinator outlived a restart from a checkpoint). */
+    const uint64_t at = sh->outer && sh->barrier.applied_step > sh->step
+                            ? sh->barrier.applied_step : sh->step;
     if (at > sh->step)
         log_info("step %llu: the leader's region joined the job at step %llu: going there too",
                  (unsigned long long)sh->step, (unsigned long long)at);

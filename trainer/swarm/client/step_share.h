@@ -55,6 +55,11 @@ typedef struct step_share {
     share_peer posted[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
     int n_posted;
     coord_step_state barrier;  /* the barrier's latest answer */
+    /* Outer steps across regions (set by the executor): the leader takes one before it
+     * says APPLIED, so a follower waits that much longer (the round's timeout), and a
+     * later step applied means the region joined the job there. */
+    int outer;
+    double outer_wait_s;
 } step_share;
 
 /* Set up s for client `index` of `n_clients` (2 or more) and hook it to the pipeline: the
@@ -79,8 +84,8 @@ int step_share_lead(step_share *s, int microbatches, float lr, float grad_scale,
                     cirrus_error *err);
 
 /* A follower: wait until the leader has applied the step, redoing what it is asked to.
- * The pipeline then stands at the step the leader applied: the shared one, or a later one
- * the leader's region jumped to (pipeline_steps_done tells). */
+ * The pipeline then stands at the step the leader applied: the shared one, or, with outer
+ * steps, a later one the leader's region jumped to (pipeline_steps_done tells). */
 int step_share_follow(step_share *s, cirrus_error *err);
 
 #endif
