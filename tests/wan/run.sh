@@ -71,6 +71,23 @@ else
     bad overlap_ran; tail -20 "$tmp/ov.err"
 fi
 
+#     The run's last step inside the delay of the last push (22 steps, pushes at 5..20): it
+#     takes that round first, then its own, the fifth (it once pushed two rounds ahead of
+#     the one pending, which its gateway refused).
+if "$bin" local --regions 2 --stages 2 "${model[@]}" --steps 22 --sync-every 5 --codec q8 \
+    --sync-delay 4 --json >"$tmp/ovend.json" 2>"$tmp/ovend.err"; then
+    f0=$(final_of "$tmp/ovend.json" r0) f1=$(final_of "$tmp/ovend.json" r1)
+    if [ -n "$(field digest "$f0")" ] && [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
+        [ "$(field outer_step "$f0")" = 5 ] && [ "$(field outer_step "$f1")" = 5 ]; then
+        ok last_step_inside_the_delay_takes_the_pending_round_first
+    else
+        bad last_step_inside_the_delay_takes_the_pending_round_first; echo "r0: $f0"; echo "r1: $f1"
+        tail -3 "$tmp/ovend.err"
+    fi
+else
+    bad last_step_inside_the_delay_ran; tail -5 "$tmp/ovend.err"
+fi
+
 # 2f. Staggered fragments (--fragments 2, Streaming DiLoCo): each half of the parameters is
 #     an outer sync of its own; fragment 0 pushes 5 steps before each multiple of H = 10,
 #     fragment 1 at it, so the WAN carries half the bytes at a time. Both regions log the
