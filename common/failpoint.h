@@ -6,6 +6,9 @@
  * `local` run's per-region faults, in that region's process). Names in use:
  *   corrupt-after=K    a gateway changes a global parameter after outer step K
  *                      (the digest repair is tested with it: gateway/outer_round.c)
+ *   outer-begin-delay-ms=MS  a region's leader client waits MS before it takes the global
+ *                      parameters at its first step, so that its followers' share of the
+ *                      step is on the peers first (swarm/client/executor.c)
  *   exit-after-redo    a coordinator exits (137) on the first step-barrier call after a
  *                      REDO notice was posted (swarm/coord/barrier.c)
  *   stall-average-at=S a stage peer hangs stall-average-ms=MS in the gradient averaging

@@ -189,8 +189,12 @@ fi
 #     takes the optimizer and outer steps while the other waits at the step barrier, then
 #     both go on from the global parameters). The regions end bit-identical after every
 #     outer step, and the losses are those of one client per region (the same batches; the
-#     gradients summed in another grouping: within 1e-5 relative at every step).
-if "$bin" local --regions 2 --stages 2 --clients 2 "${model[@]}" --batch 8 --microbatch 2 \
+#     gradients summed in another grouping: within 1e-5 relative at every step). Each
+#     leader takes the global parameters 1 s late (failpoint), so its follower's share of
+#     the first step is on the peers by then: the install waits for the step's end (the
+#     peers would refuse it mid-step, and the region stall).
+if CIRRUS_FAILPOINTS=outer-begin-delay-ms=1000 timeout 120 \
+    "$bin" local --regions 2 --stages 2 --clients 2 "${model[@]}" --batch 8 --microbatch 2 \
     --lr 1e-3 --steps 30 --log-every 5 --sync-every 5 --codec none --json >"$tmp/mc2.json" 2>"$tmp/mc2.err" &&
     "$bin" local --regions 2 --stages 2 --clients 1 "${model[@]}" --batch 8 --microbatch 2 \
     --lr 1e-3 --steps 30 --log-every 5 --sync-every 5 --codec none --json >"$tmp/mc1.json" 2>"$tmp/mc1.err"; then

@@ -12,10 +12,14 @@
 #   c. garbage at a gateway's WAN port while (a) trains (random bytes, a truncated frame, a
 #      plaintext HELLO to the TLS port, another CA's certificate, a certificate of the job's
 #      CA for a region not in the job, idle connections): each is refused, training goes on
+#   d. --codec auto on a link that drops from 20 to 2 Mbit/s (the gateways compress harder;
+#      every sync crosses within its window at >= 90% of the link), then to 0.15 Mbit/s
+#      (they agree to sync less often), and recovers (a sync every 40 steps again, then
+#      denser codecs)
 #   e. region r1 loses every process (its zone reclaimed: gateway, peers and client killed)
-#      and starts again from nothing: its client joins the job at the global state's inner
-#      step instead of redoing the steps the other region is past, and both regions end
-#      with one model
+#      and starts again from nothing, with two clients: they join the job at the global
+#      state's inner step instead of redoing the steps the other region is past, and both
+#      regions end with one model
 #   f. region r1's client stopped (SIGSTOP) after outer round 19 of 20 until region r0 has
 #      finished the job without it, then continued: r0 completed the last rounds alone, so
 #      r1's late message of round 20 is refused and r1 takes r0's result instead of finishing
@@ -67,7 +71,7 @@ wait_for() {
 stop_regions() { wan_stop 5; }
 
 # Run inside a region, against its gateway's /status: watch FILE (append the "outer" object
-# each time it changes, until killed or 300 s), or wait-inflight K BYTES TIMEOUT (until round
+# each time it changes, until killed or 600 s), or wait-inflight K BYTES TIMEOUT (until round
 # K - 1 is done and BYTES more have arrived from the other region since, while round K is
 # not: its message is on the wire).
 cat >"$tmp/status.py" <<'PY'
@@ -78,7 +82,7 @@ def outer():
     except (OSError, ValueError, KeyError):
         return None
 if sys.argv[1] == "watch":
-    last, end = None, time.time() + 300
+    last, end = None, time.time() + 600
     with open(sys.argv[2], "a") as f:
         while time.time() < end:
             o = outer()
@@ -245,9 +249,11 @@ start_gateway() {
 
 # start_region I DIR: region I's gateway, stage peers (stage 0: layer 0, stage 1: the rest)
 # and client, in its namespace, from the settings job, model, batch, steps, sync, gw_flags;
-# their logs in DIR. Every region on the same ports: each has its own loopback.
+# their logs in DIR. Every region on the same ports: each has its own loopback. With
+# clients=C (default 1), C clients share each step: client 0 (client_pid[I], c$I.*) leads,
+# the others (follower_pids, c$I-K.*) follow; client_env: VAR=value settings of client 0.
 start_region() {
-    local i=$1 d=$2 s serve
+    local i=$1 d=$2 s serve k n=${clients:-1}
     mkdir -p "$d"
     start_gateway "$i" "$d/gw$i.err"
     for s in 0 1; do
@@ -256,16 +262,22 @@ start_region() {
             --batch "$batch" --job "$job" --listen 127.0.0.1:0 --coordinator 127.0.0.1:7400 \
             --stage-index "$s" --seed 1337 2>"$d/s$i$s.err"
     done
-    OMP_NUM_THREADS=1 wan_spawn "$i" "$bin" client --job "$job" --coordinator 127.0.0.1:7400 \
-        "${model[@]}" --batch "$batch" --steps "$steps" --sync-every "$sync" --region "r$i" \
-        --seed 1337 --data "$corpus" --eval-batches 4 --log-every 1 --json \
-        >"$d/c$i.json" 2>"$d/c$i.err"
-    client_pid[i]=$WAN_PID
+    for ((k = n - 1; k >= 0; k--)); do
+        local out=$d/c$i; [ "$k" -gt 0 ] && out+="-$k"
+        local share=(); [ "$n" -gt 1 ] && share=(--clients "$n" --client-index "$k")
+        local env=(OMP_NUM_THREADS=1); [ "$k" = 0 ] && env+=(${client_env:-})
+        wan_spawn "$i" env "${env[@]}" "$bin" client --job "$job" --coordinator 127.0.0.1:7400 \
+            "${model[@]}" --batch "$batch" --steps "$steps" --sync-every "$sync" --region "r$i" \
+            "${share[@]}" --seed 1337 --data "$corpus" --eval-batches 4 --log-every 1 --json \
+            >"$out.json" 2>"$out.err"
+        if [ "$k" = 0 ]; then client_pid[i]=$WAN_PID; else follower_pids+=("$WAN_PID"); fi
+    done
     wan_spawn "$i" python3 "$tmp/status.py" watch "$d/status$i.jsonl"
 }
 
 # The checks every run ends with: both clients exited 0 within $2 s, with the same final
-# digest and outer step ($3); every round's digest the same in both gateways' logs; both
+# digest and outer step ($3; "logged": as many as r0's gateway logged, where the gateways
+# space the rounds out); every round's digest the same in both gateways' logs; both
 # gateways' /status showed the link up, WAN bytes moved and no digest mismatch.
 check_run() {
     local name=$1 limit=$2 want=$3 d=$tmp/$1 i rc f0 f1 why=
@@ -274,6 +286,7 @@ check_run() {
         rc=$?
         [ "$rc" -ne 0 ] && why+=" client r$i exit $rc;"
     done
+    [ "$want" = logged ] && want=$(rounds_of "$d/gw0.err" | wc -l)
     f0=$(grep '"final":true' "$d/c0.json") f1=$(grep '"final":true' "$d/c1.json")
     if [ -z "$why" ] && [ -n "$(field digest "$f0")" ] &&
         [ "$(field digest "$f0")" = "$(field digest "$f1")" ] &&
@@ -447,7 +460,7 @@ fi
 # frame on a connection the cut killed (its socket is shut down when it stops).
 if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_promptly; fi
 
-# ---- d: --codec auto on a link that drops from 20 to 2 Mbit/s and recovers ----
+# ---- d: --codec auto on a link that drops from 20 to 2 and 0.15 Mbit/s and recovers ----
 # ~3.6 M parameters trained on 32 tokens a step (messages of 90 KB to 14 MB, steps as cheap
 # as a 1 M-parameter model's on 128), 40 inner steps between outer steps (the window:
 # whatever 40 steps take on this machine). The ladder's rungs are at most 2x apart up to
@@ -455,8 +468,12 @@ if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_prom
 #   rounds 1..D     20 Mbit/s; then the rate drops to 2 Mbit/s (at D: round 6 done)
 #   rounds D+1..U   the gateways compress harder; from D+3 on every message crosses within
 #                   its window at >= 90% of the link's rate
-#   rounds U+1..    20 Mbit/s again (at U: round 14 done): they back off to a denser codec
-job=job-d layers=2 batch=2 sync=40 steps=$((40 * 22))
+#   rounds U+1..    0.15 Mbit/s (at U: round 14 done): even the sparsest message (1% top-k,
+#                   ~90 KB: ~5 s) needs more than a window on any machine whose step takes
+#                   under ~150 ms, so the gateways agree to push the rounds further apart
+#   then            20 Mbit/s again (once both gateways spaced the rounds out): they go back
+#                   to a round every 40 steps, then back off to a denser codec
+job=job-d layers=2 batch=2 sync=40 steps=$((40 * 30))
 model=(--layers "$layers" --width 384 --heads 4 --context 16)
 "$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-d" >/dev/null || bad certs_made
 for i in 0 1; do wan_shape "$i" 20mbit; done
@@ -472,11 +489,22 @@ at_round() {
     for i in 0 1; do wan_set_rate "$i" "$2"; done
     echo "    $(date +%T) the link at $2 after round $1" >&2
 }
-at_round 6 2mbit && at_round 14 20mbit || bad d_rate_changed
-check_run d 240 $((steps / sync))
+# spaced_out RATE: once both gateways have pushed the rounds further apart, both links at
+# RATE; prints the latest round both had done by then.
+spaced_out() {
+    local wide='outer round [0-9]*: the round after next is pushed \([2-9]\|1[0-9]\) x'
+    timeout 240 bash -c "until grep -q '$wide' '$tmp/d/gw0.err' &&
+        grep -q '$wide' '$tmp/d/gw1.err'; do sleep 0.05; done" || return 1
+    for i in 0 1; do wan_set_rate "$i" "$1"; done
+    echo "    $(date +%T) the link at $1 once the rounds were spaced out" >&2
+}
+at_round 6 2mbit && at_round 14 150kbit && spaced_out 20mbit || bad d_rate_changed
+check_run d 480 logged
 python3 - "$tmp/d" 6 14 <<'PY'
 import re, sys
 d, down, up = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+spaced = re.compile(r"outer round (\d+): the round after next is pushed (\d+) x")
+spacing = {}
 ladder = ["none", "fp16", "q8", "lowbit:4+zstd", "lowbit:2+zstd", "topk:0.01+zstd"]
 done = re.compile(r"outer round (\d+) done .*; codec (\S+), window ([0-9.]+) s")
 sent = re.compile(r"outer round (\d+): (\d+)-byte message to region \S+ in ([0-9.]+) s")
@@ -494,10 +522,19 @@ for g in (0, 1):
             rung[int(m[1])], window[int(m[1])] = ladder.index(m[2]), float(m[3])
         if m := sent.search(line):
             msg[int(m[1])] = (int(m[2]), float(m[3]))
+    spacing[g] = [(int(m[1]), int(m[2])) for line in open(f"{d}/gw{g}.err")
+                  if (m := spaced.search(line))]
+    wide = [k for k, x in spacing[g] if k > up and x >= 2]
+    narrow = [k for k, x in spacing[g] if wide and k > wide[0] and x == 1]
+    print(f"    gateway r{g}: the round after next pushed (round: x 40 steps) " +
+          " ".join(f"{k}:{x}" for k, x in spacing[g]))
+    check(f"d_r{g}_syncs_less_often_when_even_the_sparsest_codec_does_not_fit", wide,
+          f"{spacing[g]}")
+    check(f"d_r{g}_syncs_every_40_steps_again_when_the_link_recovers", narrow, f"{spacing[g]}")
     last = max(rung)
     fast = [rung[k] for k in range(3, down + 1)]
     slow = [rung[k] for k in range(down + 3, up + 1)]
-    again = [rung[k] for k in range(up + 4, last + 1)]
+    again = [rung[k] for k in range(narrow[0] + 3, last + 1) if k in rung] if narrow else []
     print(f"    gateway r{g}: codec by round " + " ".join(f"{k}:{ladder[rung[k]]}" for k in sorted(rung)))
     slow_msgs = [(k, *msg[k], window[k]) for k in range(down + 3, up + 1) if k in msg]
     print("    r%d on the slow link: " % g + ", ".join(
@@ -516,6 +553,7 @@ for g in (0, 1):
     check(f"d_r{g}_link_use_at_least_90_percent_while_syncing", use >= 0.9, f"{slow_msgs}")
     check(f"d_r{g}_backs_off_when_the_link_recovers", again and min(again) < min(slow),
           f"on the slow link {slow}, after it {again}")
+check("d_gateways_agree_on_the_spacing", spacing[0] == spacing[1], f"{spacing}")
 sys.exit(0 if ok else 1)
 PY
 [ $? -eq 0 ] && pass=$((pass + 1)) || fail=$((fail + 1))
@@ -523,6 +561,10 @@ stop_regions
 
 
 # ---- e: region r1 lost whole and started again from nothing ----
+# It comes back with two clients sharing each step, its leader taking the global parameters
+# 1 s late (failpoint), so that its follower's share of the first step is on the peers by
+# then: the leader installs them at that step's end, while the follower is held, and both
+# jump to the job's step.
 job=job-e layers=2 batch=4 steps=200 sync=5
 model=(--layers "$layers" --width 64 --heads 4 --context 32)
 "$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-e" >/dev/null || bad certs_made
@@ -535,12 +577,17 @@ if timeout 120 bash -c "until grep -q 'outer round 10 done' '$tmp/e/gw1.err'; do
     # Every process of r1's namespace at once, as a reclaimed zone takes them.
     for p in $(ip netns pids "$(wan_ns 1)"); do kill -KILL "$p" 2>/dev/null; done
     sleep 2
-    gw_flags=(--tls-dir "$tmp/certs-e/r1")
-    start_region 1 "$tmp/e/again"
+    gw_flags=(--tls-dir "$tmp/certs-e/r1") follower_pids=()
+    clients=2 client_env=CIRRUS_FAILPOINTS=outer-begin-delay-ms=1000 start_region 1 "$tmp/e/again"
     why=
     for i in 0 1; do
         wait_for "${client_pid[i]}" 120 || why+=" client r$i exit $?;"
     done
+    wait_for "${follower_pids[0]}" 60 || why+=" r1's second client exit $?;"
+    grep -q 'global parameters of outer step .* once its first step is taken' "$tmp/e/again/c1.err" ||
+        why+=" r1's leader did not hold the install;"
+    grep -q "the leader's region joined the job at step" "$tmp/e/again/c1-1.err" ||
+        why+=" r1's second client did not go to the job's step;"
     f0=$(grep '"final":true' "$tmp/e/c0.json") f1=$(grep '"final":true' "$tmp/e/again/c1.json")
     joined=$(sed -nE 's/.*the region joins it at inner step ([0-9]+) .*/\1/p' "$tmp/e/again/c1.err" | head -1)
     ran=$(grep -c '"step"' "$tmp/e/again/c1.json") # progress lines: one per step it trained
@@ -551,7 +598,7 @@ if timeout 120 bash -c "until grep -q 'outer round 10 done' '$tmp/e/gw1.err'; do
         ok e_region_started_again_joins_the_job_and_ends_with_one_model
     else
         bad e_region_started_again_joins_the_job_and_ends_with_one_model; echo "   $why"
-        tail -n 4 "$tmp/e/again/c1.err" "$tmp/e/again/gw1.err"
+        tail -n 4 "$tmp/e/again/c1.err" "$tmp/e/again/c1-1.err" "$tmp/e/again/gw1.err"
     fi
 else
     bad e_region_started_again_joins_the_job_and_ends_with_one_model; tail -3 "$tmp/e/gw1.err"

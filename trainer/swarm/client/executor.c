@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../../../common/clock.h"
+#include "../../../common/failpoint.h"
 #include "../../../common/log.h"
 #include "outer_client.h"
 #include "step_share.h"
@@ -74,22 +75,27 @@ static void admit_new_peers(void *ctx, uint64_t step)
 }
 
 /* The outer steps told the region that the job is past it (the region restarted or was cut
- * off while the others trained on): it joins the job's step, and the step in hand does not
- * count (JOINED_JOB, which pipe_recover turns into "training goes on from first_step()"). */
+ * off while the others trained on): it joins the job's step (e->joined_job), and the step in
+ * hand does not count (joined_job_failure: JOINED_JOB, which pipe_recover turns into
+ * "training goes on from first_step()"). */
 #define JOINED_JOB CIRRUS_ECONFLICT
 static int join_job_if_behind(pipeline_executor *e, cirrus_error *err)
 {
     if (outer_client_job_step(e->outer) <= pipeline_steps_done(e->p)) return 0;
     int rc = outer_client_join_job(e->outer, err);
-    if (rc) return rc;
-    e->joined_job = 1;
+    if (!rc) e->joined_job = 1;
+    return rc;
+}
+
+static int joined_job_failure(const pipeline_executor *e, cirrus_error *err)
+{
     return cirrus_fail(err, JOINED_JOB, "the region joined the job at inner step %llu",
                        (unsigned long long)pipeline_steps_done(e->p));
 }
 
 /* The outer steps' part of a step, once the optimizer step is taken (and, with several
  * clients, before the followers are let go: step_share_lead): push, merge or install the
- * global parameters; and if the job is past the region, join it there (e->joined_job). */
+ * global parameters, and join the job if it is past the region. */
 typedef struct after_step {
     pipeline_executor *e;
     uint64_t step, tokens;
@@ -99,11 +105,7 @@ static int outer_after_step(void *ctx, cirrus_error *err)
 {
     const after_step *a = ctx;
     int rc = outer_client_after_step(a->e->outer, a->step, a->tokens, err);
-    if (!rc && outer_client_job_step(a->e->outer) > pipeline_steps_done(a->e->p)) {
-        rc = outer_client_join_job(a->e->outer, err);
-        if (!rc) a->e->joined_job = 1;
-    }
-    return rc;
+    return rc ? rc : join_job_if_behind(a->e, err);
 }
 
 static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, const int32_t *y,
@@ -120,10 +122,16 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
                            "%d clients", M, e->n_clients);
     admit_new_peers(e, step);
     if (e->outer && !e->outer_begun) { /* the region starts from the global parameters */
-        int rc = outer_client_begin(e->outer, err);
+        /* With followers, which may run this step's share on the peers already, the install
+         * and a join wait for the step's end, while they are held (outer_after_step). */
+        const int held = e->n_clients > 1;
+        uint64_t late_ms; /* tests: the followers' share reaches the peers first */
+        if (failpoint_on("outer-begin-delay-ms", &late_ms)) usleep((useconds_t)late_ms * 1000);
+        int rc = outer_client_begin(e->outer, held, err);
         if (rc) return rc;
         e->outer_begun = 1;
-        if ((rc = join_job_if_behind(e, err))) return rc;
+        if (!held && (rc = join_job_if_behind(e, err))) return rc;
+        if (e->joined_job) return joined_job_failure(e, err);
     }
     /* This client's share: a contiguous run of the step's microbatches. */
     const int first = e->index * M / e->n_clients;
@@ -161,9 +169,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
         if (!rc && pipeline_steps_done(e->p) > step) e->joined_job = 1;
     }
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
-    if (!rc && e->joined_job)
-        rc = cirrus_fail(err, JOINED_JOB, "the region joined the job at inner step %llu",
-                         (unsigned long long)pipeline_steps_done(e->p));
+    if (!rc && e->joined_job) rc = joined_job_failure(e, err);
     return rc;
 }
 

@@ -52,6 +52,8 @@ struct outer_client {
     const volatile sig_atomic_t *stop;
     uint64_t wan_bytes;
     int region, regions;  /* the region's index among the job's and their number (PULL_OK) */
+    /* outer_client_begin held its install to the end of the first step (other clients). */
+    int install_held;
     int n_frags;
     frag frag[OUTER_MAX_FRAGMENTS];
 };
@@ -289,38 +291,68 @@ int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_erro
 
 /* The gateway's latest global parameters of fragment fr, installed as the region's. A
  * gateway with none (restarted, alone) adopts the region's own first (round 0). */
-static int take_latest(outer_client *oc, frag *fr, cirrus_error *err)
+/* Round 0 of fragment fr: the region's floats pushed (the first region's become the job's
+ * initial parameters; the others' are checked against them) and the latest global ones
+ * pulled into fr->global, not installed. */
+static int fetch_latest(outer_client *oc, frag *fr, cirrus_error *err)
 {
     int rc = push(oc, fr, 0, pipeline_steps_done(oc->p), err);
     if (!rc) rc = pull(oc, fr, 0, 1, err);
-    if (!rc) {
-        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
-        rc = install(oc, fr, oc->now, err);
-    }
     fr->pending = 0;
     return rc;
 }
 
-int outer_client_begin(outer_client *oc, cirrus_error *err)
+static int take_latest(outer_client *oc, frag *fr, cirrus_error *err)
+{
+    int rc = fetch_latest(oc, fr, err);
+    if (!rc) {
+        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
+        rc = install(oc, fr, oc->now, err);
+    }
+    return rc;
+}
+
+int outer_client_begin(outer_client *oc, int hold_install, cirrus_error *err)
 {
     const uint64_t step = pipeline_steps_done(oc->p);
     int rc = 0;
-    for (int f = 0; f < oc->n_frags && !rc; f++) rc = take_latest(oc, &oc->frag[f], err);
+    for (int f = 0; f < oc->n_frags && !rc; f++)
+        rc = hold_install ? fetch_latest(oc, &oc->frag[f], err)
+                          : take_latest(oc, &oc->frag[f], err);
+    oc->install_held = !rc && hold_install;
     uint64_t outer_step, wan_bytes, digest;
     outer_client_progress(oc, &outer_step, &wan_bytes, &digest);
     if (!rc)
         log_info("outer: region at inner step %llu takes the global parameters of outer step "
-                 "%llu (digest %016llx)", (unsigned long long)step,
-                 (unsigned long long)outer_step, (unsigned long long)digest);
+                 "%llu (digest %016llx)%s", (unsigned long long)step,
+                 (unsigned long long)outer_step, (unsigned long long)digest,
+                 hold_install ? " once its first step is taken (the other clients held)" : "");
     /* Inner steps already taken belong to rounds before this one: count from here. */
     return rc;
 }
 
+/* Fragment fr's global parameters (fr->global) installed in place of the region's. Where
+ * the region trained on since its floats were pushed (fr->pushed_sync, at step pushed_at),
+ * the progress it made meanwhile is kept on top: theta = global + (theta_now -
+ * theta_at_push), the delayed merge of one-step-delayed outer updates. */
+static int install_global(outer_client *oc, frag *fr, uint64_t pushed_at, cirrus_error *err)
+{
+    int rc;
+    if (pipeline_steps_done(oc->p) != pushed_at) {
+        if ((rc = gather(oc, fr, oc->now, err))) return rc;
+        sync_params_pack(&fr->sp, oc->now, oc->scratch);
+        for (uint64_t i = 0; i < fr->m; i++)
+            oc->scratch[i] = fr->global[i] + (oc->scratch[i] - fr->pushed_sync[i]);
+        sync_params_unpack(&fr->sp, oc->scratch, oc->now);
+    } else {
+        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
+    }
+    return install(oc, fr, oc->now, err);
+}
+
 /* Fragment fr's round pushed at step `pushed_at` is applied: its global parameters replace
- * the region's. Where the region trained on meanwhile (overlap), the progress it made since
- * the push is kept on top: theta = global + (theta_now - theta_at_push), the delayed merge
- * of one-step-delayed outer updates. Without wait, a round not done yet is left pending
- * (OUTER_NOT_YET). */
+ * the region's (merged with what it trained since the push: install_global). Without wait,
+ * a round not done yet is left pending (OUTER_NOT_YET). */
 static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
 {
     int rc = pull(oc, fr, fr->pending_round, wait, err);
@@ -331,21 +363,30 @@ static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
         return 0;
     }
     if (rc) return rc;
-    if (pipeline_steps_done(oc->p) != fr->pushed_at) {
+    if (pipeline_steps_done(oc->p) != fr->pushed_at)
         log_info("outer: outer step %llu merged at inner step %llu (pushed at %llu)%s",
                  (unsigned long long)fr->pending_round,
                  (unsigned long long)pipeline_steps_done(oc->p), (unsigned long long)fr->pushed_at,
                  fr->name);
-        if ((rc = gather(oc, fr, oc->now, err))) return rc;
-        sync_params_pack(&fr->sp, oc->now, oc->scratch);
-        for (uint64_t i = 0; i < fr->m; i++)
-            oc->scratch[i] = fr->global[i] + (oc->scratch[i] - fr->pushed_sync[i]);
-        sync_params_unpack(&fr->sp, oc->scratch, oc->now);
-    } else {
-        sync_params_unpack(&fr->sp, fr->global, oc->now); /* the rest stays regional */
-    }
-    rc = install(oc, fr, oc->now, err);
+    rc = install_global(oc, fr, fr->pushed_at, err);
     fr->pending = 0;
+    return rc;
+}
+
+/* The install outer_client_begin held, after the first step: where the region's floats
+ * were the global ones already (every region of a new job starts from one seed), there is
+ * nothing to do and the step stands bit for bit; else the global parameters go in with
+ * the step's progress on top, as a late round's (install_global). */
+static int install_held_begin(outer_client *oc, cirrus_error *err)
+{
+    oc->install_held = 0;
+    const uint64_t begun_at = pipeline_steps_done(oc->p) - 1;
+    int rc = 0;
+    for (int f = 0; f < oc->n_frags && !rc; f++) {
+        frag *fr = &oc->frag[f];
+        if (memcmp(fr->global, fr->pushed_sync, fr->m * sizeof(float)) == 0) continue;
+        rc = install_global(oc, fr, begun_at, err);
+    }
     return rc;
 }
 
@@ -408,7 +449,7 @@ static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_err
 int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
                             cirrus_error *err)
 {
-    int rc = 0;
+    int rc = oc->install_held ? install_held_begin(oc, err) : 0;
     for (int f = 0; f < oc->n_frags && !rc; f++) {
         oc->frag[f].tokens += tokens;
         rc = frag_after_step(oc, &oc->frag[f], step, err);
@@ -419,6 +460,7 @@ int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
 int outer_client_restore(outer_client *oc, cirrus_error *err)
 {
     int rc = 0;
+    oc->install_held = 0; /* the global parameters go in here */
     for (int f = 0; f < oc->n_frags && !rc; f++) {
         frag *fr = &oc->frag[f];
         rc = pull(oc, fr, fr->pending ? fr->pending_round : 0 /* the latest */, 1, err);

@@ -49,8 +49,13 @@ int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_erro
 int outer_client_region(coord_client *cc, int timeout_ms, const volatile sig_atomic_t *stop,
                         int *region, int *regions, cirrus_error *err);
 
-/* Round 0, before the first step. */
-int outer_client_begin(outer_client *oc, cirrus_error *err);
+/* Round 0, before the first step: the region takes the latest global parameters. With
+ * hold_install (a leader whose other clients may already run their share of the first step
+ * on the peers, which refuse new parameters mid-step), they are installed only after that
+ * step, in the first outer_client_after_step, which the leader runs while the followers
+ * are held (step_share_lead): with the step's progress on top, or not at all where the
+ * region had them already. */
+int outer_client_begin(outer_client *oc, int hold_install, cirrus_error *err);
 /* After inner step `step` (tokens: trained on since the last call): the outer step, when
  * step is a multiple of every. */
 int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
