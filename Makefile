@@ -145,16 +145,14 @@ test: deps
 	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz \
 	  test-cuda-build test-cluster test-operator-timed+nodes-prep test-operator-rest+test-nodes
 
-# What later suites build with Go (tests/cluster/install.sh, helm, tests/nodes/install.sh),
-# niced, so that a cold run builds it while the first suites run (the installers take locks:
-# a suite that needs one waits for the build in progress).
+# What later suites build with Go (tests/cluster/install.sh: Kubernetes, etcd, kwok, helm and
+# CoreDNS in one build) and the real nodes' packages (tests/nodes/install.sh), niced, so that
+# a cold run builds it while the first suites run (the installers take locks: a suite that
+# needs one waits for the build in progress).
 test-prefetch:
-	@# In the order the suites need them: the control plane (test-cluster), the real nodes'
-	@# (nodes-prep starts with the operator suite), helm (its last tests).
-	@echo "cirrus: building the Kubernetes binaries, (as root) the real nodes' packages and CoreDNS, and helm, at nice 19"
+	@echo "cirrus: building the Kubernetes binaries, kwok, helm and CoreDNS, and (as root) installing the real nodes' packages, at nice 19"
 	@nice -n 19 tests/cluster/install.sh
 	@if [ "$$(id -u)" = 0 ]; then nice -n 19 tests/nodes/install.sh; fi
-	@nice -n 19 tests/operator/helm_install.sh >/dev/null
 
 test-unit: $(BIN)/unit-tests $(CORPUS)
 	@echo "cirrus: unit tests"

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Installs the binaries the cluster tests need into a cache outside the repository, keyed by
-# the Kubernetes version:
+# Installs the binaries the cluster, operator and real-node tests need into a cache outside
+# the repository, keyed by the Kubernetes version:
 #
 #   ${CIRRUS_CACHE:-$HOME/.cache/cirrus}/k8s-<version>/bin/
-#       kube-apiserver kube-controller-manager kube-scheduler kubectl   built from k8s/ (go build)
-#       kubelet kube-proxy   the same, for the real-node tests (tests/nodes/)
-#       etcd    Debian etcd-server if new enough, else built from k8s/ (the etcd server module
-#               that the pinned Kubernetes release itself requires)
-#       kwok    go install sigs.k8s.io/kwok/cmd/kwok@<pinned>
+#       kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
+#       etcd    Debian etcd-server if new enough, else built (the etcd server module that the
+#               pinned Kubernetes release itself requires)
+#       kwok    the simulated nodes of the scale and operator tests
+#       helm    the chart's tests and `helm install`
+#       coredns the real nodes' cluster DNS (k8s/coredns: the plugins a test cluster uses)
 #   ${CIRRUS_CACHE:-$HOME/.cache/cirrus}/k8s-<version>/kwok-stages.yaml
 #       kwok's default node/pod lifecycle stages, from the same kwok module version
+#
+# All built by one `go build` in the k8s/ wrapper module, where every version is pinned: the
+# libraries they share are compiled once (a cold build of kwok, helm and CoreDNS each in its
+# own module compiled k8s.io/api, client-go and gRPC again, at other versions).
 #
 # Idempotent: binaries already in the cache are skipped. Needs Go (see k8s/go.mod for the
 # minimum) and network access to the Go module proxy on the first run.
@@ -32,7 +37,7 @@ trap 'rm -rf "$WORK"' EXIT
 have() { [[ -x "$K8S_BIN/$1" ]]; }
 now() { date +%s; }
 
-log "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION -> $K8S_BIN"
+log "Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, CoreDNS $COREDNS_VERSION -> $K8S_BIN"
 
 # ---- etcd from Debian, when its version is new enough --------------------------------------
 # The package is only downloaded and unpacked into the cache (no root, no etcd system service).
@@ -55,7 +60,7 @@ etcd_from_debian() {
     install -m 0755 "$WORK/etcd-deb/usr/bin/etcd" "$K8S_BIN/etcd"
 }
 
-# ---- Kubernetes (and etcd) from the wrapper module -----------------------------------------
+# ---- everything else from the wrapper module, in one build ----------------------------------
 declare -A PKG=(
     [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
@@ -64,9 +69,12 @@ declare -A PKG=(
     [kubelet]=k8s.io/kubernetes/cmd/kubelet
     [kube-proxy]=k8s.io/kubernetes/cmd/kube-proxy
     [etcd]=go.etcd.io/etcd/server/v3
+    [kwok]=sigs.k8s.io/kwok/cmd/kwok
+    [helm]=helm.sh/helm/v3/cmd/helm
+    [coredns]=cirrus.test/cluster/k8s/coredns
 )
 todo=()
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd; do
+for b in "${K8S_BINARIES[@]}"; do
     if have "$b"; then
         log "$b: present, skipping"
     elif [[ "$b" == etcd ]] && etcd_from_debian; then
@@ -77,13 +85,19 @@ for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet k
 done
 
 if ((${#todo[@]})); then
-    # Version stamps as the Kubernetes release build sets them (hack/lib/version.sh).
+    # Version stamps as the Kubernetes release build sets them (hack/lib/version.sh), and as
+    # helm's Makefile sets its own: its version, and the Kubernetes version it assumes without
+    # a cluster to ask (helm template, lint): the client-go it is built with, the release's.
     minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
     build_date=$(cd "$K8S_MOD_DIR" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>/dev/null) || build_date=""
     ldflags="-s -w"
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
         [[ -n "$build_date" ]] && ldflags+=" -X $p.buildDate=$build_date"
+    done
+    ldflags+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+    for p in pkg/lint/rules pkg/chartutil; do
+        ldflags+=" -X helm.sh/helm/v3/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/$p.k8sVersionMinor=$minor"
     done
     pkgs=(); for b in "${todo[@]}"; do pkgs+=("${PKG[$b]}"); done
 
@@ -101,24 +115,12 @@ if ((${#todo[@]})); then
     log "built ${todo[*]} in $(($(now) - t1))s"
 fi
 
-# ---- kwok ----------------------------------------------------------------------------------
-if have kwok; then
-    log "kwok: present, skipping"
-else
-    t0=$(now)
-    log "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-    # Outside any module so that the wrapper's go.mod does not interfere.
-    (cd "$WORK" && GOBIN="$WORK/gobin" "${NICE[@]}" "${GO_BUILD_ENV[@]}" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
-    mv "$WORK/gobin/kwok" "$K8S_BIN/kwok"
-    log "kwok: built in $(($(now) - t0))s"
-fi
-
 # kwok only simulates what its Stage objects describe; the binary has none built in. Use the
 # defaults of kwokctl: node-fast, node heartbeat with leases, pod-fast.
 if [[ -s "$KWOK_STAGES" ]]; then
     log "kwok stages: present, skipping"
 else
-    kwok_src=$(cd "$WORK" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+    kwok_src=$(cd "$K8S_MOD_DIR" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
     [[ -d "$kwok_src/kustomize/stage" ]] || die "cannot find the kwok $KWOK_VERSION sources in the Go module cache"
     for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
         pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do

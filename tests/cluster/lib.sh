@@ -1,13 +1,12 @@
 # shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared settings for install.sh, cluster.sh and smoke_test.sh. Source it; do not run it.
 #
-# The Kubernetes and etcd versions come from k8s/go.mod (the single place they are pinned);
-# kwok is pinned here.
+# The versions of Kubernetes, etcd, kwok, helm and CoreDNS come from k8s/go.mod (the single
+# place they are pinned: one module builds them all).
 
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_MOD_DIR="$CLUSTER_DIR/k8s"
 
-KWOK_VERSION=v0.8.0
 # Oldest Debian etcd-server accepted instead of building etcd (kube-apiserver needs etcd 3.5.13+
 # for consistent reads from its watch cache; the release itself is tested against 3.6).
 ETCD_DEBIAN_MIN=3.5.13
@@ -17,7 +16,11 @@ gomod_version() { # module path -> required version in k8s/go.mod
 }
 K8S_VERSION=$(gomod_version k8s.io/kubernetes)
 ETCD_VERSION=$(gomod_version go.etcd.io/etcd/server/v3)
-if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
+KWOK_VERSION=$(gomod_version sigs.k8s.io/kwok)
+HELM_VERSION=$(gomod_version helm.sh/helm/v3)
+COREDNS_VERSION=$(gomod_version github.com/coredns/coredns)
+if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$KWOK_VERSION" || -z "$HELM_VERSION" ||
+    -z "$COREDNS_VERSION" ]]; then
     echo "cannot read the pinned versions from $K8S_MOD_DIR/go.mod" >&2
     exit 1
 fi
@@ -27,7 +30,7 @@ K8S_HOME=${K8S_HOME:-$CIRRUS_CACHE/k8s-$K8S_VERSION}
 K8S_BIN=$K8S_HOME/bin
 # kwok's default node and pod lifecycle stages (as kwokctl uses them), taken from the kwok module.
 KWOK_STAGES=$K8S_HOME/kwok-stages.yaml
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok helm coredns)
 
 # Put before `go build` / `go install`: the compiler collects garbage a quarter as often, for
 # a little more memory (a cold build of kwok: 320 s of CPU instead of 372 s, peak 1.05 GB

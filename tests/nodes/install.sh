@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the real nodes need, idempotently:
 #   Debian packages   containerd, runc, the CNI plugins, buildah, mmdebstrap, iptables, conntrack
-#   Kubernetes        the control plane plus kubelet and kube-proxy (tests/cluster/install.sh)
-#   CoreDNS           the cluster DNS, built from coredns/ into ${CIRRUS_CACHE}/nodes/bin
+#   Go programs       the control plane, kubelet, kube-proxy and CoreDNS, with the rest the
+#                     tests build (tests/cluster/install.sh)
 # Needs root for the packages; Go and the module proxy for the builds (first run only).
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -27,15 +27,3 @@ if command -v systemctl >/dev/null && systemctl is-active --quiet containerd 2>/
 fi
 
 "$NODES_DIR/../cluster/install.sh"
-
-if [[ -x "$NODES_BIN/coredns-$COREDNS_VERSION" ]]; then
-    nlog "coredns $COREDNS_VERSION: present"
-else
-    t0=$SECONDS
-    nlog "coredns $COREDNS_VERSION: building (slim: the plugins a test cluster uses)"
-    mkdir -p "$NODES_BIN"
-    (cd "$COREDNS_MOD_DIR" && CGO_ENABLED=0 "${GO_BUILD_ENV[@]}" go build -trimpath -buildvcs=false -ldflags "-s -w" \
-        -o "$NODES_BIN/coredns-$COREDNS_VERSION.tmp" .)
-    mv "$NODES_BIN/coredns-$COREDNS_VERSION.tmp" "$NODES_BIN/coredns-$COREDNS_VERSION"
-    nlog "coredns: built in $((SECONDS - t0))s"
-fi

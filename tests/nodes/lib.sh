@@ -22,9 +22,6 @@ SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
     net.netfilter.nf_conntrack_tcp_timeout_close_wait)
 
 NODES_HOME=$CIRRUS_CACHE/nodes
-NODES_BIN=$NODES_HOME/bin
-COREDNS_MOD_DIR=$NODES_DIR/coredns
-COREDNS_VERSION=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$COREDNS_MOD_DIR/go.mod")
 
 # Images. buildah keeps its storage (layers, the build cache) in the cache, not in /var/lib.
 IMAGES_HOME=$NODES_HOME/images

@@ -328,7 +328,7 @@ EOF
     }
 }
 EOF
-    start coredns "$NODES_BIN/coredns-$COREDNS_VERSION" -conf "$STATE/Corefile"
+    start coredns "$K8S_BIN/coredns" -conf "$STATE/Corefile"
 }
 
 nodes_ready() {
@@ -346,7 +346,7 @@ cmd_up() {
     need_root "nodes.sh up"
     [[ -d /sys/fs/cgroup/cpu || -f /sys/fs/cgroup/cgroup.controllers ]] || ndie "no cgroup support found under /sys/fs/cgroup"
     [[ -s "$IMAGES_HOME/cirrus.oci.tar" && -s "$IMAGES_HOME/pause.oci.tar" ]] || ndie "no images in $IMAGES_HOME (run tests/nodes/image.sh)"
-    [[ -x "$K8S_BIN/kubelet" && -x "$NODES_BIN/coredns-$COREDNS_VERSION" ]] || ndie "kubelet or coredns missing (run tests/nodes/install.sh)"
+    [[ -x "$K8S_BIN/kubelet" && -x "$K8S_BIN/coredns" ]] || ndie "kubelet or coredns missing (run tests/nodes/install.sh)"
     if [[ -e "$MARKER" ]]; then
         nlog "up: removing the leftovers of an earlier run"
         cmd_down

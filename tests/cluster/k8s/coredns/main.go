@@ -1,6 +1,6 @@
 // Cluster DNS for the real-node tests: CoreDNS with only the plugins a test cluster needs
 // (the kubernetes plugin answers NAME.NAMESPACE.svc.cluster.local from Services and
-// EndpointSlices). Built by tests/nodes/install.sh; a slim build compiles in a fraction of
+// EndpointSlices). Built by tests/cluster/install.sh; a slim build compiles in a fraction of
 // the time of CoreDNS's own main, which links every plugin and cloud SDK.
 package main
 
