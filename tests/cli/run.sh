@@ -289,5 +289,21 @@ check demo_sampled grep -q '^And God said' "$tmp/demo.out"
 check local_two_clients_default_microbatch test $? -eq 0
 check local_two_clients_trained grep -q '^done: 3 steps' "$tmp/clients.out"
 
+# Asked to stop (SIGTERM), `local` with two regions of two clients ends at once, its
+# processes with it, exit 0: each region's second client was left waiting at the step
+# barrier for a step its leader would not finish (5 minutes), and `local` waited for it.
+stop_job=cli-stop-$$
+"$bin" local --regions 2 --stages 2 --clients 2 --layers 2 --width 32 --heads 2 --context 16 \
+    --batch 4 --steps 100000 --sync-every 5 --log-every 1 --eval-batches 1 --job "$stop_job" \
+    >"$tmp/stop.out" 2>"$tmp/stop.err" &
+stop_pid=$!
+timeout 60 bash -c "until grep -q '^step *20' '$tmp/stop.out'; do sleep 0.1; done"
+kill -TERM "$stop_pid"
+timeout 20 tail --pid="$stop_pid" -f /dev/null || kill -KILL "$stop_pid"
+wait "$stop_pid"
+check local_asked_to_stop_exits_0_within_20_s test $? -eq 0
+check local_asked_to_stop_leaves_no_process test -z "$(pgrep -f -- "--job $stop_job")"
+pkill -KILL -f -- "--job $stop_job"
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

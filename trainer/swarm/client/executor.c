@@ -303,8 +303,10 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
                              .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step,
                              .region = o->region, .stop = o->stop,
                              .replace_wait_s = o->replace_wait_s > 0 ? o->replace_wait_s : 600};
-    if (o->n_clients > 1)
+    if (o->n_clients > 1) {
         step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
+        e->share.stop = o->stop;
+    }
     if (o->sync_every > 0) {
         /* The leader takes the outer steps, between its optimizer step and letting the
          * followers go (step_share_lead); a follower only reads its region's shard of the

@@ -40,16 +40,19 @@ static int barrier_call(step_share *sh, uint8_t op, uint32_t stage, const char *
     return coord_client_step_sync(sh->coord, &req, 5000, &sh->barrier, err);
 }
 
+static int asked_to_stop(const step_share *sh) { return sh->stop && *sh->stop; }
+
 /* A barrier call that fails for want of the coordinator (it restarts, the network blips)
  * is tried again until `deadline` (seconds, clock_now_s()); its barrier state is rebuilt by the
  * clients' next calls. Only a refusal (CIRRUS_EINVAL: this client does not fit the job)
- * ends the wait at once. */
+ * or being asked to stop ends the wait at once. */
 static int barrier_call_until(step_share *sh, uint8_t op, uint32_t stage, const char *addr,
                               double deadline, cirrus_error *err)
 {
     for (int warned = 0;; warned = 1) {
         int rc = barrier_call(sh, op, stage, addr, err);
-        if (!rc || rc == CIRRUS_EINVAL || clock_now_s() > deadline) return rc;
+        if (!rc || rc == CIRRUS_EINVAL || clock_now_s() > deadline || asked_to_stop(sh))
+            return rc;
         if (!warned) log_warn("step barrier: %s; trying again", err->msg);
         usleep(100000); /* the coordinator is away: ask every 0.1 s */
     }
@@ -109,6 +112,10 @@ static int leader_gather(step_share *sh, cirrus_error *err)
         if (!rc) rc = repost_forgotten(sh, deadline, err);
         if (rc) return rc;
         if (sh->barrier.arrived == (uint32_t)sh->n_clients) return 0;
+        if (asked_to_stop(sh))
+            return cirrus_fail(err, CIRRUS_ECLOSED, "asked to stop while step %llu waited for "
+                               "%d of %d clients", (unsigned long long)sh->step,
+                               sh->n_clients - (int)sh->barrier.arrived, sh->n_clients);
         if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu: %u of %d clients finished "
                                "their share within %.0f s", (unsigned long long)sh->step,
@@ -173,6 +180,9 @@ static int follower_wait(step_share *sh, cirrus_error *err)
             if (rc) return rc;
             sh->redo_seen = n->id;
         }
+        if (asked_to_stop(sh))
+            return cirrus_fail(err, CIRRUS_ECLOSED, "asked to stop while waiting for client 0 "
+                               "to apply step %llu", (unsigned long long)sh->step);
         if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu was not applied within %.0f s",
                                (unsigned long long)sh->step, wait_s);

@@ -22,6 +22,7 @@
 #ifndef CIRRUS_STEP_SHARE_H
 #define CIRRUS_STEP_SHARE_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "../../../common/cerr.h"
@@ -60,6 +61,10 @@ typedef struct step_share {
      * later step applied means the region joined the job there. */
     int outer;
     double outer_wait_s;
+    /* Set when the process is asked to stop (SIGTERM: a pod deleted): the barrier's waits
+     * end at once instead of at their deadline (a follower whose leader is gone would wait
+     * minutes). */
+    const volatile sig_atomic_t *stop;
 } step_share;
 
 /* Set up s for client `index` of `n_clients` (2 or more) and hook it to the pipeline: the
