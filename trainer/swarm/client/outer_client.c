@@ -289,11 +289,9 @@ int outer_client_data_shard(outer_client *oc, int *rank, int *world, cirrus_erro
     return 0;
 }
 
-/* The gateway's latest global parameters of fragment fr, installed as the region's. A
- * gateway with none (restarted, alone) adopts the region's own first (round 0). */
-/* Round 0 of fragment fr: the region's floats pushed (the first region's become the job's
- * initial parameters; the others' are checked against them) and the latest global ones
- * pulled into fr->global, not installed. */
+/* Round 0 of fragment fr: the region's floats pushed (a gateway with no global state,
+ * restarted or alone, adopts them) and the latest global ones pulled into fr->global, not
+ * installed. */
 static int fetch_latest(outer_client *oc, frag *fr, cirrus_error *err)
 {
     int rc = push(oc, fr, 0, pipeline_steps_done(oc->p), err);
@@ -302,6 +300,7 @@ static int fetch_latest(outer_client *oc, frag *fr, cirrus_error *err)
     return rc;
 }
 
+/* The same, and the global parameters installed as the region's. */
 static int take_latest(outer_client *oc, frag *fr, cirrus_error *err)
 {
     int rc = fetch_latest(oc, fr, err);
