@@ -9,9 +9,12 @@
  *   outer-begin-delay-ms=MS  a region's leader client waits MS before it takes the global
  *                      parameters at its first step, so that its followers' share of the
  *                      step is on the peers first (swarm/client/executor.c)
- *   max-sync-stride=S  a gateway wishes its rounds at most S x --sync-every apart (a power
- *                      of two; gateway/outer_round.c), so a test's steps see the spacing
- *                      come back on any machine
+ *   step-min-ms=MS     a pipeline client's step takes at least MS (it sleeps the rest), so
+ *                      a test's outer windows (what H steps take) are no shorter on a fast
+ *                      machine than on a slow one (swarm/client/executor.c)
+ *   max-sync-stride=S  a gateway wishes its rounds at most S x --sync-every apart (S
+ *                      rounded down to a power of two; gateway/adapt.c), so a test's steps
+ *                      see the spacing come back on any machine
  *   exit-after-redo    a coordinator exits (137) on the first step-barrier call after a
  *                      REDO notice was posted (swarm/coord/barrier.c)
  *   stall-average-at=S a stage peer hangs stall-average-ms=MS in the gradient averaging

@@ -100,19 +100,23 @@ TEST(adapt_stride_spaces_syncs_only_when_the_sparsest_does_not_fit)
     const double base = 2.0; /* s of compute per H steps */
     const double sparsest_s_at_1MBps = adapt_bytes(ADAPT_RUNGS - 1, n) / 1e6;
     const double fits = adapt_bytes(ADAPT_RUNGS - 1, n) / (0.5 * ADAPT_BUDGET * base);
-    ASSERT_EQ(adapt_stride(1, n, fits, base), 1);
+    ASSERT_EQ(adapt_stride(1, n, fits, base, OUTER_MAX_STRIDE), 1);
     const double five_x_slow = adapt_bytes(ADAPT_RUNGS - 1, n) / (5 * ADAPT_BUDGET * base);
-    const uint32_t s = adapt_stride(1, n, five_x_slow, base);
+    const uint32_t s = adapt_stride(1, n, five_x_slow, base, OUTER_MAX_STRIDE);
     ASSERT_EQ(s, 8);
     ASSERT(adapt_bytes(ADAPT_RUNGS - 1, n) / five_x_slow <= ADAPT_BUDGET * base * s);
-    ASSERT_EQ(adapt_stride(1, n, 1.0, base), OUTER_MAX_STRIDE);
-    ASSERT_EQ(adapt_stride(s, n, fits * 4, base), 1);
+    ASSERT_EQ(adapt_stride(1, n, 1.0, base, OUTER_MAX_STRIDE), OUTER_MAX_STRIDE);
+    ASSERT_EQ(adapt_stride(s, n, fits * 4, base, OUTER_MAX_STRIDE), 1);
     /* At stride 8, a rate where stride 4 fits within ADAPT_BUDGET but not within
      * ADAPT_BACKOFF_BUDGET stays at 8. */
     const double near = adapt_bytes(ADAPT_RUNGS - 1, n) / (0.7 * base * 4);
-    ASSERT_EQ(adapt_stride(8, n, near, base), 8);
-    ASSERT_EQ(adapt_stride(1, n, near, base), 4);
-    ASSERT_EQ(adapt_stride(4, n, 0, base), 4);
-    ASSERT_EQ(adapt_stride(4, n, 1e6, 0), 4);
+    ASSERT_EQ(adapt_stride(8, n, near, base, OUTER_MAX_STRIDE), 8);
+    ASSERT_EQ(adapt_stride(1, n, near, base, OUTER_MAX_STRIDE), 4);
+    ASSERT_EQ(adapt_stride(4, n, 0, base, OUTER_MAX_STRIDE), 4);
+    ASSERT_EQ(adapt_stride(4, n, 1e6, 0, OUTER_MAX_STRIDE), 4);
+    /* A bound: rounded down to a power of two (6: 4), the wish and the current within it. */
+    ASSERT_EQ(adapt_stride(1, n, 1.0, base, 6), 4);
+    ASSERT_EQ(adapt_stride(8, n, 0, base, 4), 4);
+    ASSERT_EQ(adapt_stride(1, n, 1.0, base, 0), 1);
     ASSERT(sparsest_s_at_1MBps > 0);
 }

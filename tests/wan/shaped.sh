@@ -463,7 +463,7 @@ if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_prom
 # ---- d: --codec auto on a link that drops from 20 to 2 and 0.15 Mbit/s and recovers ----
 # ~3.6 M parameters trained on 32 tokens a step (messages of 90 KB to 14 MB, steps as cheap
 # as a 1 M-parameter model's on 128), 40 inner steps between outer steps (the window:
-# whatever 40 steps take on this machine). The ladder's rungs are at most 2x apart up to
+# whatever 40 steps take on this machine, at least 40 x 35 ms). The ladder's rungs are at most 2x apart up to
 # lowbit:2, so a 10x slower link moves the choice for any window from 0.45 s to 70 s.
 #   rounds 1..D     20 Mbit/s; then the rate drops to 2 Mbit/s (at D: round 6 done)
 #   rounds D+1..U   the gateways compress harder; from D+3 on every message crosses within
@@ -473,11 +473,16 @@ if stop_regions; then ok b_gateways_stop_promptly; else bad b_gateways_stop_prom
 #                   under ~150 ms, so the gateways agree to push the rounds further apart
 #   then            20 Mbit/s again (once both gateways spaced the rounds out): they go back
 #                   to a round every 40 steps, then back off to a denser codec
-job=job-d layers=2 batch=2 sync=40 steps=$((40 * 32))
+job=job-d layers=2 batch=2 sync=40 steps=$((40 * 36))
 # How far apart the gateways may push rounds depends on how fast 40 steps are here (8 x on a
-# quiet Zen 1, 2 x on a loaded one, up to 16 x); at most 4 x (failpoint), the steps above
-# always leave rounds after the wide ones to see the spacing come back.
-export CIRRUS_FAILPOINTS=max-sync-stride=4
+# quiet Zen 1, 2 x on a loaded one, up to 16 x); at most 2 x (failpoint), the steps above
+# always leave rounds after the wide ones to see the spacing come back and the codec back
+# off (a fast machine's short windows leave the rate estimate slow to rise after the top-k
+# messages: a Zen 5 at 4 x had two rounds left, and one gateway stayed at top-k).
+# Each step at least 35 ms (failpoint): the windows, 40 steps, at least 1.4 s. A quiet Zen 5
+# ran 40 steps in under 0.45 s, where even 20 Mbit/s asks for top-k and no drop of the link
+# changes the codec.
+export CIRRUS_FAILPOINTS=max-sync-stride=2,step-min-ms=35
 model=(--layers "$layers" --width 384 --heads 4 --context 16)
 "$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-d" >/dev/null || bad certs_made
 for i in 0 1; do wan_shape "$i" 20mbit; done
@@ -664,10 +669,10 @@ if timeout 120 bash -c "until grep -q 'outer round 19 done' '$tmp/g/gw1.err'; do
     start_gateway 1 "$tmp/g/gw1-again.err"
     wait_for "${client_pid[0]}" 120
     rc0=$?
-    t0=$SECONDS
+    went_on=$SECONDS
     kill -CONT "${client_pid[1]}"
     wait_for "${client_pid[1]}" 120
-    rc1=$? took_s=$((SECONDS - t0))
+    rc1=$? took_s=$((SECONDS - went_on))
     g0=$(grep '"final":true' "$tmp/g/c0.json") g1=$(grep '"final":true' "$tmp/g/c1.json")
     took=$(grep -c 'outer step 20 from region r0 (it completed this round without this region)' "$tmp/g/gw1-again.err")
     echo "    r1 finished ${took_s} s after it went on; took r0's result of round 20: $took; final digests r0 $(field digest "$g0"), r1 $(field digest "$g1")"

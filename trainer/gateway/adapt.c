@@ -55,16 +55,20 @@ int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char
     return pick;
 }
 
-uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s)
+uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s,
+                      uint32_t max_stride)
 {
+    uint32_t top = 1; /* max_stride rounded down to a power of two, within OUTER_MAX_STRIDE */
+    while (top < OUTER_MAX_STRIDE && top * 2 <= max_stride) top *= 2;
     if (!outer_stride_valid(current)) current = 1;
+    if (current > top) current = top;
     if (link_Bps <= 0 || base_window_s <= 0) return current;
     const double need = adapt_bytes(ADAPT_RUNGS - 1, n) / link_Bps;
-    for (uint32_t s = 1; s < OUTER_MAX_STRIDE; s *= 2) {
+    for (uint32_t s = 1; s < top; s *= 2) {
         const double budget = s < current ? ADAPT_BACKOFF_BUDGET : ADAPT_BUDGET;
         if (need <= budget * base_window_s * s) return s;
     }
-    return OUTER_MAX_STRIDE;
+    return top;
 }
 
 void adapt_rate_update(adapt_rate *est, uint64_t bytes, double seconds)

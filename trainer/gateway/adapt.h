@@ -68,7 +68,9 @@ int adapt_choose(int current, uint64_t n, double link_Bps, double window_s, char
  * when compressing harder cannot make them fit, and back to every H steps as soon as the
  * sparsest message fits again, before any denser codec is tried. base_window_s: the
  * region's compute time of H inner steps. current unchanged while the link or the window
- * is not measured yet. */
-uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s);
+ * is not measured yet. max_stride (rounded down to a power of two) bounds all of it,
+ * OUTER_MAX_STRIDE the largest. */
+uint32_t adapt_stride(uint32_t current, uint64_t n, double link_Bps, double base_window_s,
+                      uint32_t max_stride);
 
 #endif

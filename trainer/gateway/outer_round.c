@@ -319,10 +319,10 @@ static uint32_t choose_codec(outer_lane *os)
     os->rung = adapt_choose(os->rung, os->n, slowest, os->window_s / lanes, os->codec_why,
                             sizeof os->codec_why);
     adapt_rung(os->rung, &os->o.codec);
-    uint32_t wish = adapt_stride(os->sched.next_stride, os->n, slowest,
-                                 os->base_window_s / lanes);
     uint64_t cap; /* tests: a test run's steps bound how far apart its rounds may go */
-    if (failpoint_on("max-sync-stride", &cap) && cap >= 1 && wish > cap) wish = (uint32_t)cap;
+    if (!failpoint_on("max-sync-stride", &cap) || cap > OUTER_MAX_STRIDE) cap = OUTER_MAX_STRIDE;
+    const uint32_t wish = adapt_stride(os->sched.next_stride, os->n, slowest,
+                                       os->base_window_s / lanes, (uint32_t)cap);
     if (wish > 1 || os->sched.next_stride > 1) {
         const size_t used = strlen(os->codec_why);
         snprintf(os->codec_why + used, sizeof os->codec_why - used,

@@ -112,6 +112,7 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
                      float lr, uint64_t step, float *loss, cirrus_error *err)
 {
     pipeline_executor *e = ctx;
+    const double began_s = clock_now_s();
     const int M = B / e->micro;
     float losses[PIPE_MAX_MICRO];
     if (M > PIPE_MAX_MICRO)
@@ -170,6 +171,11 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     }
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
     if (!rc && e->joined_job) rc = joined_job_failure(e, err);
+    uint64_t min_ms; /* tests: outer windows (H steps' time) alike on fast and slow machines */
+    if (failpoint_on("step-min-ms", &min_ms)) {
+        const double left_s = began_s + (double)min_ms / 1000.0 - clock_now_s();
+        if (left_s > 0) usleep((useconds_t)(left_s * 1e6));
+    }
     return rc;
 }
 
@@ -303,16 +309,18 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
                              .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step,
                              .region = o->region, .stop = o->stop,
                              .replace_wait_s = o->replace_wait_s > 0 ? o->replace_wait_s : 600};
+    const int timeout_ms = o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000;
     if (o->n_clients > 1) {
-        step_share_init(&e->share, p, o->coord, o->index, o->n_clients, admit_new_peers, e);
-        e->share.stop = o->stop;
+        const step_share_options so = {
+            .coord = o->coord, .index = o->index, .n_clients = o->n_clients,
+            .admit = admit_new_peers, .admit_ctx = e, .stop = o->stop,
+            .outer_wait_s = o->sync_every > 0 ? timeout_ms / 1000.0 : 0};
+        step_share_init(&e->share, p, &so);
     }
     if (o->sync_every > 0) {
         /* The leader takes the outer steps, between its optimizer step and letting the
          * followers go (step_share_lead); a follower only reads its region's shard of the
          * data from the gateway. */
-        const int timeout_ms = o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000;
-        if (o->n_clients > 1) e->share.outer = 1, e->share.outer_wait_s = timeout_ms / 1000.0;
         int rc = o->index > 0
                      ? outer_client_region(o->coord, timeout_ms, o->stop, &e->region_rank,
                                            &e->regions, err)

@@ -333,10 +333,14 @@ int outer_client_begin(outer_client *oc, int hold_install, cirrus_error *err)
 /* Fragment fr's global parameters (fr->global) installed in place of the region's. Where
  * the region trained on since its floats were pushed (fr->pushed_sync, at step pushed_at),
  * the progress it made meanwhile is kept on top: theta = global + (theta_now -
- * theta_at_push), the delayed merge of one-step-delayed outer updates. */
+ * theta_at_push), the delayed merge of one-step-delayed outer updates. Where the global
+ * floats are the pushed ones (a round that changed nothing; every region of a new job
+ * starting from one seed) that is theta_now: nothing is installed, and the region's floats
+ * stand bit for bit (the sum would round them). */
 static int install_global(outer_client *oc, frag *fr, uint64_t pushed_at, cirrus_error *err)
 {
     int rc;
+    if (memcmp(fr->global, fr->pushed_sync, fr->m * sizeof(float)) == 0) return 0;
     if (pipeline_steps_done(oc->p) != pushed_at) {
         if ((rc = gather(oc, fr, oc->now, err))) return rc;
         sync_params_pack(&fr->sp, oc->now, oc->scratch);
@@ -372,20 +376,16 @@ static int apply_round(outer_client *oc, frag *fr, int wait, cirrus_error *err)
     return rc;
 }
 
-/* The install outer_client_begin held, after the first step: where the region's floats
- * were the global ones already (every region of a new job starts from one seed), there is
- * nothing to do and the step stands bit for bit; else the global parameters go in with
- * the step's progress on top, as a late round's (install_global). */
+/* The install outer_client_begin held, after the first step: the global parameters go in
+ * with the step's progress on top, as a late round's (install_global; where they were the
+ * region's already, nothing changes and the step stands bit for bit). */
 static int install_held_begin(outer_client *oc, cirrus_error *err)
 {
     oc->install_held = 0;
     const uint64_t begun_at = pipeline_steps_done(oc->p) - 1;
     int rc = 0;
-    for (int f = 0; f < oc->n_frags && !rc; f++) {
-        frag *fr = &oc->frag[f];
-        if (memcmp(fr->global, fr->pushed_sync, fr->m * sizeof(float)) == 0) continue;
-        rc = install_global(oc, fr, begun_at, err);
-    }
+    for (int f = 0; f < oc->n_frags && !rc; f++)
+        rc = install_global(oc, &oc->frag[f], begun_at, err);
     return rc;
 }
 

@@ -14,7 +14,7 @@
 static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
 {
     step_share *sh = ctx;
-    if (!unsummed || sh->index != 0 || sh->n_lost >= (int)(sizeof sh->lost / sizeof sh->lost[0]))
+    if (!unsummed || sh->o.index != 0 || sh->n_lost >= (int)(sizeof sh->lost / sizeof sh->lost[0]))
         return;
     for (int i = 0; i < sh->n_lost; i++)
         if (sh->lost[i].stage == stage && strcmp(sh->lost[i].addr, addr) == 0) return;
@@ -31,16 +31,16 @@ static void note_lost_peer(void *ctx, int stage, const char *addr, int unsummed)
 static int barrier_call(step_share *sh, uint8_t op, uint32_t stage, const char *addr,
                         cirrus_error *err)
 {
-    coord_step_sync req = {.op = op, .step = sh->step, .client_index = (uint32_t)sh->index,
-                           .n_clients = (uint32_t)sh->n_clients, .microbatches = (uint32_t)sh->mine,
-                           .loss_sum = sh->loss_sum, .redo_seen = sh->redo_seen,
-                           .stage = stage,
+    coord_step_sync req = {.op = op, .step = sh->step, .client_index = (uint32_t)sh->o.index,
+                           .n_clients = (uint32_t)sh->o.n_clients,
+                           .microbatches = (uint32_t)sh->mine, .loss_sum = sh->loss_sum,
+                           .redo_seen = sh->redo_seen, .stage = stage,
                            .wait_ms = op == COORD_STEP_ARRIVE ? BARRIER_HOLD_MS : 0};
     snprintf(req.addr, sizeof req.addr, "%s", addr ? addr : "");
-    return coord_client_step_sync(sh->coord, &req, 5000, &sh->barrier, err);
+    return coord_client_step_sync(sh->o.coord, &req, 5000, &sh->barrier, err);
 }
 
-static int asked_to_stop(const step_share *sh) { return sh->stop && *sh->stop; }
+static int asked_to_stop(const step_share *sh) { return sh->o.stop && *sh->o.stop; }
 
 /* A barrier call that fails for want of the coordinator (it restarts, the network blips)
  * is tried again until `deadline` (seconds, clock_now_s()); its barrier state is rebuilt by the
@@ -111,15 +111,15 @@ static int leader_gather(step_share *sh, cirrus_error *err)
         int rc = barrier_call_until(sh, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
         if (!rc) rc = repost_forgotten(sh, deadline, err);
         if (rc) return rc;
-        if (sh->barrier.arrived == (uint32_t)sh->n_clients) return 0;
+        if (sh->barrier.arrived == (uint32_t)sh->o.n_clients) return 0;
         if (asked_to_stop(sh))
             return cirrus_fail(err, CIRRUS_ECLOSED, "asked to stop while step %llu waited for "
                                "%d of %d clients", (unsigned long long)sh->step,
-                               sh->n_clients - (int)sh->barrier.arrived, sh->n_clients);
+                               sh->o.n_clients - (int)sh->barrier.arrived, sh->o.n_clients);
         if (clock_now_s() > deadline)
             return cirrus_fail(err, CIRRUS_ETIMEDOUT, "step %llu: %u of %d clients finished "
                                "their share within %.0f s", (unsigned long long)sh->step,
-                               sh->barrier.arrived, sh->n_clients, BARRIER_TIMEOUT_S);
+                               sh->barrier.arrived, sh->o.n_clients, BARRIER_TIMEOUT_S);
     }
 }
 
@@ -157,14 +157,14 @@ static int leader_settle(void *ctx, int stage, int missing, cirrus_error *err)
     step_share *sh = ctx;
     if (missing < 0) return leader_restart_step(sh, stage, -missing, err);
     if (missing > 0) /* a follower admitted a peer this client has not: admit it too */
-        sh->admit(sh->admit_ctx, sh->step);
+        sh->o.admit(sh->o.admit_ctx, sh->step);
     return sh->n_lost || missing ? leader_gather(sh, err) : 0;
 }
 
 /* A follower: wait until the leader has applied the step, redoing what it asks. */
 static int follower_wait(step_share *sh, cirrus_error *err)
 {
-    const double wait_s = BARRIER_TIMEOUT_S + (sh->outer ? sh->outer_wait_s : 0.0);
+    const double wait_s = BARRIER_TIMEOUT_S + sh->o.outer_wait_s;
     const double deadline = clock_now_s() + wait_s;
     for (;;) { /* each ARRIVE is held until the step is applied or there is news, or 1 s */
         int rc = barrier_call_until(sh, COORD_STEP_ARRIVE, 0, NULL, deadline, err);
@@ -189,18 +189,13 @@ static int follower_wait(step_share *sh, cirrus_error *err)
     }
 }
 
-void step_share_init(step_share *sh, pipeline *p, coord_client *coord, int index, int n_clients,
-                     void (*admit)(void *ctx, uint64_t step), void *admit_ctx)
+void step_share_init(step_share *sh, pipeline *p, const step_share_options *o)
 {
     memset(sh, 0, sizeof *sh);
     sh->p = p;
-    sh->coord = coord;
-    sh->index = index;
-    sh->n_clients = n_clients;
-    sh->admit = admit;
-    sh->admit_ctx = admit_ctx;
+    sh->o = *o;
     pipeline_on_peer_lost(p, note_lost_peer, sh);
-    pipeline_set_follower(p, index > 0);
+    pipeline_set_follower(p, o->index > 0);
 }
 
 void step_share_begin(step_share *sh, uint64_t step, int mine)
@@ -237,7 +232,7 @@ int step_share_follow(step_share *sh, cirrus_error *err)
     if (rc) return rc;
     /* Only outer steps move a region on (a join); without them a later applied step is
      * not this run's (the coordinator outlived a restart from a checkpoint). */
-    const uint64_t at = sh->outer && sh->barrier.applied_step > sh->step
+    const uint64_t at = sh->o.outer_wait_s > 0 && sh->barrier.applied_step > sh->step
                             ? sh->barrier.applied_step : sh->step;
     if (at > sh->step)
         log_info("step %llu: the leader's region joined the job at step %llu: going there too",

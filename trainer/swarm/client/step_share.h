@@ -37,14 +37,27 @@ typedef struct share_peer {
     char addr[STAGE_ADDR_MAX];
 } share_peer;
 
-typedef struct step_share {
-    pipeline *p;
+/* How client `index` of `n_clients` (2 or more) shares the steps. */
+typedef struct step_share_options {
     coord_client *coord;
     int index, n_clients;      /* this client, of how many; client 0 is the leader */
     /* Between steps, the peers the coordinator lists and the client lacks join (the
      * leader admits them mid-step when a stage is short of microbatches). */
     void (*admit)(void *ctx, uint64_t step);
     void *admit_ctx;
+    /* Outer steps across regions: the leader takes one before it says APPLIED, so a
+     * follower waits that much longer (the round's timeout, in s), and a later step
+     * applied means the region joined the job there. 0: no outer steps. */
+    double outer_wait_s;
+    /* Set when the process is asked to stop (SIGTERM: a pod deleted): the barrier's waits
+     * end at once instead of at their deadline (a follower whose leader is gone would wait
+     * minutes). NULL: never. */
+    const volatile sig_atomic_t *stop;
+} step_share_options;
+
+typedef struct step_share {
+    pipeline *p;
+    step_share_options o;
     uint64_t step;             /* the step being shared */
     int mine;                  /* microbatches of it this client runs */
     double loss_sum;           /* their losses, summed in order */
@@ -56,21 +69,11 @@ typedef struct step_share {
     share_peer posted[PIPE_MAX_STAGES * PIPE_MAX_PEERS];
     int n_posted;
     coord_step_state barrier;  /* the barrier's latest answer */
-    /* Outer steps across regions (set by the executor): the leader takes one before it
-     * says APPLIED, so a follower waits that much longer (the round's timeout), and a
-     * later step applied means the region joined the job there. */
-    int outer;
-    double outer_wait_s;
-    /* Set when the process is asked to stop (SIGTERM: a pod deleted): the barrier's waits
-     * end at once instead of at their deadline (a follower whose leader is gone would wait
-     * minutes). */
-    const volatile sig_atomic_t *stop;
 } step_share;
 
-/* Set up s for client `index` of `n_clients` (2 or more) and hook it to the pipeline: the
- * leader hears of every peer it loses, and the followers become followers. */
-void step_share_init(step_share *s, pipeline *p, coord_client *coord, int index, int n_clients,
-                     void (*admit)(void *ctx, uint64_t step), void *admit_ctx);
+/* Set up s as o says and hook it to the pipeline: the leader hears of every peer it loses,
+ * and the followers become followers. */
+void step_share_init(step_share *s, pipeline *p, const step_share_options *o);
 
 /* A new step: this client will run `mine` of its microbatches. */
 void step_share_begin(step_share *s, uint64_t step, int mine);
