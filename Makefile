@@ -138,10 +138,12 @@ test: deps
 	@# &test-prefetch: the one Go build of the control plane, kwok, helm and CoreDNS, at the
 	@# lowest CPU priority, beside the first suites; the suites that need the binaries wait
 	@# for it if it is still running (on a cold 2-core machine it ends ~10 minutes before).
-	@# Running the unit, sanitizer and CLI tests side by side, and the CUDA build in the
-	@# background, was measured slower (2,801 s against 2,791 s cold): they share 2 cores.
+	@# The SWARM and WAN suites side by side: both mostly wait (on sleeping peers, killed
+	@# processes, shaped links): together they keep ~55% of 2 cores busy. Running the unit,
+	@# sanitizer and CLI tests side by side, and the CUDA build in the background, was
+	@# measured slower (2,801 s against 2,791 s cold): they keep the cores busy.
 	CIRRUS_NODES_NICE=10 bash tests/run_suites.sh $(BUILD)/test-logs $(MAKE) \
-	  '&test-prefetch' test-unit test-asan test-cli test-swarm test-wan test-fuzz \
+	  '&test-prefetch' test-unit test-asan test-cli test-swarm+test-wan test-fuzz \
 	  test-cuda-build test-cluster test-operator-timed+nodes-prep test-operator-rest+test-nodes
 
 # What later suites build with Go (tests/cluster/install.sh: Kubernetes, etcd, kwok, helm and
