@@ -1,4 +1,5 @@
 #include "certs.h"
+#include "certs_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,8 +27,7 @@
 /* Fill err from OpenSSL's first queued error (the root cause; later entries are callers
  * adding context) and empty the queue. An allocation failure inside OpenSSL is reported as
  * CIRRUS_ENOMEM whatever code the caller picked. */
-__attribute__((format(printf, 3, 4))) static int ssl_fail(cirrus_error *err, int code,
-                                                          const char *fmt, ...)
+int certs_ssl_fail(cirrus_error *err, int code, const char *fmt, ...)
 {
     char what[160];
     va_list ap;
@@ -73,7 +73,7 @@ static int host_char(unsigned char c)
 /* A host name for subjectAltName: an optional "*." wildcard, then dot-separated labels of
  * 1..63 letters, digits and hyphens, at most CERTS_MAX_NAME bytes in all. Checked here
  * rather than left to OpenSSL, which would put any IA5 string into the SAN. */
-static int check_host_name(const char *what, const char *s, cirrus_error *err)
+int certs_check_host_name(const char *what, const char *s, cirrus_error *err)
 {
     if (!s || !*s) return cirrus_fail(err, CIRRUS_EINVAL, "%s: host name is empty", what);
     size_t len = strlen(s);
@@ -116,7 +116,7 @@ static int check_days(int days, cirrus_error *err)
  * (see certs.h). n bytes of s, which need not be NUL-terminated: the same check reads
  * names back out of a peer's certificate, where an embedded NUL must fail too. Lowercase
  * only, so that two spellings can never name the same job or region. */
-static int check_label(const char *what, const char *s, size_t n, cirrus_error *err)
+int certs_check_label(const char *what, const char *s, size_t n, cirrus_error *err)
 {
     if (!s || n == 0) return cirrus_fail(err, CIRRUS_EINVAL, "%s is empty", what);
     if (n > CERTS_MAX_LABEL)
@@ -161,7 +161,7 @@ static int gen_key(EVP_PKEY **out, cirrus_error *err)
     if (!ok) {
         EVP_PKEY_free(*out);
         *out = NULL;
-        return ssl_fail(err, CIRRUS_EIO, "generating a P-256 key");
+        return certs_ssl_fail(err, CIRRUS_EIO, "generating a P-256 key");
     }
     return 0;
 }
@@ -171,13 +171,13 @@ static int gen_key(EVP_PKEY **out, cirrus_error *err)
 static int set_random_serial(X509 *x, cirrus_error *err)
 {
     unsigned char raw[16];
-    if (RAND_bytes(raw, sizeof raw) != 1) return ssl_fail(err, CIRRUS_EIO, "random serial");
+    if (RAND_bytes(raw, sizeof raw) != 1) return certs_ssl_fail(err, CIRRUS_EIO, "random serial");
     BIGNUM *bn = BN_bin2bn(raw, sizeof raw, NULL);
     int ok = bn != NULL;
     if (ok && BN_is_zero(bn)) ok = BN_set_word(bn, 1); /* serials must be positive */
     ok = ok && BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(x)) != NULL;
     BN_free(bn);
-    return ok ? 0 : ssl_fail(err, CIRRUS_EIO, "random serial");
+    return ok ? 0 : certs_ssl_fail(err, CIRRUS_EIO, "random serial");
 }
 
 /* The CN, cut to CERTS_CN_MAX bytes without splitting a UTF-8 sequence (see certs.h). */
@@ -190,7 +190,7 @@ static int set_cn(X509 *x, const char *cn, cirrus_error *err)
     }
     if (!X509_NAME_add_entry_by_NID(X509_get_subject_name(x), NID_commonName, MBSTRING_UTF8,
                                     (const unsigned char *)cn, (int)len, -1, 0))
-        return ssl_fail(err, CIRRUS_EINVAL, "common name \"%.64s\"", cn);
+        return certs_ssl_fail(err, CIRRUS_EINVAL, "common name \"%.64s\"", cn);
     return 0;
 }
 
@@ -209,7 +209,7 @@ static int new_cert(EVP_PKEY *key, const char *cn, long nb_s, long na_s, X509 **
         !X509_time_adj_ex(X509_getm_notAfter(x), (int)(na_s / 86400), na_s % 86400, &now) ||
         !X509_set_pubkey(x, key)) {
         X509_free(x);
-        return ssl_fail(err, CIRRUS_EIO, "new certificate");
+        return certs_ssl_fail(err, CIRRUS_EIO, "new certificate");
     }
     int rc = set_random_serial(x, err);
     if (rc == 0) rc = set_cn(x, cn, err);
@@ -231,7 +231,7 @@ static int add_ext(X509 *x, X509 *issuer, int nid, const char *value, cirrus_err
     X509_EXTENSION *ext = X509V3_EXT_nconf_nid(NULL, &ctx, nid, value);
     int ok = ext && X509_add_ext(x, ext, -1);
     X509_EXTENSION_free(ext);
-    return ok ? 0 : ssl_fail(err, CIRRUS_EIO, "extension %s", OBJ_nid2sn(nid));
+    return ok ? 0 : certs_ssl_fail(err, CIRRUS_EIO, "extension %s", OBJ_nid2sn(nid));
 }
 
 /* subjectAltName built as objects, not as a "DNS:a,DNS:b" config string, so no name can
@@ -258,7 +258,7 @@ static int add_san(X509 *x, const char *const *dns, size_t n, const char *uri,
     }
     ok = ok && X509_add1_ext_i2d(x, NID_subject_alt_name, names, 0, X509V3_ADD_DEFAULT) == 1;
     GENERAL_NAMES_free(names);
-    return ok ? 0 : ssl_fail(err, CIRRUS_EIO, "extension subjectAltName");
+    return ok ? 0 : certs_ssl_fail(err, CIRRUS_EIO, "extension subjectAltName");
 }
 
 /* A memory BIO's contents as a malloc'd string; NULL if empty or out of memory. */
@@ -281,22 +281,19 @@ static void free_key_string(char *s)
     free(s);
 }
 
-/* Sign x with signer (ECDSA with SHA-256 for our keys) and write it and key as PEM. The key
- * goes through a secure-memory BIO, which wipes its buffer when freed. */
-static int sign_export(X509 *x, EVP_PKEY *signer, EVP_PKEY *key, certs_pair *out,
-                       cirrus_error *err)
+/* x and key (NULL: none) as PEM. The key goes through a secure-memory BIO, which wipes its
+ * buffer when freed. */
+static int export_pem(X509 *x, EVP_PKEY *key, certs_pair *out, cirrus_error *err)
 {
-    if (X509_sign(x, signer, EVP_sha256()) <= 0)
-        return ssl_fail(err, CIRRUS_EIO, "signing the certificate");
-    BIO *cb = BIO_new(BIO_s_mem()), *kb = BIO_new(BIO_s_secmem());
+    BIO *cb = BIO_new(BIO_s_mem()), *kb = key ? BIO_new(BIO_s_secmem()) : NULL;
     int rc = 0;
-    if (!cb || !kb || !PEM_write_bio_X509(cb, x) ||
-        !PEM_write_bio_PrivateKey(kb, key, NULL, NULL, 0, NULL, NULL)) {
-        rc = ssl_fail(err, CIRRUS_EIO, "writing PEM");
+    if (!cb || (key && !kb) || !PEM_write_bio_X509(cb, x) ||
+        (key && !PEM_write_bio_PrivateKey(kb, key, NULL, NULL, 0, NULL, NULL))) {
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "writing PEM");
     } else {
         out->cert_pem = bio_string(cb);
-        out->key_pem = bio_string(kb);
-        if (!out->cert_pem || !out->key_pem) {
+        out->key_pem = key ? bio_string(kb) : NULL;
+        if (!out->cert_pem || (key && !out->key_pem)) {
             certs_pair_free(out);
             rc = cirrus_fail(err, CIRRUS_ENOMEM, "PEM: out of memory");
         }
@@ -304,6 +301,15 @@ static int sign_export(X509 *x, EVP_PKEY *signer, EVP_PKEY *key, certs_pair *out
     BIO_free(cb);
     BIO_free(kb);
     return rc;
+}
+
+/* Sign x with signer (ECDSA with SHA-256 for our keys) and write it and key as PEM. */
+static int sign_export(X509 *x, EVP_PKEY *signer, EVP_PKEY *key, certs_pair *out,
+                       cirrus_error *err)
+{
+    if (X509_sign(x, signer, EVP_sha256()) <= 0)
+        return certs_ssl_fail(err, CIRRUS_EIO, "signing the certificate");
+    return export_pem(x, key, out, err);
 }
 
 /* ---- parsing ---- */
@@ -325,17 +331,17 @@ static int pem_bio(const char *pem, const char *what, BIO **out, cirrus_error *e
         return cirrus_fail(err, CIRRUS_EINVAL, "%s: %zu bytes of PEM, more than %u", what, len,
                            PEM_MAX);
     *out = BIO_new_mem_buf(pem, (int)len);
-    return *out ? 0 : ssl_fail(err, CIRRUS_ENOMEM, "%s", what);
+    return *out ? 0 : certs_ssl_fail(err, CIRRUS_ENOMEM, "%s", what);
 }
 
-static int parse_cert(const char *pem, const char *what, X509 **out, cirrus_error *err)
+int certs_parse_cert(const char *pem, const char *what, X509 **out, cirrus_error *err)
 {
     BIO *b;
     int rc = pem_bio(pem, what, &b, err);
     if (rc < 0) return rc;
     *out = PEM_read_bio_X509(b, NULL, no_passphrase, NULL);
     BIO_free(b);
-    return *out ? 0 : ssl_fail(err, CIRRUS_EINVAL, "%s is not a PEM certificate", what);
+    return *out ? 0 : certs_ssl_fail(err, CIRRUS_EINVAL, "%s is not a PEM certificate", what);
 }
 
 static int parse_key(const char *pem, const char *what, EVP_PKEY **out, cirrus_error *err)
@@ -345,7 +351,7 @@ static int parse_key(const char *pem, const char *what, EVP_PKEY **out, cirrus_e
     if (rc < 0) return rc;
     *out = PEM_read_bio_PrivateKey(b, NULL, no_passphrase, NULL);
     BIO_free(b);
-    return *out ? 0 : ssl_fail(err, CIRRUS_EINVAL, "%s is not a PEM private key", what);
+    return *out ? 0 : certs_ssl_fail(err, CIRRUS_EINVAL, "%s is not a PEM private key", what);
 }
 
 /* A CA we can issue from: a real CA (basicConstraints CA:TRUE), the key is its own, and it
@@ -358,7 +364,7 @@ static int check_issuer(X509 *ca, EVP_PKEY *key, cirrus_error *err)
                            "the CA certificate is not a CA (no basicConstraints CA:TRUE)");
     }
     if (X509_check_private_key(ca, key) != 1)
-        return ssl_fail(err, CIRRUS_EINVAL, "the CA key does not belong to the CA certificate");
+        return certs_ssl_fail(err, CIRRUS_EINVAL, "the CA key does not belong to the CA certificate");
     if (X509_cmp_current_time(X509_get0_notAfter(ca)) <= 0) {
         ERR_clear_error();
         return cirrus_fail(err, CIRRUS_EINVAL, "the CA certificate has expired");
@@ -389,7 +395,7 @@ static int make_ca(const char *job_name, int days, certs_pair *out, cirrus_error
     rc = gen_key(&key, err);
     if (rc == 0) rc = new_cert(key, cn, -BACKDATE_S, days * 86400L, &x, err);
     if (rc == 0 && !X509_set_issuer_name(x, X509_get_subject_name(x)))
-        rc = ssl_fail(err, CIRRUS_EIO, "issuer name");
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "issuer name");
     if (rc == 0) rc = add_ext(x, x, NID_basic_constraints, "critical,CA:TRUE", err);
     if (rc == 0) rc = add_ext(x, x, NID_key_usage, "critical,keyCertSign,cRLSign", err);
     if (rc == 0) rc = add_ext(x, x, NID_subject_key_identifier, "hash", err);
@@ -414,8 +420,8 @@ static int check_leaf_args(const certs_pair *ca, const char *job, const char *re
                            long nb_s, long na_s, cirrus_error *err)
 {
     if (!ca) return cirrus_fail(err, CIRRUS_EINVAL, "no CA given");
-    int rc = check_label("job", job, job ? strlen(job) : 0, err);
-    if (rc == 0) rc = check_label("region", region, region ? strlen(region) : 0, err);
+    int rc = certs_check_label("job", job, job ? strlen(job) : 0, err);
+    if (rc == 0) rc = certs_check_label("region", region, region ? strlen(region) : 0, err);
     if (rc == 0) rc = check_name("common name", common_name, err);
     if (rc == 0) rc = check_validity(nb_s, na_s, err);
     if (rc < 0) return rc;
@@ -426,7 +432,7 @@ static int check_leaf_args(const certs_pair *ca, const char *job, const char *re
     for (size_t i = 0; i < n_dns; i++) {
         char what[32];
         snprintf(what, sizeof what, "dns[%zu]", i);
-        if ((rc = check_host_name(what, dns[i], err)) < 0) return rc;
+        if ((rc = certs_check_host_name(what, dns[i], err)) < 0) return rc;
     }
     return 0;
 }
@@ -436,10 +442,47 @@ static int clamp_to_issuer(X509 *x, X509 *ca, cirrus_error *err)
 {
     const ASN1_TIME *ca_end = X509_get0_notAfter(ca);
     int cmp = ASN1_TIME_compare(X509_get0_notAfter(x), ca_end);
-    if (cmp == -2) return ssl_fail(err, CIRRUS_EINVAL, "the CA certificate's notAfter");
+    if (cmp == -2) return certs_ssl_fail(err, CIRRUS_EINVAL, "the CA certificate's notAfter");
     if (cmp > 0 && !X509_set1_notAfter(x, ca_end))
-        return ssl_fail(err, CIRRUS_EIO, "leaf notAfter");
+        return certs_ssl_fail(err, CIRRUS_EIO, "leaf notAfter");
     return 0;
+}
+
+/* A leaf for `key` (its public half), issued by ca_cert and signed with ca_key: the
+ * extensions and names certs_make_leaf documents. The caller checked the arguments. */
+static int issue_leaf(X509 *ca_cert, EVP_PKEY *ca_key, EVP_PKEY *key, const char *job,
+                      const char *region, const char *common_name, const char *const *dns,
+                      size_t n_dns, long nb_s, long na_s, X509 **out, cirrus_error *err)
+{
+    char uri[sizeof CERTS_URI_SCHEME + 2 * CERTS_MAX_LABEL + 1];
+    snprintf(uri, sizeof uri, CERTS_URI_SCHEME "%s/%s", job, region);
+    X509 *x = NULL;
+    int rc = new_cert(key, common_name, nb_s, na_s, &x, err);
+    if (rc == 0 && !X509_set_issuer_name(x, X509_get_subject_name(ca_cert)))
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "issuer name");
+    if (rc == 0) rc = clamp_to_issuer(x, ca_cert, err);
+    if (rc == 0) rc = add_ext(x, ca_cert, NID_basic_constraints, "CA:FALSE", err);
+    if (rc == 0) rc = add_ext(x, ca_cert, NID_key_usage, "critical,digitalSignature", err);
+    if (rc == 0) rc = add_ext(x, ca_cert, NID_ext_key_usage, "serverAuth,clientAuth", err);
+    if (rc == 0) rc = add_ext(x, ca_cert, NID_subject_key_identifier, "hash", err);
+    if (rc == 0) rc = add_ext(x, ca_cert, NID_authority_key_identifier, "keyid:always", err);
+    if (rc == 0) rc = add_san(x, dns, n_dns, uri, err);
+    if (rc == 0 && X509_sign(x, ca_key, EVP_sha256()) <= 0)
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "signing the certificate");
+    if (rc < 0) X509_free(x);
+    *out = rc < 0 ? NULL : x;
+    return rc;
+}
+
+/* The CA as an issuer: parsed, and checked to be one whose key is its own. */
+static int load_issuer(const certs_pair *ca, X509 **ca_cert, EVP_PKEY **ca_key,
+                       cirrus_error *err)
+{
+    *ca_cert = NULL, *ca_key = NULL;
+    int rc = certs_parse_cert(ca->cert_pem, "CA certificate", ca_cert, err);
+    if (rc == 0) rc = parse_key(ca->key_pem, "CA key", ca_key, err);
+    if (rc == 0) rc = check_issuer(*ca_cert, *ca_key, err);
+    return rc;
 }
 
 static int make_leaf(const certs_pair *ca, const char *job, const char *region,
@@ -448,25 +491,14 @@ static int make_leaf(const certs_pair *ca, const char *job, const char *region,
 {
     int rc = check_leaf_args(ca, job, region, common_name, dns, n_dns, nb_s, na_s, err);
     if (rc < 0) return rc;
-    char uri[sizeof CERTS_URI_SCHEME + 2 * CERTS_MAX_LABEL + 1];
-    snprintf(uri, sizeof uri, CERTS_URI_SCHEME "%s/%s", job, region);
     X509 *ca_cert = NULL, *x = NULL;
     EVP_PKEY *ca_key = NULL, *key = NULL;
-    rc = parse_cert(ca->cert_pem, "CA certificate", &ca_cert, err);
-    if (rc == 0) rc = parse_key(ca->key_pem, "CA key", &ca_key, err);
-    if (rc == 0) rc = check_issuer(ca_cert, ca_key, err);
+    rc = load_issuer(ca, &ca_cert, &ca_key, err);
     if (rc == 0) rc = gen_key(&key, err);
-    if (rc == 0) rc = new_cert(key, common_name, nb_s, na_s, &x, err);
-    if (rc == 0 && !X509_set_issuer_name(x, X509_get_subject_name(ca_cert)))
-        rc = ssl_fail(err, CIRRUS_EIO, "issuer name");
-    if (rc == 0) rc = clamp_to_issuer(x, ca_cert, err);
-    if (rc == 0) rc = add_ext(x, ca_cert, NID_basic_constraints, "CA:FALSE", err);
-    if (rc == 0) rc = add_ext(x, ca_cert, NID_key_usage, "critical,digitalSignature", err);
-    if (rc == 0) rc = add_ext(x, ca_cert, NID_ext_key_usage, "serverAuth,clientAuth", err);
-    if (rc == 0) rc = add_ext(x, ca_cert, NID_subject_key_identifier, "hash", err);
-    if (rc == 0) rc = add_ext(x, ca_cert, NID_authority_key_identifier, "keyid:always", err);
-    if (rc == 0) rc = add_san(x, dns, n_dns, uri, err);
-    if (rc == 0) rc = sign_export(x, ca_key, key, out, err);
+    if (rc == 0)
+        rc = issue_leaf(ca_cert, ca_key, key, job, region, common_name, dns, n_dns, nb_s, na_s,
+                        &x, err);
+    if (rc == 0) rc = export_pem(x, key, out, err);
     X509_free(x);
     X509_free(ca_cert);
     EVP_PKEY_free(key);
@@ -500,164 +532,131 @@ int certs_make_leaf(const certs_pair *ca, const char *job, const char *region,
                                  days * 86400L, out, err);
 }
 
-/* The chain, with OpenSSL's strict RFC 5280 checks (what a Go or rustls peer would also
- * reject fails here first). The CA is the only trust anchor. */
-static int check_chain(X509 *ca, X509 *cert, cirrus_error *err)
+/* ---- requests: a key made where it is used, its certificate issued elsewhere ---- */
+
+static int parse_request(const char *pem, X509_REQ **out, cirrus_error *err)
 {
-    X509_STORE *store = X509_STORE_new();
-    X509_STORE_CTX *ctx = X509_STORE_CTX_new();
-    int rc;
-    if (!store || !ctx || !X509_STORE_add_cert(store, ca) ||
-        !X509_STORE_CTX_init(ctx, store, cert, NULL)) {
-        rc = ssl_fail(err, CIRRUS_EIO, "setting up verification");
-    } else {
-        /* CHECK_SS_SIGNATURE: a CA verifying against itself has its own signature checked,
-         * which OpenSSL skips for trust anchors by default. */
-        X509_STORE_CTX_set_flags(ctx, X509_V_FLAG_X509_STRICT | X509_V_FLAG_CHECK_SS_SIGNATURE);
-        int ok = X509_verify_cert(ctx);
-        if (ok == 1) {
-            rc = 0;
-        } else if (ok == 0) {
-            int e = X509_STORE_CTX_get_error(ctx);
-            rc = cirrus_fail(err, CIRRUS_EINVAL, "certificate does not verify against the CA: %s",
-                             X509_verify_cert_error_string(e));
-        } else {
-            rc = ssl_fail(err, CIRRUS_EINVAL, "verifying the certificate");
+    BIO *b;
+    int rc = pem_bio(pem, "certificate request", &b, err);
+    if (rc < 0) return rc;
+    *out = PEM_read_bio_X509_REQ(b, NULL, no_passphrase, NULL);
+    BIO_free(b);
+    return *out ? 0 : certs_ssl_fail(err, CIRRUS_EINVAL, "not a PEM certificate request");
+}
+
+static int make_request(const char *region, certs_pair *out, cirrus_error *err)
+{
+    EVP_PKEY *key = NULL;
+    X509_REQ *req = X509_REQ_new();
+    X509_NAME *name = req ? X509_REQ_get_subject_name(req) : NULL;
+    int rc = req ? gen_key(&key, err) : certs_ssl_fail(err, CIRRUS_ENOMEM, "certificate request");
+    /* The subject is a label for people; the issuer decides the identity (certs_sign_request). */
+    if (rc == 0 && (!X509_REQ_set_version(req, X509_REQ_VERSION_1) || !name ||
+                    !X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
+                                                (const unsigned char *)region, -1, -1, 0) ||
+                    !X509_REQ_set_pubkey(req, key) || X509_REQ_sign(req, key, EVP_sha256()) <= 0))
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "signing the certificate request");
+    BIO *rb = rc ? NULL : BIO_new(BIO_s_mem()), *kb = rc ? NULL : BIO_new(BIO_s_secmem());
+    if (rc == 0 && (!rb || !kb || !PEM_write_bio_X509_REQ(rb, req) ||
+                    !PEM_write_bio_PrivateKey(kb, key, NULL, NULL, 0, NULL, NULL)))
+        rc = certs_ssl_fail(err, CIRRUS_EIO, "writing PEM");
+    if (rc == 0) {
+        out->cert_pem = bio_string(rb);
+        out->key_pem = bio_string(kb);
+        if (!out->cert_pem || !out->key_pem) {
+            certs_pair_free(out);
+            rc = cirrus_fail(err, CIRRUS_ENOMEM, "PEM: out of memory");
         }
     }
-    X509_STORE_CTX_free(ctx);
-    X509_STORE_free(store);
+    BIO_free(rb);
+    BIO_free(kb);
+    X509_REQ_free(req);
+    EVP_PKEY_free(key);
     return rc;
 }
 
-/* subjectAltName only, and "*.x" matches one whole label: what Go and browsers accept. */
-static int check_host(X509 *cert, const char *name, cirrus_error *err)
+int certs_make_request(const char *region, certs_pair *out, cirrus_error *err)
 {
-    unsigned flags = X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS;
-    int r = X509_check_host(cert, name, strlen(name), flags, NULL);
-    if (r == 1) return 0;
-    if (r == 0)
-        return cirrus_fail(err, CIRRUS_EINVAL, "certificate is not valid for host name \"%s\"",
-                           name);
-    return ssl_fail(err, CIRRUS_EINVAL, "checking host name \"%s\"", name);
-}
-
-static int verify(const char *ca_cert_pem, const char *cert_pem, const char *dns_name,
-                  cirrus_error *err)
-{
-    int rc = dns_name ? check_host_name("dns_name", dns_name, err) : 0;
+    if (!out) return cirrus_fail(err, CIRRUS_EINVAL, "certs_make_request: out is NULL");
+    out->cert_pem = out->key_pem = NULL;
+    int rc = certs_check_label("region", region, region ? strlen(region) : 0, err);
     if (rc < 0) return rc;
-    X509 *ca = NULL, *cert = NULL;
-    rc = parse_cert(ca_cert_pem, "CA certificate", &ca, err);
-    if (rc == 0) rc = parse_cert(cert_pem, "certificate", &cert, err);
-    if (rc == 0) rc = check_chain(ca, cert, err);
-    if (rc == 0 && dns_name) rc = check_host(cert, dns_name, err);
-    X509_free(cert);
-    X509_free(ca);
-    return rc;
-}
-
-int certs_verify(const char *ca_cert_pem, const char *cert_pem, const char *dns_name,
-                 cirrus_error *err)
-{
     ERR_clear_error();
-    int rc = verify(ca_cert_pem, cert_pem, dns_name, err);
+    rc = make_request(region, out, err);
     ERR_clear_error();
     return rc;
 }
 
-/* ---- identity ---- */
-
-/* Copy n bytes of src as a NUL-terminated string into out (skipped when out is NULL). */
-static int copy_out(const char *what, const char *src, size_t n, char *out, size_t size,
-                    cirrus_error *err)
+/* The request's key, once its self-signature shows the requester holds the private half,
+ * and only of the one kind this PKI issues for (P-256). */
+static int request_key(X509_REQ *req, EVP_PKEY **key, cirrus_error *err)
 {
-    if (!out) return 0;
-    if (n >= size)
-        return cirrus_fail(err, CIRRUS_EINVAL,
-                           "the certificate's %s (%zu bytes) does not fit %zu", what, n, size);
-    memcpy(out, src, n);
-    out[n] = '\0';
+    char group[32] = "";
+    *key = X509_REQ_get_pubkey(req);
+    if (!*key) return certs_ssl_fail(err, CIRRUS_EINVAL, "the certificate request has no key");
+    if (X509_REQ_verify(req, *key) != 1)
+        return certs_ssl_fail(err, CIRRUS_EINVAL, "the certificate request's signature is not its key's");
+    if (!EVP_PKEY_is_a(*key, "EC") ||
+        !EVP_PKEY_get_group_name(*key, group, sizeof group, NULL) ||
+        (strcmp(group, "prime256v1") && strcmp(group, "P-256"))) {
+        ERR_clear_error();
+        return cirrus_fail(err, CIRRUS_EINVAL, "the certificate request's key is not P-256");
+    }
     return 0;
 }
 
-/* "cirrus://<job>/<region>", n bytes of u (an IA5String: may hold a NUL, so never strlen). */
-static int parse_identity(const char *u, size_t n, char *job, size_t job_size, char *region,
-                          size_t region_size, cirrus_error *err)
+static int sign_request(const certs_pair *ca, const char *request_pem, const char *job,
+                        const char *region, const char *common_name, const char *const *dns,
+                        size_t n_dns, int days, char **cert_pem, cirrus_error *err)
 {
-    const size_t pre = sizeof CERTS_URI_SCHEME - 1;
-    const char *j = u + pre, *slash = memchr(j, '/', n - pre);
-    if (!slash)
-        return cirrus_fail(err, CIRRUS_EINVAL, "the certificate's identity URI has no region");
-    size_t jn = (size_t)(slash - j), rn = n - pre - jn - 1;
-    int rc = check_label("the certificate's job", j, jn, err);
-    if (rc == 0) rc = check_label("the certificate's region", slash + 1, rn, err);
-    if (rc == 0) rc = copy_out("job", j, jn, job, job_size, err);
-    if (rc == 0) rc = copy_out("region", slash + 1, rn, region, region_size, err);
-    return rc;
-}
-
-static int identity(const X509 *cert, char *job, size_t job_size, char *region,
-                    size_t region_size, cirrus_error *err)
-{
-    int crit = 0;
-    GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, &crit, NULL);
-    if (!names) /* crit: -1 no extension, -2 two of them, else one that did not decode */
-        return cirrus_fail(err, CIRRUS_EINVAL, "the certificate %s",
-                           crit == -1   ? "names no cirrus:// identity"
-                           : crit == -2 ? "has two subjectAltName extensions"
-                                        : "has a subjectAltName that does not decode");
-    const ASN1_IA5STRING *uri = NULL;
-    int found = 0;
-    for (int i = 0; i < sk_GENERAL_NAME_num(names); i++) {
-        const GENERAL_NAME *gn = sk_GENERAL_NAME_value(names, i);
-        if (gn->type != GEN_URI) continue;
-        const char *d = (const char *)ASN1_STRING_get0_data(gn->d.uniformResourceIdentifier);
-        int len = ASN1_STRING_length(gn->d.uniformResourceIdentifier);
-        if (len >= (int)sizeof CERTS_URI_SCHEME - 1 &&
-            memcmp(d, CERTS_URI_SCHEME, sizeof CERTS_URI_SCHEME - 1) == 0) {
-            uri = gn->d.uniformResourceIdentifier;
-            found++;
-        }
-    }
-    /* Two identities would let one certificate pass as either: refuse rather than pick. */
-    int rc;
-    if (found == 1)
-        rc = parse_identity((const char *)ASN1_STRING_get0_data(uri),
-                            (size_t)ASN1_STRING_length(uri), job, job_size, region, region_size,
-                            err);
-    else if (found > 1)
-        rc = cirrus_fail(err, CIRRUS_EINVAL, "the certificate names %d cirrus:// identities",
-                         found);
-    else
-        rc = cirrus_fail(err, CIRRUS_EINVAL, "the certificate names no cirrus:// identity");
-    GENERAL_NAMES_free(names);
-    return rc;
-}
-
-int certs_identity_x509(const struct x509_st *cert, char *job, size_t job_size, char *region,
-                        size_t region_size, cirrus_error *err)
-{
-    if (job && job_size) job[0] = '\0';
-    if (region && region_size) region[0] = '\0';
-    if (!cert) return cirrus_fail(err, CIRRUS_EINVAL, "no certificate");
-    int rc = identity(cert, job, job_size, region, region_size, err);
-    if (rc) { /* never half an identity */
-        if (job && job_size) job[0] = '\0';
-        if (region && region_size) region[0] = '\0';
-    }
-    ERR_clear_error(); /* a malformed extension leaves decoding errors */
-    return rc;
-}
-
-int certs_identity(const char *cert_pem, char *job, size_t job_size, char *region,
-                   size_t region_size, cirrus_error *err)
-{
-    ERR_clear_error();
-    X509 *x = NULL;
-    int rc = parse_cert(cert_pem, "certificate", &x, err);
-    if (rc == 0) rc = certs_identity_x509(x, job, job_size, region, region_size, err);
+    int rc = check_days(days, err);
+    if (rc == 0)
+        rc = check_leaf_args(ca, job, region, common_name, dns, n_dns, -BACKDATE_S,
+                             days * 86400L, err);
+    if (rc < 0) return rc;
+    X509_REQ *req = NULL;
+    X509 *ca_cert = NULL, *x = NULL;
+    EVP_PKEY *ca_key = NULL, *key = NULL;
+    certs_pair pem = {0};
+    rc = parse_request(request_pem, &req, err);
+    if (rc == 0) rc = request_key(req, &key, err);
+    if (rc == 0) rc = load_issuer(ca, &ca_cert, &ca_key, err);
+    if (rc == 0)
+        rc = issue_leaf(ca_cert, ca_key, key, job, region, common_name, dns, n_dns,
+                        -BACKDATE_S, days * 86400L, &x, err);
+    if (rc == 0) rc = export_pem(x, NULL, &pem, err);
+    if (rc == 0) *cert_pem = pem.cert_pem;
     X509_free(x);
+    X509_free(ca_cert);
+    X509_REQ_free(req);
+    EVP_PKEY_free(key);
+    EVP_PKEY_free(ca_key);
+    return rc;
+}
+
+int certs_sign_request(const certs_pair *ca, const char *request_pem, const char *job,
+                       const char *region, const char *common_name, const char *const *dns,
+                       size_t n_dns, int days, char **cert_pem, cirrus_error *err)
+{
+    if (!cert_pem) return cirrus_fail(err, CIRRUS_EINVAL, "certs_sign_request: out is NULL");
+    *cert_pem = NULL;
+    ERR_clear_error();
+    int rc = sign_request(ca, request_pem, job, region, common_name, dns, n_dns, days,
+                          cert_pem, err);
+    ERR_clear_error();
+    return rc;
+}
+
+int certs_request_matches(const char *cert_pem, const char *request_pem, cirrus_error *err)
+{
+    X509 *x = NULL;
+    X509_REQ *req = NULL;
+    ERR_clear_error();
+    int rc = certs_parse_cert(cert_pem, "certificate", &x, err);
+    if (rc == 0) rc = parse_request(request_pem, &req, err);
+    if (rc == 0) rc = EVP_PKEY_eq(X509_get0_pubkey(x), X509_REQ_get0_pubkey(req)) == 1;
+    X509_free(x);
+    X509_REQ_free(req);
     ERR_clear_error();
     return rc;
 }

@@ -79,6 +79,25 @@ int certs_make_leaf_valid(const certs_pair *ca, const char *job, const char *reg
                           long not_before_s, long not_after_s, certs_pair *out,
                           cirrus_error *err);
 
+/* A key for region's gateway and a PKCS#10 request, signed with it, for its certificate:
+ * the key stays where it was made (a member cluster), the request goes to whoever holds the
+ * job's CA (certs_sign_request). out->cert_pem is the request ("-----BEGIN CERTIFICATE
+ * REQUEST-----"), out->key_pem the key (ECDSA P-256). region: a DNS label (the subject's
+ * CN, a label for people). On error *out is {NULL, NULL}. */
+int certs_make_request(const char *region, certs_pair *out, cirrus_error *err);
+
+/* The leaf certs_make_leaf would make, for the key of request_pem instead of a new one:
+ * the request's self-signature is checked (its sender holds the key) and its key must be
+ * P-256; its subject and any extensions it asks for are ignored (the identity, names and
+ * validity are the issuer's arguments). *cert_pem: a malloc'd PEM, NULL on error. */
+int certs_sign_request(const certs_pair *ca, const char *request_pem, const char *job,
+                       const char *region, const char *common_name, const char *const *dns,
+                       size_t n_dns, int days, char **cert_pem, cirrus_error *err);
+
+/* 1 if cert_pem certifies the key of request_pem, 0 if another key, < 0 (CIRRUS_EINVAL) if
+ * either does not parse. */
+int certs_request_matches(const char *cert_pem, const char *request_pem, cirrus_error *err);
+
 /* Verify cert_pem chains to ca_cert_pem (X509_STORE / X509_verify_cert, strict RFC 5280
  * checks, at the current time) and, if dns_name is not NULL, that it is valid for that
  * host name (X509_check_host, subjectAltName only: the CN is never taken as a host name, as
