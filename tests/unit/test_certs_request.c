@@ -98,6 +98,7 @@ TEST(certs_request_refusals)
               CIRRUS_EINVAL);
     ASSERT_EQ(certs_sign_request(&req, req.cert_pem, UID, "r2", "r2", NULL, 0, 30, &cert, &err),
               CIRRUS_EINVAL);
+    certs_pair_free(&req);
     ASSERT_EQ(certs_make_request("no/slash", &req, &err), CIRRUS_EINVAL);
     ASSERT(req.cert_pem == NULL && req.key_pem == NULL);
     certs_pair_free(&ca);
