@@ -259,6 +259,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     /* The finalizer before anything in a member cluster is made. */
     if (!rc) rc = ctl_members_finalizer(ctl, job, err);
     if (!rc) rc = ctl_ensure_secret(ctl, job, m, d.secret, 0, err);
+    if (!rc) ctl_gate_gateways(job, m, &d);
     if (!rc) rc = ctl_ensure_services(ctl, job, d.services, m->services_gen, err);
     if (!rc) m->services_gen = int_at(job, "metadata", "generation", 0);
     /* Without its gang's PodGroup a region's pods are not made: scheduled one by one, they
@@ -448,6 +449,8 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
     if (unseen && (!*requeue_ms || *requeue_ms > UNSEEN_RECHECK_MS))
         *requeue_ms = UNSEEN_RECHECK_MS;
     if (members_ms && (!*requeue_ms || *requeue_ms > members_ms)) *requeue_ms = members_ms;
+    if (m->secret_pending && (!*requeue_ms || *requeue_ms > SECRET_PENDING_RECHECK_MS))
+        *requeue_ms = SECRET_PENDING_RECHECK_MS;
     if (*requeue_ms > REQUEUE_MAX_MS) *requeue_ms = REQUEUE_MAX_MS;
     desired_job_free(&d);
     failpolicy_free(&policy);

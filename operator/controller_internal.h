@@ -45,6 +45,9 @@
  * soon (ctl_pods_unseen): while the pod watch is down such a pod can come and go with no
  * event ever saying so, and nothing else would bring the job back. */
 #define UNSEEN_RECHECK_MS 5000
+/* A job whose Secret's name is still taken by an earlier job's (garbage collection pending)
+ * asks again this often. */
+#define SECRET_PENDING_RECHECK_MS 1000
 #define PATH_MAX_LEN 512
 #define SWARMJOB_API "apis/cirrus.dev/v1alpha1"
 /* Only what this operator made: its label is on every child (desired.h). */
@@ -68,16 +71,17 @@ typedef struct job_mem {
     int64_t services_gen; /* the job generation whose Services were last applied (0: none) */
     int64_t pod_groups_gen; /* ... whose gang PodGroups were last made sure of (0: none) */
     int secret_ok;        /* its Secret was found or made (asked again before making pods) */
+    int secret_pending;   /* an earlier job's Secret of that name is still there */
     /* Why a FailJob rule of runPolicy.podFailurePolicy failed the job ("": none): kept until
      * the status says Failed (after that the status keeps it). */
     char fail_job[640];
     /* Regions in several clusters (controller_members.c). endpoints: this cluster's
      * regions' gateway endpoints as last resolved (region -> "host:port"). At home:
-     * member_status, each member's copy's last status (cluster -> status); member_secrets,
-     * the members whose Secret is known made (cluster -> the uid of the copy that owns it);
-     * members_unreachable, why the
-     * last poll failed (the ClustersReachable condition's message). */
-    json_t *endpoints, *member_status, *member_secrets;
+     * member_status, each member's copy's last status (cluster -> status);
+     * members_unreachable, why the last poll failed (the ClustersReachable condition's
+     * message). pki: the job Secret's data as last read or written, for a job spanning
+     * clusters only (controller_pki.c). */
+    json_t *endpoints, *member_status, *pki;
     json_t *member_status_prev; /* the statuses of the poll before, which obs may point into */
     char members_unreachable[1024];
     char members_failjob[700]; /* a member's copy Failed by a FailJob rule: its message */
@@ -216,11 +220,6 @@ void ctl_roll_stages(controller *ctl, const json_t *job, job_mem *m, const json_
 
 /* ---- controller_children.c ------------------------------------------------------------------- */
 
-/* The job's Secret (its CA and gateway certificates), made once: asked of the API server by
- * name unless m says it was there already; recheck: ask anyway (before pods that mount it
- * are made: someone may have deleted it). Never re-keyed while it exists. */
-int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json_t *skeleton,
-                      int recheck, cirrus_error *err);
 int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *services,
                         int64_t applied_gen, cirrus_error *err);
 /* spec.gangScheduling: every region's PodGroup exists with the desired gang size, once per
@@ -231,6 +230,29 @@ int ctl_ensure_services(controller *ctl, const json_t *job, const json_t *servic
  * in the cluster). */
 int ctl_ensure_pod_groups(controller *ctl, const json_t *job, job_mem *m, const json_t *groups,
                           cirrus_error *err);
+
+/* ---- controller_pki.c ------------------------------------------------------------------------ */
+
+/* The job's Secret (its CA and gateway keys and certificates), made once: asked of the API
+ * server by name unless m says it was there already; recheck: ask anyway (before pods that
+ * mount it are made: someone may have deleted it). Never re-keyed while it exists. In a
+ * copy, the certificates the home wrote into spec.home are added to it. */
+int ctl_ensure_secret(controller *ctl, const json_t *job, job_mem *m, const json_t *skeleton,
+                      int recheck, cirrus_error *err);
+/* A copy: its regions' certificate requests not answered yet (region -> PEM), for
+ * status.certificateRequests; NULL for a job that is not a copy. A new reference. */
+json_t *ctl_copy_cert_requests(const json_t *job, const job_mem *m);
+/* The gateways that the Secret cannot serve yet left out of d (d->waiting says why): every
+ * one while an earlier job's Secret of the name is still there; in a copy, those of
+ * regions whose certificate is not in it yet. */
+void ctl_gate_gateways(const json_t *job, const job_mem *m, desired_job *d);
+/* At home: member's requests (its copy's last status) signed, each certificate kept in
+ * the home Secret. A request that does not verify is logged and left. */
+int ctl_issue_member_certs(controller *ctl, const json_t *job, job_mem *m, const char *member,
+                           cirrus_error *err);
+/* At home: the CA's certificate and member's regions' certificates into home, the copy's
+ * spec.home (caCertificate, certificates), once any is issued. */
+void ctl_copy_pki(const json_t *job, const job_mem *m, const char *member, json_t *home);
 
 /* ---- controller_members.c -------------------------------------------------------------------- */
 

@@ -2,11 +2,12 @@
  * docs/ARCHITECTURE.md, "Regions in several clusters").
  *
  * The home operator (the cluster where the job was applied, spec.clusters naming the
- * others) keeps, in each member cluster, a copy of the job that holds spec.home, and a
- * Secret beside it with the job CA's certificate and that cluster's regions' gateway
- * certificates and keys. The member's own operator reconciles the copy's pods as any job's
- * (desired.c builds nothing for regions that other clusters run) and reports its regions,
- * with their gateways' endpoints, in the copy's status; the home operator folds those into
+ * others) keeps, in each member cluster, a copy of the job that holds spec.home, with the
+ * certificates the home signed for that cluster's gateways from their requests
+ * (controller_pki.c: no private key crosses clusters). The member's own operator reconciles
+ * the copy's pods as any job's (desired.c builds nothing for regions that other clusters
+ * run) and reports its regions, with their gateways' endpoints, and its certificate
+ * requests in the copy's status; the home operator folds those into
  * the home job's status, writes every region's endpoint into every copy, so that each
  * gateway can list all of them, and the whole job's status into the copy's status.home.
  *
@@ -315,8 +316,8 @@ static member_conn *member_get(controller *ctl, const json_t *job, const json_t 
  * spec.clusters, and every region placed as the member sees it: its own regions without a
  * cluster, the others in theirs (this one's under the home cluster's name), each with its
  * endpoint where known. The lifetime clocks (TTL, deadline) stay with the home job. */
-static json_t *copy_of(controller *ctl, const json_t *job, const job_observed *obs,
-                       const char *member)
+static json_t *copy_of(controller *ctl, const json_t *job, const job_mem *m,
+                       const job_observed *obs, const char *member)
 {
     json_t *spec = json_deep_copy(json_object_get(job, "spec"));
     if (!spec) return NULL;
@@ -345,85 +346,12 @@ static json_t *copy_of(controller *ctl, const json_t *job, const job_observed *o
                              meta_str(job, "uid"));
     if (home && phase && (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed")))
         json_object_set_new(home, "phase", json_string(phase));
+    if (home) ctl_copy_pki(job, m, member, home); /* the certificates signed for it */
     json_object_set_new(spec, "home", home);
     return json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s}}, s:o}", "apiVersion", CIRRUS_API_VERSION,
                      "kind", CIRRUS_KIND, "metadata", "name", meta_str(job, "name"), "namespace",
                      meta_str(job, "namespace"), "labels", "cirrus.dev/home-cluster",
                      ctl->opt.cluster_name, "spec", spec);
-}
-
-/* The member's Secret: the job CA's certificate and the member's regions' gateway
- * certificates and keys from the home job's Secret (the CA key is kept nowhere), owned by
- * the copy (copy_uid) so that the member's garbage collector removes it with the copy. Made
- * once; an existing one is left as it is (never re-keyed under running gateways). 0: it is
- * there; 1: an earlier copy's is still there (its garbage collection pending); < 0: an
- * error. */
-static int ensure_member_secret(controller *ctl, const json_t *job, member_conn *mc,
-                                const char *member, const char *copy_uid, cirrus_error *err)
-{
-    char name[CIRRUS_NAME_MAX + 1], path[PATH_MAX_LEN], coll[PATH_MAX_LEN];
-    int rc = desired_name_secret(name, sizeof name, meta_str(job, "name"), err);
-    if (!rc && (child_path(path, job, "secrets", name) || child_path(coll, job, "secrets", NULL)))
-        rc = cirrus_fail(err, CIRRUS_EINVAL, "secret path too long");
-    if (rc) return rc;
-    json_t *there = NULL;
-    rc = kube_get(mc->client, path, &there, err);
-    if (!rc) {
-        /* The Secret of a copy deleted meanwhile, which the member's garbage collector has
-         * not removed yet: not done; asked again at the next poll. */
-        const char *owner = json_string_value(json_object_get(
-            json_array_get(json_object_get(json_object_get(there, "metadata"), "ownerReferences"),
-                           0),
-            "uid"));
-        rc = owner && !strcmp(owner, copy_uid) ? 0 : 1;
-    }
-    json_decref(there);
-    if (rc != CIRRUS_ENOENT) return rc;
-    json_t *home = NULL;
-    if ((rc = kube_get(ctl->client, path, &home, err))) {
-        json_decref(home);
-        return rc;
-    }
-    const json_t *have = json_object_get(home, "data");
-    json_t *data = json_object();
-    json_object_set(data, "ca.crt", json_object_get(have, "ca.crt"));
-    size_t i;
-    const json_t *r;
-    json_array_foreach(json_object_get(json_object_get(job, "spec"), "regions"), i, r)
-    {
-        const char *cl = json_string_value(json_object_get(r, "cluster"));
-        const char *region = json_string_value(json_object_get(r, "name"));
-        if (!cl || strcmp(cl, member) || !region) continue;
-        char crt[96], key[96];
-        snprintf(crt, sizeof crt, "%s.crt", region);
-        snprintf(key, sizeof key, "%s.key", region);
-        if (!json_object_get(have, crt) || !json_object_get(have, key))
-            rc = cirrus_fail(err, CIRRUS_ENOENT, "secret %s has no certificate for region %s",
-                             name, region);
-        json_object_set(data, crt, json_object_get(have, crt));
-        json_object_set(data, key, json_object_get(have, key));
-    }
-    json_t *secret = rc ? NULL
-                        : json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s, s:s}, s:[{s:s, s:s, s:s, "
-                                    "s:s, s:b}]}, s:s, s:O}",
-                                    "apiVersion", "v1", "kind", "Secret", "metadata", "name",
-                                    name, "namespace", meta_str(job, "namespace"), "labels",
-                                    CIRRUS_LABEL_JOB, meta_str(job, "name"),
-                                    CIRRUS_LABEL_MANAGED_BY, "cirrus-operator",
-                                    "ownerReferences", "apiVersion", CIRRUS_API_VERSION, "kind",
-                                    CIRRUS_KIND, "name", meta_str(job, "name"), "uid", copy_uid,
-                                    "controller", 1, "type", "Opaque", "data", data);
-    if (!rc && !secret) rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
-    if (!rc) rc = kube_create(mc->client, coll, secret, NULL, err);
-    if (rc == CIRRUS_ECONFLICT) rc = 0;
-    else if (!rc)
-        ctl_event(ctl, job, 0, "CertificatesCopied",
-                  "CA certificate and gateway certificates of cluster %s's regions written there",
-                  member);
-    json_decref(secret);
-    json_decref(data);
-    json_decref(home);
-    return rc;
 }
 
 /* A member's region entry (the copy's status.regions[]) into ro. */
@@ -524,8 +452,8 @@ static int publish_whole_job(member_conn *mc, const json_t *job, const char *pat
     return rc;
 }
 
-/* Member cluster c of the home job: its copy applied, its Secret made once, its regions'
- * status into m->member_status (kept: obs borrows from it). */
+/* Member cluster c of the home job: its certificate requests signed, its copy applied, its
+ * regions' status into m->member_status (kept: obs borrows from it). */
 static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job_observed *obs,
                        const json_t *c, int *config_bad, cirrus_error *err)
 {
@@ -545,7 +473,13 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
     char path[PATH_MAX_LEN];
     int rc = kube_path(path, sizeof path, SWARMJOB_API, meta_str(job, "namespace"), "swarmjobs",
                        meta_str(job, "name"));
-    json_t *copy = rc ? NULL : copy_of(ctl, job, obs, member), *out = NULL;
+    /* The requests its copy's last status showed, signed before the copy is applied, so
+     * that the certificates go with it. */
+    cirrus_error ierr = {0}; /* the home API's error, not the member's: said, not counted */
+    if (!rc && ctl_issue_member_certs(ctl, job, m, member, &ierr))
+        log_warn("%s: cluster %s: certificate requests not signed: %s", m->key, member,
+                 request_error(ierr.msg));
+    json_t *copy = rc ? NULL : copy_of(ctl, job, m, obs, member), *out = NULL;
     if (!rc && !copy) rc = cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
     if (!rc) rc = kube_apply(mc->client, path, copy, COPY_FIELD_MANAGER, &out, err);
     json_decref(copy);
@@ -557,16 +491,6 @@ static int sync_member(controller *ctl, const json_t *job, job_mem *m, const job
         rc = cirrus_fail(err, CIRRUS_ECONFLICT,
                          "swarmjob %s there is not this job's copy (spec.home.uid %s)",
                          meta_str(job, "name"), uid ? uid : "unset");
-    /* The Secret is owned by the copy: a copy made anew (someone deleted it; the garbage
-     * collector took its Secret too) needs it made again. */
-    const char *copy_uid = meta_str(out, "uid");
-    const char *known = json_string_value(json_object_get(m->member_secrets, member));
-    if (!rc && (!copy_uid || !known || strcmp(known, copy_uid))) {
-        rc = copy_uid ? ensure_member_secret(ctl, job, mc, member, copy_uid, err)
-                      : cirrus_fail(err, CIRRUS_EIO, "the copy has no uid");
-        if (!rc) json_object_set_new(m->member_secrets, member, json_string(copy_uid));
-        if (rc == 1) rc = 0; /* made at a later poll */
-    }
     if (!rc) {
         json_t *st = json_object_get(out, "status");
         json_object_set_new(m->member_status, member, st ? json_incref(st) : json_object());
@@ -596,7 +520,6 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
     if (!ctl_has_members(job)) return 0;
     const json_t *spec = json_object_get(job, "spec");
     if (!m->member_status) m->member_status = json_object();
-    if (!m->member_secrets) m->member_secrets = json_object();
     obs->has_members = 1;
     /* Every member region's endpoint as last known, before any copy is written: a copy
      * lists the regions of the members after it too. */
@@ -624,7 +547,7 @@ int64_t ctl_sync_members(controller *ctl, const json_t *job, job_mem *m, job_obs
         const char *member = json_string_value(json_object_get(c, "name"));
         if (!member) continue;
         cirrus_error err = {0};
-        int rc = leading(ctl) && m->member_status && m->member_secrets
+        int rc = leading(ctl) && m->member_status
                      ? sync_member(ctl, job, m, obs, c, &config_bad, &err)
                      : 0;
         if (rc) {

@@ -25,18 +25,19 @@ static void mem_release(job_mem *m)
     json_decref(m->gone);
     json_decref(m->endpoints);
     json_decref(m->member_status);
-    json_decref(m->member_secrets);
+    json_decref(m->pki);
     json_decref(m->member_status_prev);
 }
 
 static void mem_reset(job_mem *m, const json_t *job)
 {
     mem_release(m);
-    m->endpoints = m->member_status = m->member_secrets = m->member_status_prev = NULL;
+    m->endpoints = m->member_status = m->pki = m->member_status_prev = NULL;
     m->counts = json_object();
     m->seen = json_object();
     m->gone = json_object();
     m->fail_job[0] = 0;
+    m->secret_ok = m->secret_pending = 0; /* a new job of the name: its own Secret */
     snprintf(m->uid, sizeof m->uid, "%s", meta_str(job, "uid") ? meta_str(job, "uid") : "");
     const json_t *st = json_object_get(job, "status");
     const char *ph = json_string_value(json_object_get(st, "phase"));

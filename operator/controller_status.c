@@ -116,6 +116,14 @@ int ctl_write_status(controller *ctl, const json_t *job, job_mem *m, const job_o
     const json_t *old = json_object_get(job, "status");
     json_t *st = jobstatus_build(obs, old, now);
     if (!st) return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");
+    /* A copy's gateway certificate requests, for its home to sign (controller_pki.c); null
+     * removes them once answered. */
+    json_t *reqs = ctl_copy_cert_requests(job, m);
+    if (json_object_size(reqs))
+        json_object_set(st, "certificateRequests", reqs);
+    else if (json_object_get(old, "certificateRequests"))
+        json_object_set_new(st, "certificateRequests", json_null());
+    json_decref(reqs);
     int64_t due = jobstatus_progress_due(obs, st, now);
     *progress_ms = due > 0 ? ms_until(due) : 0;
     const char *phase = json_string_value(json_object_get(st, "phase"));

@@ -140,9 +140,10 @@ ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail 
 [[ -n "$ref" ]] && ok "local reference: validation loss $ref" || not_ok "no validation loss in the local run's output"
 
 # run_job NAME PEERS CHAOS: applies the job (PEERS per stage), waits for Succeeded (CHAOS=1:
-# meanwhile deletes peer pods, as spot reclaims do, whenever every peer is ready and the last
-# deletion is 20 s old: first every peer of one stage of r2, then one random peer each
-# time); sets deleted (how many) and checks placement.
+# meanwhile reclaims, as spot reclaims do, whenever every peer is ready and the job has
+# begun training: every peer of one stage of a region, then the operator's node, each as soon
+# as the job is whole again (5 s on), then one random peer each 15 s; a fast machine trains
+# the whole job in under 40 s); sets deleted (how many) and checks placement.
 deleted=0 reclaims=0 drained=0 drained_region= swarm_region=
 operator_node() { kubectl -n cirrus-system get pod "$(leader_pod)" -o jsonpath='{.spec.nodeName}'; }
 # drain_node JOB: a zone reclaimed: every pod of the node the leading operator runs on evicted
@@ -166,7 +167,7 @@ drain_node() {
     kubectl uncordon "$node" >/dev/null 2>&1 || not_ok "kubectl uncordon $node"
 }
 run_job() {
-    local name=$1 peers=$2 chaos=$3 r2_clients=${4:-1} outer deadline=$((SECONDS + TIMEOUT)) next=$((SECONDS + 25)) p placed=0
+    local name=$1 peers=$2 chaos=$3 r2_clients=${4:-1} outer deadline=$((SECONDS + TIMEOUT)) next=$SECONDS p placed=0
     local all=$((peers * 4))/$((peers * 4))
     deleted=0 reclaims=0
     swarmjob_yaml "$name" "$peers" "$STEPS" "$SYNC_EVERY" "$r2_clients" | kubectl -n "$NS" apply -f - >"$work/apply.log" 2>&1 ||
@@ -187,14 +188,14 @@ run_job() {
         # operator removes the peers then itself). A peer lost in the final evaluation is
         # tested in tests/unit/test_swarm.c.
         step_now=$(sj "$name" '{.status.step}')
-        if ((chaos && SECONDS >= next && ${step_now:-0} + 20 < STEPS)) &&
+        if ((chaos && SECONDS >= next && ${step_now:-0} >= 1 && ${step_now:-0} + 20 < STEPS)) &&
             [[ "$(sj "$name" '{.status.readyPeers}')" == "$all" ]]; then
             # The first reclaim takes a stage's whole swarm in a region (its state goes with
             # it: the region restores it from the global parameters), the second the node the
             # operator runs on (every pod of that region, and the operator: the region comes
             # back from nothing and joins the job; the operator accounts for the pods going
             # before it hands over), later ones one peer.
-            ((reclaims++ == 1)) && { drain_node "$name"; next=$((SECONDS + 20)); continue; }
+            ((reclaims++ == 1)) && { drain_node "$name"; next=$((SECONDS + 5)); continue; }
             local sel="cirrus.dev/job=$name,cirrus.dev/role=peer" pods
             if ((reclaims == 1)); then # the region the operator is not in: its client lives on
                 [[ "$(operator_node)" == cirrus-r2 ]] && swarm_region=r1 || swarm_region=r2
@@ -210,7 +211,7 @@ run_job() {
                 deleted=$((deleted + $(wc -w <<<"$pods")))
                 echo "[e2e] preempted" $pods "(step $(sj "$name" '{.status.step}'))"
             fi
-            next=$((SECONDS + 15))
+            ((reclaims == 1)) && next=$((SECONDS + 5)) || next=$((SECONDS + 15))
         fi
         outer=$(sj "$name" '{.status.outerStep}')
         if ((!chaos)) && [[ -z "${bytes_checked:-}" ]] && ((${outer:-0} >= 1)); then

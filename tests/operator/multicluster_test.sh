@@ -14,14 +14,18 @@
 #   * the member cluster gets a copy of the job (same name and namespace) that names its home
 #     (cluster and uid), has no spec.clusters, no TTL or deadline, and sees r1 as a region of
 #     cluster "home" at the home gateway's endpoint;
-#   * the member gets the job Secret with r2's certificate and key only, under the home's CA
-#     (the same ca.crt), r2's certificate naming cirrus://<home uid>/r2; the CA key nowhere;
+#   * no private key crosses clusters: the member's operator makes r2's gateway key in its
+#     own job Secret with a certificate request, shown in the copy's status; the home signs it
+#     (r2.crt in both Secrets, naming cirrus://<home uid>/r2, under the home's CA) and keeps
+#     the CA key in its Secret; the member's Secret has r2's key, request and certificate and
+#     the CA's certificate only, the home's no r2 key, the copy no key at all;
 #   * r1's pods run at home only, r2's in the member only; both gateways run with the home
 #     job's uid and list each other at their endpoints: "<node address of the region in its
 #     cluster>:<the wan port's nodePort>", as kubectl sees them there;
 #   * status: the copy's r2 has an endpoint; the home's lists r1 and r2 (cluster east,
 #     reachable, its ready peers those of the copy); condition ClustersReachable True;
-#   * spec changes at home (suspend, peersPerStage) reach the copy within 20 s;
+#   * spec changes at home (suspend, peersPerStage) reach the copy within 20 s; the copy
+#     deleted by hand is made again, with a new Secret and key, which the home signs again;
 #   * the member unreachable (its kubeconfig's server a dead port): ClustersReachable False,
 #     MemberUnreachable, naming east, r2 kept as unreachable, the job not Failed; restored:
 #     True again;
@@ -289,26 +293,36 @@ else
     not_ok "copy: r1's endpoint '$(copy_r1_ep)', want $(endpoint_want kubectl r1) (copy's r1: $(spec_region cjson r1 . | jq -c .))"
 fi
 
-# ---- 2. the member's Secret ------------------------------------------------------------------
-stage "2. the job Secret in east"
+# ---- 2. the job's PKI across the clusters ----------------------------------------------------
+stage "2. the job Secrets: r2's key made in east, its certificate signed at home"
 member_secret_has_r2() { [[ -n "$(mkn get secret "$JOB-pki" -o jsonpath='{.data.r2\.crt}' 2>/dev/null)" ]]; }
-check "east: Secret $JOB-pki with r2.crt" poll_until 30 member_secret_has_r2
+check "east: Secret $JOB-pki with r2.crt" poll_until 40 member_secret_has_r2
 keys() { "$@" -n "$NS" get secret "$JOB-pki" -o json 2>/dev/null | jq -r '.data // {} | keys | join(" ")'; }
-expect_eq "east: the Secret's keys (r2's only; no CA key)" "ca.crt r2.crt r2.key" "$(keys mk)"
+expect_eq "east: the Secret's keys (r2's key, request and certificate; the CA's certificate)" \
+    "ca.crt r2.crt r2.csr r2.key" "$(keys mk)"
 home_keys=$(keys kubectl)
-has_keys() { local k; for k in "${@:2}"; do grep -qw -- "$k" <<<"$1" || return 1; done; }
-check "home: the Secret has r1.crt and r1.key ($home_keys)" has_keys "$home_keys" r1.crt r1.key
-check_not "home: no CA key in the Secret" grep -q 'ca\.key' <<<"$home_keys"
-mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.ca\.crt}' 2>/dev/null | base64 -d >"$work/member-ca.crt"
-mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.r2\.crt}' 2>/dev/null | base64 -d >"$work/r2.crt"
-mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.r2\.key}' 2>/dev/null | base64 -d >"$work/r2.key"
-kn get secret "$JOB-pki" -o jsonpath='{.data.ca\.crt}' 2>/dev/null | base64 -d >"$work/home-ca.crt"
-check "east's ca.crt is the home's" bash -c "test -s '$work/home-ca.crt' && cmp -s '$work/home-ca.crt' '$work/member-ca.crt'"
-check "east's r2.crt verifies against the home's CA" openssl verify -CAfile "$work/home-ca.crt" "$work/r2.crt"
-check "east's r2.crt names cirrus://$uid/r2" \
-    bash -c "openssl x509 -noout -ext subjectAltName -in '$work/r2.crt' | grep -qF 'URI:cirrus://$uid/r2'"
-check "east's r2.key matches r2.crt" \
-    bash -c "[[ -s '$work/r2.key' && \$(openssl x509 -noout -pubkey -in '$work/r2.crt') == \$(openssl pkey -pubout -in '$work/r2.key') ]]"
+expect_eq "home: the Secret's keys (the CA's key kept for east's requests; no r2 key)" \
+    "ca.crt ca.key r1.crt r1.key r2.crt" "$home_keys"
+check_not "the copy carries no private key" grep -q 'PRIVATE KEY' <<<"$(cjson)"
+requests_answered() { [[ "$(cjson | jq -c '.status.certificateRequests // {}')" == "{}" ]]; }
+check "the copy's status.certificateRequests emptied once answered" poll_until 20 requests_answered
+# check_member_pki: east's r2 key, certificate and the home's CA agree (the key never left).
+check_member_pki() {
+    mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.ca\.crt}' 2>/dev/null | base64 -d >"$work/member-ca.crt"
+    mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.r2\.crt}' 2>/dev/null | base64 -d >"$work/r2.crt"
+    mk -n "$NS" get secret "$JOB-pki" -o jsonpath='{.data.r2\.key}' 2>/dev/null | base64 -d >"$work/r2.key"
+    kn get secret "$JOB-pki" -o jsonpath='{.data.ca\.crt}' 2>/dev/null | base64 -d >"$work/home-ca.crt"
+    kn get secret "$JOB-pki" -o jsonpath='{.data.r2\.crt}' 2>/dev/null | base64 -d >"$work/home-r2.crt"
+    check "east's ca.crt is the home's" bash -c "test -s '$work/home-ca.crt' && cmp -s '$work/home-ca.crt' '$work/member-ca.crt'"
+    check "east's r2.crt is the one the home signed" cmp -s "$work/home-r2.crt" "$work/r2.crt"
+    check "east's r2.crt verifies against the home's CA" openssl verify -CAfile "$work/home-ca.crt" "$work/r2.crt"
+    check "east's r2.crt names cirrus://$uid/r2" \
+        bash -c "openssl x509 -noout -ext subjectAltName -in '$work/r2.crt' | grep -qF 'URI:cirrus://$uid/r2'"
+    check "east's r2.key matches r2.crt" \
+        bash -c "[[ -s '$work/r2.key' && \$(openssl x509 -noout -pubkey -in '$work/r2.crt') == \$(openssl pkey -pubout -in '$work/r2.key') ]]"
+}
+check_member_pki
+first_key=$(openssl pkey -pubout -in "$work/r2.key" 2>/dev/null)
 
 # ---- 3. pods, Services, gateways -------------------------------------------------------------
 stage "3. pods and gateways in both clusters"
@@ -398,16 +412,21 @@ propagated "peersPerStage 2" .spec.peersPerStage 2
 check "east: r2 has 2 peers" poll_until 30 mkn get pod "$JOB-r2-s0-1"
 check "home: r1 has 2 peers" poll_until 30 kn get pod "$JOB-r1-s0-1"
 # Someone deletes the copy in east: its pods and Secret go with it (the copy owns them); the
-# home makes the copy again, and its Secret, so r2's gateway can start again.
+# home makes the copy again, east's operator a new Secret with a new key, and the home signs
+# its request, so r2's gateway can start again.
 old_copy_uid=$(cjson | jq -r .metadata.uid)
 mkn delete sj "$JOB" --wait=true --timeout=30s >/dev/null 2>&1
 copy_again() { local u; u=$(cjson | jq -r '.metadata.uid // ""'); [[ -n "$u" && "$u" != "$old_copy_uid" ]]; }
 check "east: the copy deleted by hand is made again by the home" poll_until 30 copy_again
 # The old copy's Secret lingers until east's garbage collector removes it (the delete above
-# waited for the copy, not for what it owned); the home makes the new one after that.
+# waited for the copy, not for what it owned); east's operator makes the new one after that.
 secret_owner() { mkn get secret "$JOB-pki" -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null; }
 secret_of_new_copy() { [[ "$(secret_owner)" == "$(cjson | jq -r .metadata.uid)" ]]; }
 if poll_until 30 secret_of_new_copy; then ok "east: its Secret $JOB-pki again, owned by the new copy"; else not_ok "east: the Secret $JOB-pki is owned by '$(secret_owner)', not the new copy $(cjson | jq -r .metadata.uid)"; fi
+check "east: the new Secret's r2.crt" poll_until 40 member_secret_has_r2
+check_member_pki
+check_not "east: r2's key is a new one" test "$first_key" == "$(openssl pkey -pubout -in "$work/r2.key" 2>/dev/null)"
+check "east: r2's gateway made again" poll_until 30 mkn get pod "$JOB-r2-gw"
 
 # ---- 6. the member unreachable ---------------------------------------------------------------
 stage "6. east unreachable (its kubeconfig's server a dead port), then restored"

@@ -71,10 +71,12 @@ additionalProperties:
   verbs: ["create", "get", "list", "watch", "update", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
-  # A job's Secret (its CA and gateway certificates) is made once and asked for by name:
-  # no list or watch, so the operator cannot enumerate the cluster's Secrets; no update,
-  # patch or delete (never re-keyed; garbage collection removes it with its job).
-  verbs: ["create", "get"]
+  # A job's Secret (its CA and gateway keys and certificates) is made once and asked for
+  # by name: no list or watch, so the operator cannot enumerate the cluster's Secrets; no
+  # update or delete (never re-keyed; garbage collection removes it with its job). patch:
+  # a job spanning clusters adds gateway certificates to it (signed at home from this
+  # cluster's requests), keys are never replaced.
+  verbs: ["create", "get", "patch"]
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["podgroups"]
   # spec.gangScheduling: a region's PodGroup, made and, when its gang's size changes (its
