@@ -328,6 +328,12 @@ for spec in "0 0:1" "1 1:3" "1 1:3 stall-average-at=60,stall-average-ms=20000"; 
         --stage-index "$index" 2>>"$tmp/peers-f.err" &
     pids+=($!)
 done
+# Every peer registered before the clients start: a fast machine trains 60 steps in about a
+# second, and the stalling peer, joining late, was never at step 60.
+for _ in $(seq 300); do
+    [ "$(grep -c "registered peer .*'stage" "$tmp/gateway-f.err")" -ge 3 ] && break
+    sleep 0.1
+done
 for i in 0 1; do
     OMP_NUM_THREADS=1 "$bin" client --job jobF --coordinator "127.0.0.1:$gport" "${model[@]}" \
         --batch 8 --microbatch 2 --clients 2 --client-index "$i" --steps 120 --log-every 40 \
