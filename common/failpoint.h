@@ -12,6 +12,9 @@
  *   step-min-ms=MS     a pipeline client's step takes at least MS (it sleeps the rest), so
  *                      a test's outer windows (what H steps take) are no shorter on a fast
  *                      machine than on a slow one (swarm/client/executor.c)
+ *   stop-before-push=K a region's leader client stops itself (SIGSTOP) just before it
+ *                      pushes outer round K, for a test to continue it later (a region
+ *                      held up however fast the machine; swarm/client/outer_client.c)
  *   max-sync-stride=S  a gateway wishes its rounds at most S x --sync-every apart (S
  *                      rounded down to a power of two; gateway/adapt.c), so a test's steps
  *                      see the spacing come back on any machine

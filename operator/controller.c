@@ -345,7 +345,7 @@ static int reconcile(controller *ctl, const char *key, int64_t *requeue_ms, cirr
         obs.not_created_reason = "PodGroupFailed";
         obs.not_created_message = groups_err.msg;
     } else if (d.waiting[0]) {
-        obs.not_created_reason = "WaitingForEndpoints";
+        obs.not_created_reason = d.waiting_reason ? d.waiting_reason : "WaitingForEndpoints";
         obs.not_created_message = d.waiting;
     }
     void *it = json_object_iter(d.pods);

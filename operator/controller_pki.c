@@ -321,14 +321,17 @@ void ctl_gate_gateways(const json_t *job, const job_mem *m, desired_job *d)
         char crt[96];
         key_name(crt, sizeof crt, region, "crt");
         if (!m->secret_pending && m->pki && json_object_get(m->pki, crt)) continue;
-        if (!d->waiting[0] && m->secret_pending)
+        if (!d->waiting[0] && m->secret_pending) {
             snprintf(d->waiting, sizeof d->waiting,
                      "waiting for an earlier job's Secret of this name to be removed");
-        else if (!d->waiting[0])
+            d->waiting_reason = "WaitingForSecret";
+        } else if (!d->waiting[0]) {
             snprintf(d->waiting, sizeof d->waiting,
                      "waiting for region %s's gateway certificate (its request is signed in "
                      "the home cluster)",
                      region);
+            d->waiting_reason = "WaitingForCertificate";
+        }
         json_object_del(d->pods, pname);
     }
 }

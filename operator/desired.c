@@ -471,7 +471,7 @@ int desired_build(const json_t *job, desired_job *out, cirrus_error *err)
     if ((rc = desired_name_secret(secret, sizeof secret, v.name, err))) return rc;
     desired_job d = {json_object(), json_object(), json_object(),
                      object_new(&v, "v1", "Secret", secret, labels_new(&v, NULL, NULL, -1, -1)),
-                     ""};
+                     "", NULL};
     if (!d.pods || !d.services || !d.pod_groups || !d.secret) {
         desired_job_free(&d);
         return cirrus_fail(err, CIRRUS_ENOMEM, "out of memory");

@@ -110,8 +110,11 @@ typedef struct desired_job {
                        * "R.crt" and "R.key" (the gateway Pods mount these: a gateway Pod
                        * does not start until its keys exist) */
     /* Why the gateway Pods are left out ("": they are not): a region another cluster runs
-     * has no known endpoint yet. */
+     * has no known endpoint yet (or, set by the controller, the Secret cannot serve them
+     * yet: controller_pki.c); waiting_reason: the Created condition's reason for it (NULL:
+     * WaitingForEndpoints). */
     char waiting[160];
+    const char *waiting_reason;
 } desired_job;
 
 /* Build the desired children of job. 0, or CIRRUS_EINVAL with a message naming the field

@@ -129,7 +129,7 @@ const char *hash_of(const json_t *p)
 /* desired_build fails with CIRRUS_EINVAL and a message containing `field`. */
 void expect_invalid(json_t *job, const char *field)
 {
-    desired_job d = {(json_t *)1, (json_t *)1, (json_t *)1, (json_t *)1, ""};
+    desired_job d = {(json_t *)1, (json_t *)1, (json_t *)1, (json_t *)1, "", NULL};
     cirrus_error err = {0};
     int rc = desired_build(job, &d, &err);
     if (rc != CIRRUS_EINVAL) TEST_FAIL("%s: desired_build returned %d, want EINVAL", field, rc);

@@ -322,6 +322,12 @@ check_member_pki() {
         bash -c "[[ -s '$work/r2.key' && \$(openssl x509 -noout -pubkey -in '$work/r2.crt') == \$(openssl pkey -pubout -in '$work/r2.key') ]]"
 }
 check_member_pki
+# Events, the operators' word for it: east's made the key and request, the home signed it.
+reasons() { "$@" -n "$NS" get events -o jsonpath='{range .items[*]}{.reason} {end}' 2>/dev/null; }
+east_requested() { grep -qw CertificatesRequested <<<"$(reasons mk)"; }
+home_issued() { grep -qw CertificateIssued <<<"$(reasons kubectl)"; }
+check "east: Event CertificatesRequested" poll_until 10 east_requested
+check "home: Event CertificateIssued" poll_until 10 home_issued
 first_key=$(openssl pkey -pubout -in "$work/r2.key" 2>/dev/null)
 
 # ---- 3. pods, Services, gateways -------------------------------------------------------------

@@ -1,12 +1,14 @@
 /* outer_client: see outer_client.h. */
 #include "outer_client.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../../../common/failpoint.h"
 #include "../../../common/log.h"
 #include "../../gateway/fragments.h"
 #include "../../gateway/outer_msg.h"
@@ -185,6 +187,8 @@ static int install(outer_client *oc, frag *fr, const float *buf, cirrus_error *e
 
 static int push(outer_client *oc, frag *fr, uint64_t round, uint64_t step, cirrus_error *err)
 {
+    uint64_t hold; /* tests: the region held up (stopped) just before it pushes round K */
+    if (round > 0 && failpoint_on("stop-before-push", &hold) && hold == round) raise(SIGSTOP);
     int rc = gather(oc, fr, oc->pushed, err);
     if (rc) return rc;
     sync_params_pack(&fr->sp, oc->pushed, fr->pushed_sync);
