@@ -265,6 +265,8 @@ void ctl_copy_pki(const json_t *job, const job_mem *m, const char *member, json_
  * with member clusters (spec.clusters). */
 int ctl_is_copy(const json_t *job);
 int ctl_has_members(const json_t *job);
+/* The element of spec.regions named name; NULL: none. */
+json_t *ctl_spec_region(const json_t *spec, const char *name);
 /* For a job spanning clusters (home or copy): where other clusters reach each of this
  * cluster's regions' gateways (regions[].endpoint, else from its Service), into obs. */
 void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_observed *obs);

@@ -81,7 +81,7 @@ static json_t *named(const json_t *array, const char *name)
     return NULL;
 }
 
-static json_t *spec_region(const json_t *spec, const char *name)
+json_t *ctl_spec_region(const json_t *spec, const char *name)
 {
     return named(json_object_get(spec, "regions"), name);
 }
@@ -179,7 +179,7 @@ void ctl_local_endpoints(controller *ctl, const json_t *job, job_mem *m, job_obs
     if (!m->endpoints) m->endpoints = json_object();
     for (int i = 0; i < obs->n_regions && m->endpoints; i++) {
         region_observed *ro = &obs->regions[i];
-        const json_t *r = spec_region(spec, ro->name);
+        const json_t *r = ctl_spec_region(spec, ro->name);
         const char *given = json_string_value(json_object_get(r, "endpoint"));
         if (given) {
             ro->endpoint = given;
@@ -405,7 +405,7 @@ static void fold_member(job_observed *obs, const json_t *spec, const char *membe
     for (int i = 0; i < obs->n_regions; i++) {
         region_observed *ro = &obs->regions[i];
         const char *cl =
-            json_string_value(json_object_get(spec_region(spec, ro->name), "cluster"));
+            json_string_value(json_object_get(ctl_spec_region(spec, ro->name), "cluster"));
         if (!cl || strcmp(cl, member)) continue;
         const json_t *e = status_region(status, ro->name);
         if (e) fold_region(ro, e);

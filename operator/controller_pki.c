@@ -69,15 +69,26 @@ static void key_name(char *buf, size_t size, const char *region, const char *ext
 
 /* ---- the Secret's contents ----------------------------------------------------------------- */
 
+/* Region's gateway DNS names (at most GATEWAY_NAMES_MAX) into names, pointing into *dns,
+ * which the caller releases; the count, 0 where the job names none. */
+#define GATEWAY_NAMES_MAX 8
+static size_t gateway_names(const json_t *job, const char *region, json_t **dns,
+                            const char *names[GATEWAY_NAMES_MAX])
+{
+    *dns = desired_gateway_dns_names(job, region);
+    size_t n = 0;
+    for (; *dns && n < json_array_size(*dns) && n < GATEWAY_NAMES_MAX; n++)
+        names[n] = json_string_value(json_array_get(*dns, n));
+    return n;
+}
+
 /* Region's gateway key and certificate, issued by ca, into data. */
 static int add_leaf(const json_t *job, const certs_pair *ca, const char *region, json_t *data,
                     cirrus_error *err)
 {
-    json_t *dns = desired_gateway_dns_names(job, region);
-    const char *names[8];
-    size_t n = 0;
-    for (; dns && n < json_array_size(dns) && n < 8; n++)
-        names[n] = json_string_value(json_array_get(dns, n));
+    json_t *dns;
+    const char *names[GATEWAY_NAMES_MAX];
+    const size_t n = gateway_names(job, region, &dns, names);
     certs_pair leaf = {0};
     /* The leaf names its job and region (URI SAN cirrus://<job>/<region>), which the
      * gateways check on every WAN connection: the job as the pods know it (--job is the
@@ -197,11 +208,13 @@ static int take_certificates(controller *ctl, const json_t *job, job_mem *m, con
         key_name(crt, sizeof crt, region, "crt");
         key_name(csr, sizeof csr, region, "csr");
         const char *pem = json_string_value(v);
-        char *have = pem_at(m->pki, crt), *req = pem_at(m->pki, csr);
-        cirrus_error why = {0};
-        const int fresh = pem && ca && req && (!have || strcmp(have, pem)) &&
-                          certs_request_matches(pem, req, &why) == 1;
+        char *have = pem_at(m->pki, crt);
+        const int known = have && pem && !strcmp(have, pem); /* every reconcile after */
         free(have);
+        if (known || !pem || !ca) continue;
+        char *req = pem_at(m->pki, csr);
+        cirrus_error why = {0};
+        const int fresh = req && certs_request_matches(pem, req, &why) == 1;
         free(req);
         if (!rc && fresh) rc = set_pem(add, crt, pem, err);
     }
@@ -355,11 +368,9 @@ static int sign_one(controller *ctl, const json_t *job, job_mem *m, const char *
                     const char *csr, cirrus_error *err)
 {
     certs_pair ca = {pem_at(m->pki, "ca.crt"), pem_at(m->pki, "ca.key")};
-    json_t *dns = desired_gateway_dns_names(job, region);
-    const char *names[8];
-    size_t n = 0;
-    for (; dns && n < json_array_size(dns) && n < 8; n++)
-        names[n] = json_string_value(json_array_get(dns, n));
+    json_t *dns;
+    const char *names[GATEWAY_NAMES_MAX];
+    const size_t n = gateway_names(job, region, &dns, names);
     char *cert = NULL, crt[96], name[CIRRUS_NAME_MAX + 1], path[PATH_MAX_LEN];
     int rc = ca.cert_pem && ca.key_pem
                  ? 0
@@ -400,14 +411,8 @@ int ctl_issue_member_certs(controller *ctl, const json_t *job, job_mem *m, const
     {
         if (rc) break;
         /* Only a region that member runs: a copy cannot ask for another cluster's. */
-        const char *cl = NULL;
-        size_t i;
-        const json_t *r;
-        json_array_foreach(json_object_get(json_object_get(job, "spec"), "regions"), i, r)
-        {
-            const char *name = json_string_value(json_object_get(r, "name"));
-            if (name && !strcmp(name, region)) cl = json_string_value(json_object_get(r, "cluster"));
-        }
+        const char *cl = json_string_value(json_object_get(
+            ctl_spec_region(json_object_get(job, "spec"), region), "cluster"));
         const char *csr = json_string_value(v);
         char crt[96];
         key_name(crt, sizeof crt, region, "crt");

@@ -625,11 +625,20 @@ stop_regions
 # ---- f: region r1 held up until region r0 has finished the job ----
 job=job-f layers=2 batch=4 steps=100 sync=5
 model=(--layers "$layers" --width 64 --heads 4 --context 32)
-"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-f" >/dev/null || bad certs_made
-for i in 0 1; do wan_shape "$i" 20mbit; done
-# r1's client stops itself just before its push of round 20 (failpoint): watching for round
-# 19's end and stopping it from here was too late on a fast machine (a round of 5 steps
-# took 60 ms, and r1 had pushed round 20 already).
+# start_held CASE: job $job's two regions (certificates in $tmp/certs-CASE, files in
+# $tmp/CASE) on 20 Mbit/s links, r1's client stopping itself just before its push of round
+# 20 (failpoint): watching for round 19's end and stopping it from here was too late on a
+# fast machine (a round of 5 steps took 60 ms, and r1 had pushed round 20 already).
+start_held() {
+    local i hold
+    "$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-$1" >/dev/null || bad certs_made
+    for i in 0 1; do wan_shape "$i" 20mbit; done
+    for i in 0 1; do
+        gw_flags=(--tls-dir "$tmp/certs-$1/r$i")
+        hold=(); [ "$i" = 1 ] && hold=(CIRRUS_FAILPOINTS=stop-before-push=20)
+        client_env=${hold[*]} start_region "$i" "$tmp/$1"
+    done
+}
 # held_up PID: within 120 s, the process is stopped (state T).
 held_up() {
     local t
@@ -639,11 +648,7 @@ held_up() {
     done
     return 1
 }
-for i in 0 1; do
-    gw_flags=(--tls-dir "$tmp/certs-f/r$i")
-    hold=(); [ "$i" = 1 ] && hold=(CIRRUS_FAILPOINTS=stop-before-push=20)
-    client_env=${hold[*]} start_region "$i" "$tmp/f"
-done
+start_held f
 name=f_region_behind_at_the_end_takes_the_last_rounds_result
 if held_up "${client_pid[1]}"; then
     wait_for "${client_pid[0]}" 120
@@ -671,13 +676,7 @@ stop_regions
 
 # ---- g: as f, and r1's gateway restarted meanwhile ----
 job=job-g
-"$bin" certs --job "$job" --region r0 --region r1 --out "$tmp/certs-g" >/dev/null || bad certs_made
-for i in 0 1; do wan_shape "$i" 20mbit; done
-for i in 0 1; do
-    gw_flags=(--tls-dir "$tmp/certs-g/r$i")
-    hold=(); [ "$i" = 1 ] && hold=(CIRRUS_FAILPOINTS=stop-before-push=20)
-    client_env=${hold[*]} start_region "$i" "$tmp/g"
-done
+start_held g
 name=g_restarted_gateway_refused_as_late_takes_the_result_at_once
 if held_up "${client_pid[1]}"; then
     kill -KILL "${gw_pid[1]}"

@@ -384,6 +384,7 @@ int roles_cmd_local(int argc, char **argv)
     static char region_names[WAN_MAX_REGIONS][WAN_REGION_MAX + 1];
     static char wan_addrs[WAN_MAX_REGIONS][WAN_LOCAL_ADDR_MAX];
     outer_sync *os = NULL;
+    wan_local_end region_end;
     wan_codec_params codec_check;
     if (wan.sync_every && (strcmp(wan.codec, "auto") && wan_codec_parse(wan.codec, &codec_check, &err)))
         return cli_fail_input("local", &err);
@@ -404,7 +405,7 @@ int roles_cmd_local(int argc, char **argv)
     if (n_regions == 1 && roles_resume_setup("local", &o, job)) return EXIT_BAD_INPUT;
     if (wan.sync_every) {
         if (wan_local_regions(&wan, n_regions, job, &region, &wan_fd, &tls, region_names,
-                              wan_addrs, regions, &err)) {
+                              wan_addrs, regions, &region_end, &err)) {
             fprintf(stderr, "cirrus-trainer local: %s\n", err.msg);
             return 1;
         }
@@ -525,6 +526,8 @@ int roles_cmd_local(int argc, char **argv)
     }
     stop_processes(pids, started);
     coordinator_stop(co);
+    /* The gateway serves on until every region's client has finished (wan_local_end). */
+    if (os) wan_local_finished(&region_end, region, n_regions, rc || stopping, cli_stop_flag());
     outer_sync_stop(os);
     net_tls_ctx_free(tls);
     if (region > 0) _exit(rc); /* a region's process ends here */

@@ -1,6 +1,8 @@
 /* wan_roles: see wan_roles.h. */
 #include "wan_roles.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,11 +59,16 @@ static int local_identity(const char *job, const char *region, const certs_pair 
 
 int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *region,
                       int *listen_fd, net_tls_ctx **tls, char names[][WAN_REGION_MAX + 1],
-                      char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, cirrus_error *err)
+                      char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, wan_local_end *end,
+                      cirrus_error *err)
 {
-    int fds[WAN_MAX_REGIONS];
+    int fds[WAN_MAX_REGIONS], done[WAN_MAX_REGIONS][2], go[WAN_MAX_REGIONS][2];
     *region = 0;
     *tls = NULL;
+    for (int r = 0; r < WAN_MAX_REGIONS; r++) {
+        end->done[r] = end->go[r] = -1;
+        done[r][0] = done[r][1] = go[r][0] = go[r][1] = -1;
+    }
     if (n_regions < 1 || n_regions > WAN_MAX_REGIONS)
         return cirrus_fail(err, CIRRUS_EINVAL, "--regions %d: 1 to %d", n_regions,
                            WAN_MAX_REGIONS);
@@ -77,6 +84,9 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
     }
     certs_pair ca = {0};
     int rc = w->insecure ? 0 : certs_make_ca(job, WAN_LOCAL_CERT_DAYS, &ca, err);
+    for (int r = 1; r < n_regions && !rc; r++)
+        if (pipe2(done[r], O_CLOEXEC) || pipe2(go[r], O_CLOEXEC))
+            rc = cirrus_fail(err, CIRRUS_EIO, "cannot make region %d's pipes", r);
     const pid_t parent = getpid();
     for (int r = 1; r < n_regions && !rc; r++) {
         fflush(stdout);
@@ -97,9 +107,44 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
     for (int r = 0; r < n_regions; r++)
         if (r != *region) close(fds[r]);
     *listen_fd = fds[*region];
+    /* Each process keeps its own ends: region r the write end of done[r] and the read end
+     * of go[r]; the parent the others of every region (another region's ends held here
+     * would keep the parent's closes from being seen). */
+    for (int r = 1; r < WAN_MAX_REGIONS; r++) {
+        int keep_done = -1, keep_go = -1;
+        if (*region == r) keep_done = done[r][1], keep_go = go[r][0];
+        else if (*region == 0 && children[r] > 0 && !rc) keep_done = done[r][0], keep_go = go[r][1];
+        const int slot = *region == r ? 0 : r;
+        end->done[slot] = keep_done, end->go[slot] = keep_go;
+        const int all[4] = {done[r][0], done[r][1], go[r][0], go[r][1]};
+        for (int k = 0; k < 4; k++)
+            if (all[k] >= 0 && all[k] != keep_done && all[k] != keep_go) close(all[k]);
+    }
     if (!rc && !w->insecure) rc = local_identity(job, names[*region], &ca, tls, err);
     certs_pair_free(&ca);
     return rc;
+}
+
+void wan_local_finished(wan_local_end *end, int region, int n_regions, int abandon,
+                        const volatile sig_atomic_t *stop)
+{
+    if (region > 0) {
+        char c = 1;
+        if (end->done[0] >= 0 && write(end->done[0], &c, 1) == 1 && end->go[0] >= 0) {
+            struct pollfd pfd = {.fd = end->go[0], .events = POLLIN};
+            while (!*stop && poll(&pfd, 1, 200) == 0) continue; /* EOF: the parent is done */
+        }
+        return;
+    }
+    for (int r = 1; r < n_regions; r++) {
+        if (end->done[r] < 0) continue;
+        struct pollfd pfd = {.fd = end->done[r], .events = POLLIN};
+        while (!abandon && !*stop && poll(&pfd, 1, 200) == 0) continue; /* its word or EOF */
+        close(end->done[r]);
+        end->done[r] = -1;
+    }
+    for (int r = 1; r < n_regions; r++)
+        if (end->go[r] >= 0) close(end->go[r]), end->go[r] = -1;
 }
 
 /* Write text to path (mode 0600 for keys, 0644 otherwise), whole or not at all. */

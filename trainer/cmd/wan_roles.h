@@ -70,9 +70,24 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
  * (NULL if insecure); children[] (parent only) the regions' pids. names and addrs receive
  * every region's name and WAN address. */
 #define WAN_LOCAL_ADDR_MAX 32
+/* How `local`'s regions end together: each region's gateway serves until every region's
+ * client has finished, as a job's gateways do (they run until the job ends), so a region
+ * behind at the end takes the last rounds' result from one that finished first. Pipes
+ * (close-on-exec): in the parent, done[r] reads region r's "finished" and go[r] lets it
+ * end (closed); in region r, done[0] and go[0] are its own ends; -1: none. */
+typedef struct wan_local_end {
+    int done[WAN_MAX_REGIONS], go[WAN_MAX_REGIONS];
+} wan_local_end;
 int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *region,
                       int *listen_fd, net_tls_ctx **tls, char names[][WAN_REGION_MAX + 1],
-                      char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, cirrus_error *err);
+                      char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, wan_local_end *end,
+                      cirrus_error *err);
+/* Region `region`'s client has finished: a region after the first says so and waits until
+ * the parent lets it end (or is gone); the parent waits for every region's word (a region
+ * that died says so by closing its pipe) unless `abandon` (it failed or is asked to stop:
+ * the regions are stopped anyway) or stop is set, then lets them all end. */
+void wan_local_finished(wan_local_end *end, int region, int n_regions, int abandon,
+                        const volatile sig_atomic_t *stop);
 
 /* `cirrus-trainer certs`: a job's CA and its regions' gateway certificates into files. */
 int roles_cmd_certs(int argc, char **argv);

@@ -87,6 +87,7 @@ struct outer_lane {
      * order). */
     float *region;
     uint64_t push_round, push_at, push_got, push_tokens;
+    uint32_t push_compute_ms; /* the client's compute since its previous push; 0: unknown */
     int push_ready;            /* a whole push of round + 1 waits for the worker */
     uint64_t client_ahead;     /* a push of this later round was refused: the job is past us */
     uint64_t client_ahead_at;  /*   and the clock it was pushed at */
@@ -95,9 +96,9 @@ struct outer_lane {
     round_slot slot[2][WAN_MAX_REGIONS];
     wan_peer peer[WAN_MAX_REGIONS];
     /* --codec auto: the ladder's rung, the region's compute time between two syncs, and why.
-     * The time between pushes, less what the region spent blocked on the round before:
-     * from its first PULL of a round not ready (wait_since, round wait_round) to the
-     * round's end. base_window_s: that per H inner steps (the pushes are a stride of H
+     * The compute the client measured (push_compute_ms), else the time between pushes less
+     * what the region spent blocked on the round before: from its first PULL of a round
+     * not ready (wait_since, round wait_round) to the round's end. base_window_s: that per H inner steps (the pushes are a stride of H
      * apart); window_s: the window of the round being sent (base x its stride). */
     int rung;
     double window_s, base_window_s, last_push_s, wait_since;

@@ -23,6 +23,7 @@ void outer_msg_put_push(wire_writer *w, const outer_push *q, const float *x)
     wire_put_u64(w, q->inner_step);
     wire_put_u64(w, q->at);
     wire_put_u64(w, q->tokens);
+    wire_put_u32(w, q->compute_ms);
     wire_put_u64(w, q->n_params);
     wire_put_u64(w, q->offset);
     wire_put_u64(w, q->count);
@@ -36,6 +37,7 @@ int outer_msg_get_push(wire_reader *r, uint64_t n, outer_push *q)
     q->inner_step = wire_get_u64(r);
     q->at = wire_get_u64(r);
     q->tokens = wire_get_u64(r);
+    q->compute_ms = wire_get_u32(r);
     q->n_params = wire_get_u64(r);
     q->offset = wire_get_u64(r);
     q->count = wire_get_u64(r);

@@ -6,9 +6,12 @@
  * Every request starts with u16 fragment: the fragment of the parameters it is about
  * (fragments.h; 0 with one fragment); offsets and counts are within that fragment.
  *
- *   PUSH   u16 fragment, u64 round, u64 inner_step, u64 at, u64 tokens, u64 n_params,
- *          u64 offset, u64 count, count f32 -> OK: empty.
+ *   PUSH   u16 fragment, u64 round, u64 inner_step, u64 at, u64 tokens, u32 compute_ms,
+ *          u64 n_params, u64 offset, u64 count, count f32 -> OK: empty.
  *          at: the fragment's clock at the push (inner_step + its lead; schedule.h).
+ *          compute_ms: the client's time since the fragment's previous push less what it
+ *          spent in the outer steps (pushing, pulling, waiting for rounds): the compute the
+ *          round's message must cross in (--codec auto); 0: not known (the first push).
  *          The region's parameters after inner step `inner_step`, slice by slice (at most
  *          OUTER_SLICE floats a frame). Round 0 carries the initial parameters (the
  *          gateway adopts them as the global ones, or keeps those it has); round k >= 1
@@ -48,6 +51,7 @@ enum outer_msg {
 typedef struct outer_push {
     uint16_t fragment;
     uint64_t round, inner_step, at, tokens, n_params, offset, count;
+    uint32_t compute_ms;
     const uint8_t *floats; /* get: count f32 inside the payload, possibly unaligned */
 } outer_push;
 

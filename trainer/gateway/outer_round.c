@@ -296,9 +296,14 @@ static uint32_t choose_codec(outer_lane *os)
 {
     const double now = outer_wall_s();
     if (os->last_push_s > 0) {
+        /* The client's own measure where it gave one: the gateway sees the waits only
+         * from its side (a round the region took from another's state, or finished late
+         * without it, ends no wait here) and a window counting them would widen itself. */
         double w = now - os->last_push_s;
-        if (os->wait_round == (uint64_t)os->round && os->last_sync_s > os->wait_since &&
-            os->wait_since > os->last_push_s)
+        if (os->push_compute_ms > 0)
+            w = os->push_compute_ms / 1000.0;
+        else if (os->wait_round == (uint64_t)os->round && os->last_sync_s > os->wait_since &&
+                 os->wait_since > os->last_push_s)
             w -= os->last_sync_s - os->wait_since;
         if (w < 0.01) w = 0.01;
         w /= os->sched.stride;

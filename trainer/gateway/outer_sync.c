@@ -84,6 +84,7 @@ static int serve_push(outer_lane *os, wire_reader *r, int *drop, cirrus_error *e
             os->push_at = q.at;
             os->push_got = 0;
             os->push_tokens = q.tokens;
+            os->push_compute_ms = q.compute_ms;
         }
         memcpy(os->region + q.offset, q.floats, q.count * sizeof(float));
         os->push_got = q.offset + q.count;

@@ -29,6 +29,7 @@ struct pipeline_executor {
     int outer_begun;
     int replace_wait_s;        /* for a replacement of a stage's last peer */
     int joined_job;            /* the region just jumped to the job's step (pipe_recover) */
+    uint64_t step_min_ms;      /* tests (failpoint step-min-ms): a step takes at least this */
     const volatile sig_atomic_t *stop;
 };
 
@@ -171,9 +172,8 @@ static int pipe_step(void *ctx, uint64_t id, int B, int T, const int32_t *x, con
     }
     if (!rc) report_step(e, step, *loss, mine * e->micro * T);
     if (!rc && e->joined_job) rc = joined_job_failure(e, err);
-    uint64_t min_ms; /* tests: outer windows (H steps' time) alike on fast and slow machines */
-    if (failpoint_on("step-min-ms", &min_ms)) {
-        const double left_s = began_s + (double)min_ms / 1000.0 - clock_now_s();
+    if (e->step_min_ms) { /* tests: outer windows (H steps' time) alike on any machine */
+        const double left_s = began_s + (double)e->step_min_ms / 1000.0 - clock_now_s();
         if (left_s > 0) usleep((useconds_t)(left_s * 1e6));
     }
     return rc;
@@ -309,6 +309,7 @@ int pipeline_executor_open(pipeline *p, const pipeline_executor_options *o,
                              .n_clients = o->n_clients, .exit_mid_step = o->exit_mid_step,
                              .region = o->region, .stop = o->stop,
                              .replace_wait_s = o->replace_wait_s > 0 ? o->replace_wait_s : 600};
+    if (!failpoint_on("step-min-ms", &e->step_min_ms)) e->step_min_ms = 0;
     const int timeout_ms = o->sync_timeout_ms > 0 ? o->sync_timeout_ms : 600000;
     if (o->n_clients > 1) {
         const step_share_options so = {

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../../common/clock.h"
 #include "../../../common/failpoint.h"
 #include "../../../common/log.h"
 #include "../../gateway/fragments.h"
@@ -37,6 +38,9 @@ typedef struct frag {
     uint64_t pushed_step; /* the inner step of the parameters last pushed */
     uint64_t result_due;  /* the clock (step + lead) by which the pending round is needed */
     uint64_t tokens, outer_step, digest;
+    /* For the push's compute_ms: when it last pushed, and oc->outer_s then. */
+    double pushed_wall_s, outer_s_at_push;
+    uint32_t compute_ms;
     outer_schedule sched; /* when the rounds after outer_step are pushed (schedule.h) */
     char name[48];        /* " (fragment f of P)" in logs; "" with one fragment */
 } frag;
@@ -56,6 +60,9 @@ struct outer_client {
     int region, regions;  /* the region's index among the job's and their number (PULL_OK) */
     /* outer_client_begin held its install to the end of the first step (other clients). */
     int install_held;
+    /* Seconds spent in outer_client_begin and _after_step so far (calls ended), and when
+     * the call under way began: what is not the region's compute. */
+    double outer_s, call_began_s;
     int n_frags;
     frag frag[OUTER_MAX_FRAGMENTS];
 };
@@ -160,7 +167,8 @@ static int send_push(outer_client *oc, frag *fr, uint64_t round, uint64_t step,
     for (uint64_t off = 0; !rc && off < fr->m;) {
         const uint64_t count = fr->m - off < OUTER_SLICE ? fr->m - off : OUTER_SLICE;
         const outer_push q = {.fragment = (uint16_t)fr->f, .round = round, .inner_step = step,
-                              .at = step + fr->lead, .tokens = fr->tokens, .n_params = fr->m,
+                              .at = step + fr->lead, .tokens = fr->tokens,
+                              .compute_ms = fr->compute_ms, .n_params = fr->m,
                               .offset = off, .count = count};
         wire_writer w;
         wire_writer_init(&w, 64 + count * sizeof(float));
@@ -189,6 +197,14 @@ static int push(outer_client *oc, frag *fr, uint64_t round, uint64_t step, cirru
 {
     uint64_t hold; /* tests: the region held up (stopped) just before it pushes round K */
     if (round > 0 && failpoint_on("stop-before-push", &hold) && hold == round) raise(SIGSTOP);
+    /* The region's compute since the fragment's last push: the time less the outer steps'
+     * (ended calls', and this one's so far). */
+    const double now = clock_now_s(), outer_s = oc->outer_s + (now - oc->call_began_s);
+    double compute_s = now - fr->pushed_wall_s - (outer_s - fr->outer_s_at_push);
+    if (compute_s < 0.001) compute_s = 0.001;
+    fr->compute_ms = fr->pushed_wall_s > 0 && compute_s < 4e6 ? (uint32_t)(compute_s * 1e3) : 0;
+    fr->pushed_wall_s = now;
+    fr->outer_s_at_push = outer_s;
     int rc = gather(oc, fr, oc->pushed, err);
     if (rc) return rc;
     sync_params_pack(&fr->sp, oc->pushed, fr->pushed_sync);
@@ -319,6 +335,7 @@ int outer_client_begin(outer_client *oc, int hold_install, cirrus_error *err)
 {
     const uint64_t step = pipeline_steps_done(oc->p);
     int rc = 0;
+    oc->call_began_s = clock_now_s();
     for (int f = 0; f < oc->n_frags && !rc; f++)
         rc = hold_install ? fetch_latest(oc, &oc->frag[f], err)
                           : take_latest(oc, &oc->frag[f], err);
@@ -331,6 +348,7 @@ int outer_client_begin(outer_client *oc, int hold_install, cirrus_error *err)
                  (unsigned long long)outer_step, (unsigned long long)digest,
                  hold_install ? " once its first step is taken (the other clients held)" : "");
     /* Inner steps already taken belong to rounds before this one: count from here. */
+    oc->outer_s += clock_now_s() - oc->call_began_s;
     return rc;
 }
 
@@ -452,11 +470,13 @@ static int frag_after_step(outer_client *oc, frag *fr, uint64_t step, cirrus_err
 int outer_client_after_step(outer_client *oc, uint64_t step, uint64_t tokens,
                             cirrus_error *err)
 {
+    oc->call_began_s = clock_now_s();
     int rc = oc->install_held ? install_held_begin(oc, err) : 0;
     for (int f = 0; f < oc->n_frags && !rc; f++) {
         oc->frag[f].tokens += tokens;
         rc = frag_after_step(oc, &oc->frag[f], step, err);
     }
+    oc->outer_s += clock_now_s() - oc->call_began_s;
     return rc;
 }
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@ struct slot {
     int used;
     int in_hello;        /* accepted, HELLO not done: its thread has not closed fd */
     int evicted;         /* shut down to make room; its thread is on its way out */
+    int heard;           /* a whole frame header has arrived (await_header): never evicted */
     int fd;
     int64_t since_ms;    /* accepted at */
     char addr[ADDR_MAX]; /* the peer's address without its port */
@@ -125,6 +127,35 @@ static void serve_requests(rpc_server *s, rpc_server_conn *sc)
     }
 }
 
+/* Wait (at most the HELLO deadline) until a whole frame header is in the socket, peeked at
+ * and left there, and mark the slot heard: from then on the bytes are no longer in the
+ * socket for speaking() to see, so the mark must come before HELLO reads them. Returns
+ * early, unmarked, on a close, an eviction or the deadline: HELLO then fails as it would. */
+static void await_header(rpc_server *s, const conn_job *job)
+{
+    const int fd = net_fd(job->c);
+    const int64_t deadline = clock_now_ms() + s->o.hello_timeout_ms;
+    uint8_t peek[WIRE_HEADER_SIZE];
+    for (;;) {
+        ssize_t n = recv(fd, peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+        if (n == (ssize_t)sizeof peek) break;
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return;
+        const int64_t left = deadline - clock_now_ms();
+        if (left <= 0 || atomic_load(&s->stopping)) return;
+        int wait_ms = left < s->o.poll_ms ? (int)left : s->o.poll_ms;
+        if (n > 0) { /* part of a header: poll would return at once; a trickle is slow */
+            usleep((useconds_t)(wait_ms < 50 ? wait_ms : 50) * 1000);
+            continue;
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, wait_ms) < 0 && errno != EINTR) return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->slots[job->slot].heard = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *conn_main(void *arg)
 {
     conn_job job = *(conn_job *)arg;
@@ -134,7 +165,11 @@ static void *conn_main(void *arg)
     cirrus_error err = {0};
     /* HELLO is read under the connection's small default cap: a stranger announcing a
      * large frame gets no buffer for it. */
-    int rc = net_hello_server(sc.c, s->o.job_id, &sc.role, &sc.id, s->o.hello_timeout_ms, &err);
+    const int64_t began_ms = clock_now_ms();
+    await_header(s, &job);
+    const int64_t left_ms = s->o.hello_timeout_ms - (clock_now_ms() - began_ms);
+    int rc = net_hello_server(sc.c, s->o.job_id, &sc.role, &sc.id, left_ms > 1 ? (int)left_ms : 1,
+                              &err);
     hello_over(s, job.slot);
     if (rc) {
         log_warn_sampled(log_kind(&s->drops_seen, err.msg), "%s dropped %s: %s", s->o.what,
@@ -157,6 +192,18 @@ static void addr_of(const net_conn *c, char out[ADDR_MAX])
     if (colon) *colon = '\0';
 }
 
+/* Whether a connection before HELLO has sent a whole frame header: its thread has it or
+ * will have it as soon as it runs (the bytes wait in the socket). Such a client speaks the
+ * protocol (a flood's silent or trickling connections never get that far within the HELLO
+ * deadline, and an oversize or wrong-job HELLO is refused as soon as it is read), so it is
+ * never the one evicted: on a loaded machine, a real client's HELLO may wait longer for its
+ * thread than a flood takes to open max_hellos newer connections. Under mu. */
+static int speaking(const struct slot *t)
+{
+    int queued = 0;
+    return t->heard || (ioctl(t->fd, FIONREAD, &queued) == 0 && queued >= WIRE_HEADER_SIZE);
+}
+
 /* Make room among the connections before HELLO by shutting down the oldest (of addr, or
  * of all with addr NULL): its thread's HELLO fails at once and frees the slot. The oldest
  * rather than the newcomer, because a client that speaks the protocol is past HELLO in a
@@ -168,7 +215,7 @@ static void evict_oldest(rpc_server *s, const char *addr)
     for (int i = 0; i < s->o.max_conns; i++) {
         struct slot *t = &s->slots[i];
         if (t->used && t->in_hello && !t->evicted && (!addr || !strcmp(t->addr, addr)) &&
-            (!oldest || t->since_ms < oldest->since_ms))
+            (!oldest || t->since_ms < oldest->since_ms) && !speaking(t))
             oldest = t;
     }
     if (!oldest) return;
