@@ -1,13 +1,13 @@
 /* wan_roles: see wan_roles.h. */
 #include "wan_roles.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,13 +62,10 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
                       char addrs[][WAN_LOCAL_ADDR_MAX], pid_t *children, wan_local_end *end,
                       cirrus_error *err)
 {
-    int fds[WAN_MAX_REGIONS], done[WAN_MAX_REGIONS][2], go[WAN_MAX_REGIONS][2];
+    int fds[WAN_MAX_REGIONS], pair[WAN_MAX_REGIONS][2];
     *region = 0;
     *tls = NULL;
-    for (int r = 0; r < WAN_MAX_REGIONS; r++) {
-        end->done[r] = end->go[r] = -1;
-        done[r][0] = done[r][1] = go[r][0] = go[r][1] = -1;
-    }
+    for (int r = 0; r < WAN_MAX_REGIONS; r++) end->fd[r] = pair[r][0] = pair[r][1] = -1;
     if (n_regions < 1 || n_regions > WAN_MAX_REGIONS)
         return cirrus_fail(err, CIRRUS_EINVAL, "--regions %d: 1 to %d", n_regions,
                            WAN_MAX_REGIONS);
@@ -85,8 +82,8 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
     certs_pair ca = {0};
     int rc = w->insecure ? 0 : certs_make_ca(job, WAN_LOCAL_CERT_DAYS, &ca, err);
     for (int r = 1; r < n_regions && !rc; r++)
-        if (pipe2(done[r], O_CLOEXEC) || pipe2(go[r], O_CLOEXEC))
-            rc = cirrus_fail(err, CIRRUS_EIO, "cannot make region %d's pipes", r);
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair[r]))
+            rc = cirrus_fail(err, CIRRUS_EIO, "cannot make region %d's socket pair", r);
     const pid_t parent = getpid();
     for (int r = 1; r < n_regions && !rc; r++) {
         fflush(stdout);
@@ -107,18 +104,14 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
     for (int r = 0; r < n_regions; r++)
         if (r != *region) close(fds[r]);
     *listen_fd = fds[*region];
-    /* Each process keeps its own ends: region r the write end of done[r] and the read end
-     * of go[r]; the parent the others of every region (another region's ends held here
-     * would keep the parent's closes from being seen). */
+    /* Each process keeps its own ends: region r pair[r][1], the parent every pair[r][0]
+     * (another region's end held here would keep the parent's close from being seen). */
     for (int r = 1; r < WAN_MAX_REGIONS; r++) {
-        int keep_done = -1, keep_go = -1;
-        if (*region == r) keep_done = done[r][1], keep_go = go[r][0];
-        else if (*region == 0 && children[r] > 0 && !rc) keep_done = done[r][0], keep_go = go[r][1];
-        const int slot = *region == r ? 0 : r;
-        end->done[slot] = keep_done, end->go[slot] = keep_go;
-        const int all[4] = {done[r][0], done[r][1], go[r][0], go[r][1]};
-        for (int k = 0; k < 4; k++)
-            if (all[k] >= 0 && all[k] != keep_done && all[k] != keep_go) close(all[k]);
+        int keep = -1;
+        if (*region == r) end->fd[0] = keep = pair[r][1];
+        else if (*region == 0 && children[r] > 0 && !rc) end->fd[r] = keep = pair[r][0];
+        for (int k = 0; k < 2; k++)
+            if (pair[r][k] >= 0 && pair[r][k] != keep) close(pair[r][k]);
     }
     if (!rc && !w->insecure) rc = local_identity(job, names[*region], &ca, tls, err);
     certs_pair_free(&ca);
@@ -128,23 +121,20 @@ int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *r
 void wan_local_finished(wan_local_end *end, int region, int n_regions, int abandon,
                         const volatile sig_atomic_t *stop)
 {
+    char c = 1;
     if (region > 0) {
-        char c = 1;
-        if (end->done[0] >= 0 && write(end->done[0], &c, 1) == 1 && end->go[0] >= 0) {
-            struct pollfd pfd = {.fd = end->go[0], .events = POLLIN};
-            while (!*stop && poll(&pfd, 1, 200) == 0) continue; /* EOF: the parent is done */
-        }
+        struct pollfd pfd = {.fd = end->fd[0], .events = POLLIN};
+        if (end->fd[0] >= 0 && send(end->fd[0], &c, 1, MSG_NOSIGNAL) == 1)
+            while (!*stop && poll(&pfd, 1, 200) == 0) continue; /* the parent's close */
         return;
     }
     for (int r = 1; r < n_regions; r++) {
-        if (end->done[r] < 0) continue;
-        struct pollfd pfd = {.fd = end->done[r], .events = POLLIN};
-        while (!abandon && !*stop && poll(&pfd, 1, 200) == 0) continue; /* its word or EOF */
-        close(end->done[r]);
-        end->done[r] = -1;
+        struct pollfd pfd = {.fd = end->fd[r], .events = POLLIN};
+        if (end->fd[r] >= 0) /* its byte, or its end closed (the region died) */
+            while (!abandon && !*stop && poll(&pfd, 1, 200) == 0) continue;
     }
     for (int r = 1; r < n_regions; r++)
-        if (end->go[r] >= 0) close(end->go[r]), end->go[r] = -1;
+        if (end->fd[r] >= 0) close(end->fd[r]), end->fd[r] = -1;
 }
 
 /* Write text to path (mode 0600 for keys, 0644 otherwise), whole or not at all. */

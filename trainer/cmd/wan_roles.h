@@ -72,11 +72,12 @@ int wan_start_outer(const wan_flags *w, const char *job, int region, int n_regio
 #define WAN_LOCAL_ADDR_MAX 32
 /* How `local`'s regions end together: each region's gateway serves until every region's
  * client has finished, as a job's gateways do (they run until the job ends), so a region
- * behind at the end takes the last rounds' result from one that finished first. Pipes
- * (close-on-exec): in the parent, done[r] reads region r's "finished" and go[r] lets it
- * end (closed); in region r, done[0] and go[0] are its own ends; -1: none. */
+ * behind at the end takes the last rounds' result from one that finished first. A socket
+ * pair (close-on-exec) per region after the first: the region sends one byte when its
+ * client has finished and ends at the parent's close. fd[r] in the parent is region r's
+ * end; in region r, fd[0] is its own; -1: none. */
 typedef struct wan_local_end {
-    int done[WAN_MAX_REGIONS], go[WAN_MAX_REGIONS];
+    int fd[WAN_MAX_REGIONS];
 } wan_local_end;
 int wan_local_regions(const wan_flags *w, int n_regions, const char *job, int *region,
                       int *listen_fd, net_tls_ctx **tls, char names[][WAN_REGION_MAX + 1],
