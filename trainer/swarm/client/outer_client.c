@@ -252,6 +252,10 @@ static int pull(outer_client *oc, frag *fr, uint64_t round, int wait, cirrus_err
                 return cirrus_fail(err, CIRRUS_ETIMEDOUT, "outer step %llu not done by the "
                                    "gateway within %d ms", (unsigned long long)round,
                                    oc->timeout_ms);
+            /* A wait longer than the coordinator's expiry (a slow WAN's round) must not
+             * have this client forgotten there. */
+            cirrus_error ignored = {0};
+            (void)coord_client_keepalive(oc->cc, 1000, &ignored);
             usleep(OUTER_POLL_MS * 1000);
             off = 0; /* a round completing mid-pull: every slice from one state */
             continue;

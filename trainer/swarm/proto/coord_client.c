@@ -20,6 +20,9 @@ struct coord_client {
     int registered;
     coord_registration reg;
     coord_registered id;
+    coord_report last_report; /* for coord_client_keepalive */
+    int has_report;
+    int64_t reported_ms;
 };
 
 /* Milliseconds left before deadline (-1: none); 0 once it passed. */
@@ -260,8 +263,23 @@ int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms
             rc = cirrus_fail(err, CIRRUS_ECORRUPT, "malformed CLIENT_REPORT_OK (%u bytes)", n);
         }
     }
+    if (!rc) {
+        c->last_report = *rep;
+        c->has_report = 1;
+        c->reported_ms = net_now_ms();
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+int coord_client_keepalive(coord_client *c, int timeout_ms, cirrus_error *err)
+{
+    pthread_mutex_lock(&c->mu);
+    const int due = c->has_report && c->registered &&
+                    net_now_ms() - c->reported_ms >= (int64_t)c->id.heartbeat_ms;
+    const coord_report rep = c->last_report;
+    pthread_mutex_unlock(&c->mu);
+    return due ? coord_client_report(c, &rep, timeout_ms, NULL, err) : 0;
 }
 
 int coord_client_peers(coord_client *c, uint32_t stage, int timeout_ms,

@@ -241,6 +241,10 @@ int coord_client_heartbeat(coord_client *c, const coord_stats *stats, int timeou
 /* Training totals of a pipeline client; re-registers like coord_client_heartbeat. */
 int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms,
                         int *reregistered, cirrus_error *err);
+/* A client busy elsewhere than its steps (waiting for an outer round) stays alive: its last
+ * report is sent again once a heartbeat interval has passed since the last one (nothing
+ * before its first report, or sooner). */
+int coord_client_keepalive(coord_client *c, int timeout_ms, cirrus_error *err);
 
 /* The live stage peers of one stage (or COORD_ALL_STAGES). *peers is malloc'd (free()
  * it; NULL when *n is 0); *n_stages (if not NULL) receives the coordinator's stage count.
