@@ -183,6 +183,54 @@ TEST(rpc_server_caps_silent_connections_in_all)
     rpc_server_stop(s);
 }
 
+/* A client whose HELLO has begun (its header in, the payload on its way: a slow client's
+ * thread not yet at it) is never the oldest shut down: a flood from 40 addresses against 16
+ * slots before HELLO (64 / 4) cycles around it, and its HELLO then completes and it is served. */
+TEST(rpc_server_never_evicts_a_hello_under_way)
+{
+    int port;
+    rpc_server *s = start(&port, 64, 0, 10000);
+    ASSERT(s);
+    wire_writer w;
+    wire_writer_init(&w, 64);
+    wire_put_u16(&w, 1);
+    wire_put_u32(&w, 7);
+    wire_put_str(&w, "rpc-test");
+    uint8_t hdr[WIRE_HEADER_SIZE];
+    wire_header_encode(hdr, WIRE_HELLO, 1, w.data, (uint32_t)w.len);
+    const int slow = silent_from("127.0.0.1", port);
+    ASSERT(slow >= 0);
+    ASSERT(send(slow, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
+    usleep(50 * 1000); /* the oldest connection before HELLO, by far */
+    enum { FLOOD = 40 };
+    int fds[FLOOD];
+    char from[32];
+    for (int i = 0; i < FLOOD; i++) {
+        snprintf(from, sizeof from, "127.0.0.%d", 10 + i);
+        ASSERT((fds[i] = silent_from(from, port)) >= 0);
+    }
+    rpc_server_counts n;
+    for (int i = 0; i < 200; i++) { /* every one accepted, the flood's oldest evicted */
+        rpc_server_get_counts(s, &n);
+        if (n.accepted == FLOOD + 1 && n.evicted >= FLOOD + 1 - 16) break;
+        usleep(10 * 1000);
+    }
+    ASSERT(n.evicted >= FLOOD + 1 - 16);
+    ASSERT(!closed_within(slow, 100));
+    ASSERT(send(slow, w.data, w.len, 0) == (ssize_t)w.len);
+    uint8_t got[WIRE_HEADER_SIZE];
+    wire_header h;
+    struct timeval tv = {2, 0};
+    setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ASSERT(recv(slow, got, sizeof got, MSG_WAITALL) == (ssize_t)sizeof got);
+    ASSERT(wire_header_decode(got, 0, &h, NULL) == 0);
+    ASSERT_EQ(h.type, WIRE_HELLO_OK);
+    wire_writer_free(&w);
+    for (int i = 0; i < FLOOD; i++) close(fds[i]);
+    close(slow);
+    rpc_server_stop(s);
+}
+
 /* max_conns bounds the connections served, HELLO done or not. */
 TEST(rpc_server_caps_connections)
 {
