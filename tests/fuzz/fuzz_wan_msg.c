@@ -107,10 +107,10 @@ static int spec_accepts(int sel, uint64_t arg, const uint8_t *b, size_t len)
     case M_HAVE: return len == 16 && le_get(b + 8, 8) <= max_message(arg);
     case M_HAVE_OK: return len == 16 && le_get(b, 8) <= arg;
     case M_PUSH: {
-        if (len < 58) return 0;
-        uint64_t n_params = le_get(b + 34, 8), offset = le_get(b + 42, 8), count = le_get(b + 50, 8);
+        if (len < 62) return 0;
+        uint64_t n_params = le_get(b + 38, 8), offset = le_get(b + 46, 8), count = le_get(b + 54, 8);
         return n_params == arg && offset <= arg && count <= arg - offset && count <= OUTER_SLICE &&
-               len == 58 + 4 * count;
+               len == 62 + 4 * count;
     }
     case M_PULL: {
         if (len != 26) return 0;
@@ -229,11 +229,12 @@ static void check_fields(int sel, uint64_t arg, const decoded *d, const uint8_t 
         const outer_push *q = &d->push;
         FUZZ_CHECK(q->fragment == le_get(b, 2) && q->round == le_get(b + 2, 8) &&
                        q->inner_step == le_get(b + 10, 8) && q->at == le_get(b + 18, 8) &&
-                       q->tokens == le_get(b + 26, 8) && q->n_params == le_get(b + 34, 8) &&
-                       q->offset == le_get(b + 42, 8) && q->count == le_get(b + 50, 8),
+                       q->tokens == le_get(b + 26, 8) && q->compute_ms == le_get(b + 34, 4) &&
+                       q->n_params == le_get(b + 38, 8) && q->offset == le_get(b + 46, 8) &&
+                       q->count == le_get(b + 54, 8),
                    "PUSH fields differ");
         FUZZ_CHECK(q->n_params == arg && q->offset + q->count <= arg && q->count <= OUTER_SLICE &&
-                       q->floats == b + 58 && len == 58 + 4 * q->count,
+                       q->floats == b + 62 && len == 62 + 4 * q->count,
                    "PUSH slice [%llu, +%llu) of %llu, floats at %td of %zu", (unsigned long long)q->offset,
                    (unsigned long long)q->count, (unsigned long long)arg, q->floats - b, len);
         break;
@@ -328,7 +329,8 @@ static int same_fields(int sel, const decoded *a, const uint8_t *b1, const decod
                a->slice.floats - b1 == b->slice.floats - b2;
     case M_PUSH:
         return a->push.round == b->push.round && a->push.inner_step == b->push.inner_step &&
-               a->push.at == b->push.at && a->push.tokens == b->push.tokens && a->push.n_params == b->push.n_params &&
+               a->push.at == b->push.at && a->push.tokens == b->push.tokens &&
+               a->push.compute_ms == b->push.compute_ms && a->push.n_params == b->push.n_params &&
                a->push.offset == b->push.offset && a->push.count == b->push.count &&
                a->push.floats - b1 == b->push.floats - b2;
     case M_PULL: return !memcmp(&a->pull, &b->pull, sizeof a->pull);
