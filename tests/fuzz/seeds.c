@@ -344,7 +344,8 @@ static void wan_msg_seeds(void)
     wan_msg_put_state_ok(&w, 8, 0x00112233aabbccddull, &sched, x, 4);
     wan_msg_seed("state-ok", STATE_OK, 4, &w);
     w.len = 0;
-    outer_push q = {1, 3, 300, 305, 65536, n, 994, 6, NULL};
+    outer_push q = {.fragment = 1, .round = 3, .inner_step = 300, .at = 305, .tokens = 65536,
+                    .compute_ms = 1234, .n_params = n, .offset = 994, .count = 6};
     outer_msg_put_push(&w, &q, x);
     wan_msg_seed("push", PUSH, n, &w);
     w.len = 0;
