@@ -60,6 +60,18 @@ static int silent_from(const char *from, int port)
     return fd;
 }
 
+/* n silent connections, each from an address of its own (127.0.0.10 on); 0 if one was
+ * refused. */
+static int silent_from_many(int port, int *fds, int n)
+{
+    char from[32];
+    for (int i = 0; i < n; i++) {
+        snprintf(from, sizeof from, "127.0.0.%d", 10 + i);
+        if ((fds[i] = silent_from(from, port)) < 0) return 0;
+    }
+    return 1;
+}
+
 /* Whether the other end closed fd within ms. */
 static int closed_within(int fd, int ms)
 {
@@ -150,11 +162,7 @@ TEST(rpc_server_caps_silent_connections_in_all)
     if (client(port, &c, &err) || echo(c, 1, "before", &err)) TEST_FAIL("%s", err.msg);
     enum { FLOOD = 40 };
     int fds[FLOOD];
-    char from[32];
-    for (int i = 0; i < FLOOD; i++) {
-        snprintf(from, sizeof from, "127.0.0.%d", 10 + i);
-        ASSERT((fds[i] = silent_from(from, port)) >= 0);
-    }
+    ASSERT(silent_from_many(port, fds, FLOOD));
     rpc_server_counts n;
     for (int i = 0; i < 200; i++) { /* every one accepted */
         rpc_server_get_counts(s, &n);
@@ -204,11 +212,7 @@ TEST(rpc_server_never_evicts_a_hello_under_way)
     usleep(50 * 1000); /* the oldest connection before HELLO, by far */
     enum { FLOOD = 40 };
     int fds[FLOOD];
-    char from[32];
-    for (int i = 0; i < FLOOD; i++) {
-        snprintf(from, sizeof from, "127.0.0.%d", 10 + i);
-        ASSERT((fds[i] = silent_from(from, port)) >= 0);
-    }
+    ASSERT(silent_from_many(port, fds, FLOOD));
     rpc_server_counts n;
     for (int i = 0; i < 200; i++) { /* every one accepted, the flood's oldest evicted */
         rpc_server_get_counts(s, &n);
