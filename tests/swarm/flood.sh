@@ -5,8 +5,12 @@
 # 5,000 idle connections, 64 slowloris, wrong-job HELLOs in a loop, 64 frames announcing
 # 256 MiB that never come. Asserted per port: the process lives, its threads stay under its
 # cap, its RSS grows by less than a bound, and a legitimate client on another address is
-# served throughout (every request answered, none slower than 2 s on a loaded 2-core
+# served throughout (every request answered, none slower than 2.9 s on a loaded 2-core
 # machine); the wire ports close every slowloris by their 5 s HELLO deadline.
+# Why 2.9 s: the idle flood fills the listen backlog by design, and a SYN dropped there is
+# sent again after TCP's 1 s; a second drop would wait until 3 s. The bound lets one such
+# retry plus a loaded machine's scheduling pass (a probe to the HTTP port took 2,066 ms on
+# an Intel Xeon with four floods on its 2 vCPUs) and catches a listener that stalls.
 # Usage: tests/swarm/flood.sh path/to/cirrus-trainer path/to/flood
 set -u
 bin=$1 flood=$2
@@ -43,7 +47,7 @@ kill -0 "$gw" 2>/dev/null && kill -0 "$pe" 2>/dev/null || { bad "targets started
 run_flood() {
     local name=$1 target=$2 addr=$3 pid=$4 threads=$5 rss=$6; shift 6
     "$flood" --target "$target" --addr "$addr" --pid "$pid" --idle 5000 --phase-s 6 \
-        --max-threads "$threads" --max-rss-growth-mib "$rss" --max-probe-ms 2000 "$@" \
+        --max-threads "$threads" --max-rss-growth-mib "$rss" --max-probe-ms 2900 "$@" \
         >"$tmp/$name.json" 2>"$tmp/$name.err"
     echo $? >"$tmp/$name.rc"
 }
