@@ -21,8 +21,7 @@ struct coord_client {
     coord_registration reg;
     coord_registered id;
     coord_report last_report; /* for coord_client_keepalive */
-    int has_report;
-    int64_t reported_ms;
+    int64_t reported_ms;      /* when it was sent; 0: none yet */
 };
 
 /* Milliseconds left before deadline (-1: none); 0 once it passed. */
@@ -265,7 +264,6 @@ int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms
     }
     if (!rc) {
         c->last_report = *rep;
-        c->has_report = 1;
         c->reported_ms = net_now_ms();
     }
     pthread_mutex_unlock(&c->mu);
@@ -275,7 +273,7 @@ int coord_client_report(coord_client *c, const coord_report *rep, int timeout_ms
 int coord_client_keepalive(coord_client *c, int timeout_ms, cirrus_error *err)
 {
     pthread_mutex_lock(&c->mu);
-    const int due = c->has_report && c->registered &&
+    const int due = c->reported_ms > 0 && c->registered &&
                     net_now_ms() - c->reported_ms >= (int64_t)c->id.heartbeat_ms;
     const coord_report rep = c->last_report;
     pthread_mutex_unlock(&c->mu);
