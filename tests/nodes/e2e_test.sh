@@ -194,8 +194,18 @@ run_job() {
             # it: the region restores it from the global parameters), the second the node the
             # operator runs on (every pod of that region, and the operator: the region comes
             # back from nothing and joins the job; the operator accounts for the pods going
-            # before it hands over), later ones one peer.
-            ((reclaims++ == 1)) && { drain_node "$name"; next=$((SECONDS + 5)); continue; }
+            # before it hands over), later ones one peer. The drain waits for the job's first
+            # outer step: a region drained before it comes back to a job no further than
+            # itself (the first round still ahead of both), with nothing to join.
+            if ((reclaims == 1)); then
+                outer=$(sj "$name" '{.status.outerStep}')
+                ((${outer:-0} >= 1)) || { sleep 2; continue; }
+                reclaims=2
+                drain_node "$name"
+                next=$((SECONDS + 5))
+                continue
+            fi
+            reclaims=$((reclaims + 1))
             local sel="cirrus.dev/job=$name,cirrus.dev/role=peer" pods
             if ((reclaims == 1)); then # the region the operator is not in: its client lives on
                 [[ "$(operator_node)" == cirrus-r2 ]] && swarm_region=r1 || swarm_region=r2
