@@ -265,6 +265,9 @@ void ctl_copy_pki(const json_t *job, const job_mem *m, const char *member, json_
  * with member clusters (spec.clusters). */
 int ctl_is_copy(const json_t *job);
 int ctl_has_members(const json_t *job);
+/* The job's identity on the WAN and in its gateways' /status: the home job's uid in a copy
+ * (spec.home.uid), else its own. */
+const char *ctl_job_identity(const json_t *job);
 /* The element of spec.regions named name; NULL: none. */
 json_t *ctl_spec_region(const json_t *spec, const char *name);
 /* For a job spanning clusters (home or copy): where other clusters reach each of this

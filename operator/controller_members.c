@@ -63,6 +63,14 @@ int ctl_is_copy(const json_t *job)
     return json_is_object(json_object_get(json_object_get(job, "spec"), "home"));
 }
 
+const char *ctl_job_identity(const json_t *job)
+{
+    const char *home = ctl_is_copy(job)
+        ? json_string_value(json_object_get(json_object_get(json_object_get(job, "spec"), "home"), "uid"))
+        : NULL;
+    return home ? home : meta_str(job, "uid");
+}
+
 int ctl_has_members(const json_t *job)
 {
     return json_array_size(json_object_get(json_object_get(job, "spec"), "clusters")) > 0;

@@ -37,14 +37,15 @@ void ctl_watch_progress(controller *ctl, const json_t *job, const char *key,
         t[n].url = urls[n];
         n++;
     }
-    if (progress_watch(p, key, meta_str(job, "uid"), n, t))
+    /* A copy's gateways answer with the home job's uid, the job's identity everywhere. */
+    if (progress_watch(p, key, ctl_job_identity(job), n, t))
         log_warn("%s: out of memory registering its gateways' /status", key);
 }
 
 /* The gateways' latest figures into obs, with what tells whether they are current. */
 void ctl_apply_progress(controller *ctl, const json_t *job, job_observed *obs)
 {
-    const char *uid = meta_str(job, "uid");
+    const char *uid = ctl_job_identity(job);
     obs->progress_stale_s = progress_stale_s(ctl->opt.progress);
     for (int i = 0; i < obs->n_regions; i++) {
         region_observed *r = &obs->regions[i];

@@ -21,8 +21,9 @@ cluster-deps:
 # NODES=real: real kubelets running the Cirrus image instead of kwok's fake nodes
 # (tests/nodes/nodes.mk; needs root).
 ifeq ($(NODES),real)
+# CLUSTERS=2: two clusters (the second, east, runs region r2 in a network namespace of its own).
 cluster-up: image
-	tests/nodes/nodes.sh up
+	NODES_CLUSTERS=$(or $(CLUSTERS),1) tests/nodes/nodes.sh up
 cluster-down:
 	tests/nodes/nodes.sh down
 else

@@ -29,30 +29,8 @@ need_root "the real-node tests"
 NODES=$here/nodes.sh
 BIN=${CIRRUS_TRAINER:-$REPO_DIR/build/bin/cirrus-trainer}
 NS=cirrus-e2e
-STEPS=${E2E_STEPS:-250}
-SYNC_EVERY=${E2E_SYNC_EVERY:-40}
-WAN_MBIT=${E2E_WAN_MBIT:-20}
-TIMEOUT=${E2E_TIMEOUT:-600}
 T0=$SECONDS
 work=$(mktemp -d)
-
-# What `down` must give back: every sysctl it may change, the iptables rules and the global
-# directories exactly; and no link, address or mount left that was not there before (ones
-# that vanish meanwhile, e.g. an older run's stale veth, are not this run's doing).
-GLOBAL_DIRS_CHECKED=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/pods)
-machine_snapshot() {
-    local s d
-    for s in "${SYSCTLS[@]}"; do printf 'sysctl %s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null)"; done
-    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//; s/^/iptables /'
-    ip -o link show | awk -F': ' '{ print "link", $2 }' | sort
-    ip -o addr show | awk '{ print "addr", $2, $4 }' | sort
-    awk '{ print "mount", $2 }' /proc/self/mounts | sort
-    for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ ! -e "$d" ]] || echo "dir $d"; done
-}
-# Lines of diff BEFORE AFTER that are a leftover or a loss.
-machine_changes() {
-    diff "$1" "$2" | grep -E '^> |^< (sysctl|iptables|dir) '
-}
 
 machine_snapshot >"$work/before"
 finish() {
@@ -63,21 +41,8 @@ finish() {
         kubectl get sj,pods -A -o wide 2>&1 | head -40
         kubectl -n cirrus-system logs -l app.kubernetes.io/component=operator --prefix --tail 30 2>&1
     fi
-    if [[ "${E2E_KEEP:-0}" == 1 ]]; then
-        echo "E2E_KEEP=1: the nodes stay up (tests/nodes/nodes.sh down removes them)"
-    else
-        "$NODES" down >"$work/down.log" 2>&1 || not_ok "nodes.sh down: $(tail -3 "$work/down.log")"
-        machine_snapshot >"$work/after"
-        if machine_changes "$work/before" "$work/after" >"$work/diff"; then
-            not_ok "nodes.sh down left the machine changed: $(head -20 "$work/diff")"
-        else
-            ok "nodes.sh down restored sysctls, iptables, links, addresses, mounts, directories"
-        fi
-    fi
-    rm -rf "$work"
-    echo "real-node end-to-end: $((SECONDS - T0)) s"
-    checks_summary "e2e (real nodes)"
-    exit $(( fail || rc ))
+    nodes_test_end "$work" "real-node end-to-end: $((SECONDS - T0)) s" "e2e (real nodes)"
+    exit $((fail || rc))
 }
 trap finish EXIT
 
@@ -118,9 +83,6 @@ phase_is() { [[ "$(sj "$1" '{.status.phase}')" == "$2" ]]; }
 val_loss() { # POD: the client's "done: ..., val loss X, ..." line
     kubectl -n "$NS" logs "$1" 2>/dev/null | sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' | tail -1
 }
-within() { # A B PERCENT: |A - B| <= PERCENT% of B
-    awk -v a="$1" -v b="$2" -v p="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b > 0 && d <= b * p / 100) }'
-}
 # The sum of the gateways' bytes sent + received, from their own /status (pod IPs are
 # routable from this machine), and the job's status; equal once no sync is in flight.
 gateways_bytes() {
@@ -133,10 +95,7 @@ gateways_bytes() {
 }
 
 echo "[e2e] the reference: cirrus-trainer local with the same layout on this machine"
-CIRRUS_CORPUS=${CIRRUS_CORPUS:-$REPO_DIR/build/data/kjv.txt} "$BIN" local --model tiny --stages 2 --peers 1 \
-    --regions 2 --sync-every "$SYNC_EVERY" --codec q8 --steps "$STEPS" >"$work/local.log" 2>&1 ||
-    not_ok "cirrus-trainer local: $(tail -3 "$work/local.log")"
-ref=$(sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$work/local.log" | tail -1)
+ref=$(local_reference "$BIN" "$STEPS" "$SYNC_EVERY" "$work/local.log")
 [[ -n "$ref" ]] && ok "local reference: validation loss $ref" || not_ok "no validation loss in the local run's output"
 
 # run_job NAME PEERS CHAOS: applies the job (PEERS per stage), waits for Succeeded (CHAOS=1:

@@ -31,6 +31,13 @@ BASE_IMAGE=docker.io/library/debian:12-slim # what the Dockerfile starts FROM
 PAUSE_IMAGE=registry.k8s.io/pause:3.10      # the pod sandbox image named in containerd's config
 CIRRUS_IMAGE=${CIRRUS_IMAGE:-docker.io/library/cirrus:latest}
 
+# The end-to-end tests' job: steps, outer step period, the regions' link (Mbit/s), how long
+# a job may take (s).
+STEPS=${E2E_STEPS:-250}
+SYNC_EVERY=${E2E_SYNC_EVERY:-40}
+WAN_MBIT=${E2E_WAN_MBIT:-20}
+TIMEOUT=${E2E_TIMEOUT:-600}
+
 # The gateway's /status port (ROLE_PORT_HTTP), read from the header the operator builds with.
 GATEWAY_HTTP_PORT=$(awk '$1 == "#define" && $2 == "ROLE_PORT_HTTP" { print $3 }' "$REPO_DIR/common/role_args.h")
 
@@ -41,19 +48,25 @@ need_root() { [[ $(id -u) == 0 ]] || ndie "$1 needs root (containers, network na
 bah() { buildah --root "$BUILDAH_ROOT" --runroot "$BUILDAH_RUNROOT" --storage-driver overlay "$@"; }
 
 # The operator from the Helm chart, in pods on the nodes, with the image the nodes hold (no
-# registry; image.sh tags it latest, the chart's default tag is its appVersion). Its output goes to LOG; non-zero if it is not available in 180 s.
-install_operator_chart() { # LOG
+# registry; image.sh tags it latest, the chart's default tag is its appVersion), in the
+# cluster of $KUBECONFIG, with more `helm install` arguments if given. Its output goes to
+# LOG; non-zero if it is not available in 180 s.
+install_operator_chart() { # LOG [HELM-ARGS...]
     local helm
     helm=$("$NODES_DIR/../operator/helm_install.sh") || return 1
     "$helm" install cirrus "$REPO_DIR/helm/cirrus" -n cirrus-system --create-namespace \
-        --set operator.image.tag=latest --set operator.image.pullPolicy=Never \
+        --set operator.image.tag=latest --set operator.image.pullPolicy=Never "${@:2}" \
         --wait --timeout 180s >"$1" 2>&1
 }
 
 # A two-region SwarmJob (r1, r2) of the tiny model in 2 stages, as the tests and benchmarks
 # run it on the two nodes: q8 outer steps, CPU requests in proportion to the work (a pod
 # without requests crawls under load).
-swarmjob_yaml() { # NAME PEERS-PER-STAGE STEPS SYNC-EVERY [CLIENTS-OF-R2 (default 1)]
+# With EAST-KUBECONFIG-SECRET, region r2 runs in the member cluster east (nodes.sh
+# NODES_CLUSTERS=2), reached with the kubeconfig in that Secret, and the gateways are
+# reached from outside their clusters through NodePort Services.
+swarmjob_yaml() { # NAME PEERS-PER-STAGE STEPS SYNC-EVERY [CLIENTS-OF-R2 (default 1)] [EAST-KUBECONFIG-SECRET]
+    local east=${6:-}
     cat <<EOF
 apiVersion: cirrus.dev/v1alpha1
 kind: SwarmJob
@@ -64,11 +77,12 @@ spec:
   model: {preset: tiny}
   pipeline: {stages: 2}
   steps: $3
-  gateway: {syncEvery: $4, codec: q8}
+  gateway: {syncEvery: $4, codec: q8$([[ -n "$east" ]] && echo ", serviceType: NodePort")}
   runPolicy: {backoffLimit: 2}
+$([[ -n "$east" ]] && echo "  clusters: [{name: east, kubeconfigSecret: {name: $east}}]")
   regions:
 $(for r in r1 r2; do cat <<REGION
-    - name: $r
+    - name: $r$([[ -n "$east" && $r == r2 ]] && printf '\n      cluster: east')
       peers: {replicas: $2, min: 1}
       clients: $([[ $r == r2 ]] && echo "${5:-1}" || echo 1)
       resources:
@@ -78,4 +92,55 @@ $(for r in r1 r2; do cat <<REGION
 REGION
 done)
 EOF
+}
+
+within() { # A B PERCENT: |A - B| <= PERCENT% of B
+    awk -v a="$1" -v b="$2" -v p="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b > 0 && d <= b * p / 100) }'
+}
+
+# What `down` must give back: every sysctl it may change, the iptables rules and the global
+# directories exactly; and no link, address or mount left that was not there before (ones
+# that vanish meanwhile, e.g. an older run's stale veth, are not this run's doing).
+GLOBAL_DIRS_CHECKED=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/pods)
+machine_snapshot() {
+    local s d
+    for s in "${SYSCTLS[@]}"; do printf 'sysctl %s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null)"; done
+    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//; s/^/iptables /'
+    ip -o link show | awk -F': ' '{ print "link", $2 }' | sort
+    ip -o addr show | awk '{ print "addr", $2, $4 }' | sort
+    awk '{ print "mount", $2 }' /proc/self/mounts | sort
+    for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ ! -e "$d" ]] || echo "dir $d"; done
+}
+# Lines of diff BEFORE AFTER that are a leftover or a loss.
+machine_changes() {
+    diff "$1" "$2" | grep -E '^> |^< (sysctl|iptables|dir) '
+}
+
+# The reference for a job's loss: the same layout run by `cirrus-trainer local` on this
+# machine (BIN STEPS SYNC-EVERY LOG); prints its validation loss, nothing if it failed.
+local_reference() {
+    CIRRUS_CORPUS=${CIRRUS_CORPUS:-$REPO_DIR/build/data/kjv.txt} "$1" local --model tiny --stages 2 --peers 1 \
+        --regions 2 --sync-every "$3" --codec q8 --steps "$2" >"$4" 2>&1 || return 0
+    sed -n 's/^done: .*val loss \([0-9.]*\),.*/\1/p' "$4" | tail -1
+}
+
+# The end of a real-node test (its EXIT trap, after its own report of a failure): nodes.sh
+# down unless E2E_KEEP=1, the machine compared with WORK/before (machine_snapshot), WORK
+# removed, the time and the summary (ok/not_ok counts of ../operator/lib.sh).
+nodes_test_end() { # WORK TIME-LINE SUMMARY-NAME
+    local work=$1
+    if [[ "${E2E_KEEP:-0}" == 1 ]]; then
+        echo "E2E_KEEP=1: the nodes stay up (tests/nodes/nodes.sh down removes them)"
+    else
+        "$NODES_DIR/nodes.sh" down >"$work/down.log" 2>&1 || not_ok "nodes.sh down: $(tail -3 "$work/down.log")"
+        machine_snapshot >"$work/after"
+        if machine_changes "$work/before" "$work/after" >"$work/diff"; then
+            not_ok "nodes.sh down left the machine changed: $(head -20 "$work/diff")"
+        else
+            ok "nodes.sh down restored sysctls, iptables, links, addresses, mounts, directories"
+        fi
+    fi
+    rm -rf "$work"
+    echo "$2"
+    checks_summary "$3"
 }

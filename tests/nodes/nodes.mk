@@ -6,7 +6,9 @@
 #   make image          the Cirrus image from the Dockerfile (buildah), exported for the nodes
 #   make cluster-up NODES=real    control plane + two real nodes (regions r1, r2); then
 #                       eval "$$(tests/nodes/nodes.sh env)"; make cluster-down NODES=real
-#   make test-nodes     the end-to-end test on real nodes (tests/nodes/e2e_test.sh)
+#                       (CLUSTERS=2: two clusters, r2's in a network namespace of its own)
+#   make test-nodes     the end-to-end tests on real nodes: one cluster (tests/nodes/e2e_test.sh),
+#                       then a job across two (multicluster_e2e.sh)
 #   make demo-k8s       helm install, the sample SwarmJob trained and watched, text sampled
 #                       from its checkpoint, teardown (tests/nodes/demo_k8s.sh)
 #   make bench-k8s      tokens/s of a SwarmJob against `local`, apply -> first step,
@@ -34,9 +36,11 @@ nodes-prep:
 # kubelets and so the pods); make test sets 10, the test running beside operator tests.
 test-nodes: nodes-prep $(BIN)/cirrus-trainer $(CORPUS)
 	@$(NODES_NEED_ROOT); \
-	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions"; \
-	CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer) \
-	  nice -n $${CIRRUS_NODES_NICE:-0} $(NODES_SCRIPTS)e2e_test.sh
+	echo "cirrus: Cirrus on real nodes: helm install, a two-region SwarmJob, preemptions; then one across two clusters"; \
+	export CIRRUS_CORPUS=$(abspath $(CORPUS)) CIRRUS_TRAINER=$(abspath $(BIN)/cirrus-trainer); \
+	nice -n $${CIRRUS_NODES_NICE:-0} $(NODES_SCRIPTS)e2e_test.sh; one=$$?; \
+	nice -n $${CIRRUS_NODES_NICE:-0} $(NODES_SCRIPTS)multicluster_e2e.sh; two=$$?; \
+	[ $$one = 0 ] && [ $$two = 0 ]
 
 demo-k8s: deps
 	@[ "$$(id -u)" = 0 ] || { echo "cirrus: demo-k8s runs real nodes and needs root" >&2; exit 1; }

@@ -8,7 +8,17 @@
 #                   CoreDNS for Services; waits until the nodes are Ready and DNS answers
 #   nodes.sh down   delete the pods through the API (so that CNI tears their networks down),
 #                   stop everything, and undo every change to the machine (see below)
-#   nodes.sh env    export lines for a running set (KUBECONFIG, PATH, ...)
+#   nodes.sh env [east]
+#                   export lines for a running set (KUBECONFIG, PATH, ...): the home cluster's,
+#                   or with `east` the second cluster's (NODES_CLUSTERS=2)
+#
+# NODES_CLUSTERS=2 (at `up`): two clusters, as users run one per cloud region. The home
+# cluster (control plane, node cirrus-r1) stays in this machine's network namespace; cluster
+# "east" (a control plane of its own, node cirrus-r2, its own kube-proxy and CoreDNS) lives in
+# a network namespace of its own, joined to this one by a veth pair only ($WAN_HOST_IP here,
+# $EAST_IP there, which is also east's API server, kubelet and DNS address); each cluster's
+# Services and iptables rules are its own. Pods of either reach the other's node addresses
+# (NodePort Services) and pods through this machine's routes, as over a WAN.
 #
 # Root is required. Global changes, recorded in $STATE/saved before they are made and undone
 # by `down` (also after a failed `up`): the address $HOST_IP on lo; the sysctls the kubelet,
@@ -16,9 +26,10 @@
 # the bridges; cgroups under /<node name>; mounts under $STATE; /run/containerd, /var/lib/cni,
 # /etc/cni and /var/lib/kubelet when they did not exist before.
 #
-# The regions' bridges are joined through the host; `nodes.sh shape MBIT` limits what the host
-# routes into each region's bridge (tc tbf), which is the WAN the gateways see; traffic inside
-# a region is bridged and not limited. `nodes.sh shape off` removes it.
+# The regions' bridges are joined through the host (east's also through the veth pair);
+# `nodes.sh shape MBIT` limits what is routed into each region's bridge (tc tbf), which is the
+# WAN the gateways see; traffic inside a region is bridged and not limited. `nodes.sh shape
+# off` removes it.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -37,11 +48,35 @@ CLUSTER_STATE=$STATE/cluster
 HOST_IP=10.89.0.1 # on lo: kube-apiserver, the kubelets, CoreDNS
 POD_NET=10.89.0.0/16                # region rN's pods: 10.89.N.0/24 on bridge cirrus-rN
 REGIONS=(r1 r2)
+CLUSTERS=${NODES_CLUSTERS:-1} # 1: both regions' nodes in one cluster; 2: r2 in cluster east
+# Cluster east's side of the veth pair (NODES_CLUSTERS=2), and this machine's.
+WAN_NET=10.88.0.0/30 WAN_HOST_IP=10.88.0.1 EAST_IP=10.88.0.2 WAN_LINK=cirrus-wan
 START_TIMEOUT=${NODES_START_TIMEOUT:-120}
 GLOBAL_DIRS=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/containers /var/log/pods)
 
 k() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_STATE/kubeconfig" "$@"; }
+kc() { local c=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$(cluster_dir "$c")/kubeconfig" "$@"; } # CLUSTER ARGS...
 region_index() { echo "${1#r}"; }
+# The layout: which cluster runs a region, where a cluster's state is, its address.
+clusters() { ((CLUSTERS == 2)) && echo home east || echo home; }
+cluster_of() { ((CLUSTERS == 2)) && [[ $1 == r2 ]] && echo east || echo home; }
+regions_of() { local r; for r in "${REGIONS[@]}"; do [[ $(cluster_of "$r") != "$1" ]] || echo "$r"; done; }
+first_region_of() { local r; for r in $(regions_of "$1"); do echo "$r"; return 0; done; }
+cluster_dir() { [[ $1 == east ]] && echo "$STATE/cluster-east" || echo "$CLUSTER_STATE"; }
+cluster_ip() { [[ $1 == east ]] && echo "$EAST_IP" || echo "$HOST_IP"; }
+node_ip() { cluster_ip "$(cluster_of "$1")"; }
+api_port() { sed -n 's/^CLUSTER_API_PORT=//p' "$(cluster_dir "$1")/ports"; }
+# in_cluster CLUSTER COMMAND...: run COMMAND in that cluster's network namespace. East's is
+# held by a process of its own (netns-east) rather than a name under /run/netns, so that
+# nothing global is mounted for it and it goes when its last process does.
+in_cluster() {
+    local c=$1; shift
+    if [[ $c == east ]]; then
+        nsenter -t "$(pid_of netns-east)" -n -- "$@"
+    else
+        "$@"
+    fi
+}
 node_name() { echo "cirrus-$1"; }
 bridge_of() { echo "cirrus-$1"; }
 subnet_of() { echo "10.89.$(region_index "$1").0/24"; }
@@ -52,6 +87,14 @@ start() { # NAME COMMAND...: run in its own session, log and pid in the state di
     local name=$1; shift
     setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$PIDS/$name"
+}
+start_in() { # CLUSTER NAME COMMAND...: start, in that cluster's network namespace
+    local c=$1 name=$2; shift 2
+    if [[ $c == east ]]; then
+        start "$name" nsenter -t "$(pid_of netns-east)" -n -- "$@"
+    else
+        start "$name" "$@"
+    fi
 }
 pid_of() { [[ -s "$PIDS/$1" ]] && kill -0 "$(cat "$PIDS/$1")" 2>/dev/null && cat "$PIDS/$1"; }
 alive() { pid_of "$1" >/dev/null; }
@@ -187,8 +230,8 @@ EOF
 }
 
 write_kubelet_config() { # REGION
-    local r=$1 dir=$STATE/$1 i
-    i=$(region_index "$r")
+    local r=$1 dir=$STATE/$1 i ip cdir
+    i=$(region_index "$r") ip=$(node_ip "$r") cdir=$(cluster_dir "$(cluster_of "$r")")
     cat >"$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -199,7 +242,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$(node_name "$r")
 cgroupsPerQOS: true
 containerRuntimeEndpoint: unix://$RUN/$r/containerd.sock
-address: $HOST_IP
+address: $ip
 port: $((10250 + i * 10))
 healthzBindAddress: 127.0.0.1
 healthzPort: $((10248 + i * 10))
@@ -207,10 +250,10 @@ readOnlyPort: 0
 authentication:
   anonymous: { enabled: false }
   webhook: { enabled: false }
-  x509: { clientCAFile: $CLUSTER_STATE/pki/ca.crt }
+  x509: { clientCAFile: $cdir/pki/ca.crt }
 authorization: { mode: AlwaysAllow }
 clusterDomain: cluster.local
-clusterDNS: [$HOST_IP]
+clusterDNS: [$ip]
 resolvConf: $dir/resolv.conf
 tlsCertFile: $dir/pki/serving.crt
 tlsPrivateKeyFile: $dir/pki/serving.key
@@ -225,28 +268,30 @@ podLogsDir: $dir/pod-logs
 serializeImagePulls: false
 EOF
     # Pods resolve only cluster names; no upstream resolver.
-    echo "nameserver $HOST_IP" >"$dir/resolv.conf"
+    echo "nameserver $ip" >"$dir/resolv.conf"
 }
 
 node_certs() { # REGION: the node's client certificate (system:node:NAME) and serving certificate
-    local r=$1 dir=$STATE/$1 name
-    name=$(node_name "$r")
+    local r=$1 dir=$STATE/$1 name c ip pki
+    name=$(node_name "$r") c=$(cluster_of "$r") ip=$(node_ip "$r")
+    pki=$(cluster_dir "$c")/pki
     mkdir -p "$dir/pki"
-    cp "$CLUSTER_STATE/pki/ca.crt" "$dir/pki/ca.crt"
+    cp "$pki/ca.crt" "$dir/pki/ca.crt"
     local client_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
     local serving_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:$HOST_IP,DNS:$name"
-    # sign() writes into $PKI with the CA found there: the cluster's.
-    PKI=$CLUSTER_STATE/pki sign "node-$r" "/O=system:nodes/CN=system:node:$name" "$client_ext"
-    PKI=$CLUSTER_STATE/pki sign "node-$r-serving" "/CN=$name" "$serving_ext"
-    mv "$CLUSTER_STATE/pki/node-$r.crt" "$CLUSTER_STATE/pki/node-$r.key" "$dir/pki/"
-    mv "$CLUSTER_STATE/pki/node-$r-serving.crt" "$dir/pki/serving.crt"
-    mv "$CLUSTER_STATE/pki/node-$r-serving.key" "$dir/pki/serving.key"
-    PKI=$dir/pki write_kubeconfig "$dir/kubelet.kubeconfig" "node-$r" "system:node:$name"
+subjectAltName=IP:$ip,DNS:$name"
+    # sign() writes into $PKI with the CA found there: the node's cluster's.
+    PKI=$pki sign "node-$r" "/O=system:nodes/CN=system:node:$name" "$client_ext"
+    PKI=$pki sign "node-$r-serving" "/CN=$name" "$serving_ext"
+    mv "$pki/node-$r.crt" "$pki/node-$r.key" "$dir/pki/"
+    mv "$pki/node-$r-serving.crt" "$dir/pki/serving.crt"
+    mv "$pki/node-$r-serving.key" "$dir/pki/serving.key"
+    PKI=$dir/pki API_ADDRESS=$ip CLUSTER_API_PORT=$(api_port "$c") \
+        write_kubeconfig "$dir/kubelet.kubeconfig" "node-$r" "system:node:$name"
 }
 
 make_cgroups() { # ROOT: the kubelet wants its cgroup root to exist in every hierarchy
@@ -263,8 +308,8 @@ make_cgroups() { # ROOT: the kubelet wants its cgroup root to exist in every hie
 }
 
 start_node() { # REGION
-    local r=$1 dir=$STATE/$1 name
-    name=$(node_name "$r")
+    local r=$1 dir=$STATE/$1 name c
+    name=$(node_name "$r") c=$(cluster_of "$r")
     mkdir -p "$dir" "$RUN/$r"
     node_certs "$r"
     write_containerd_config "$r"
@@ -272,90 +317,124 @@ start_node() { # REGION
     write_kubelet_config "$r"
     make_cgroups "$name"
     # The bridge now, not at the first pod (CNI takes an existing one), so that `shape` has it.
-    ip link add name "$(bridge_of "$r")" type bridge
-    ip link set "$(bridge_of "$r")" up
-    start "containerd-$r" containerd --config "$dir/containerd.toml"
+    in_cluster "$c" ip link add name "$(bridge_of "$r")" type bridge
+    in_cluster "$c" ip link set "$(bridge_of "$r")" up
+    start_in "$c" "containerd-$r" containerd --config "$dir/containerd.toml"
     wait_for "containerd of $name" 30 "containerd-$r" ctr --address "$RUN/$r/containerd.sock" version
     local img
     for img in pause cirrus; do
         ctr --address "$RUN/$r/containerd.sock" -n k8s.io images import --no-unpack \
             "$IMAGES_HOME/$img.oci.tar" >/dev/null || ndie "importing $img into $name failed"
     done
-    start "kubelet-$r" "$K8S_BIN/kubelet" --config "$dir/kubelet.yaml" \
+    start_in "$c" "kubelet-$r" "$K8S_BIN/kubelet" --config "$dir/kubelet.yaml" \
         --kubeconfig "$dir/kubelet.kubeconfig" --root-dir "$dir/kubelet" --cert-dir "$dir/pki" \
-        --hostname-override "$name" --node-ip "$HOST_IP" \
+        --hostname-override "$name" --node-ip "$(node_ip "$r")" \
         --node-labels "topology.kubernetes.io/region=$r,topology.kubernetes.io/zone=$r-a,cirrus.dev/pool=spot" \
         --v 1
 }
 
 # ---- Services: kube-proxy and CoreDNS ------------------------------------------------------
 
-start_services() {
-    local pki=$CLUSTER_STATE/pki
+start_services() { # CLUSTER: its kube-proxy and CoreDNS, in its network namespace
+    local c=$1 dir ip n
+    dir=$(cluster_dir "$c") ip=$(cluster_ip "$c")
+    n=$([[ $c == east ]] && echo 1 || echo 0)
     local client_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
     # The default RBAC binds system:node-proxier to the user system:kube-proxy.
-    PKI=$pki sign kube-proxy "/CN=system:kube-proxy" "$client_ext"
-    PKI=$pki write_kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy system:kube-proxy
-    cat >"$STATE/kube-proxy.yaml" <<EOF
+    PKI=$dir/pki sign kube-proxy "/CN=system:kube-proxy" "$client_ext"
+    PKI=$dir/pki API_ADDRESS=$ip CLUSTER_API_PORT=$(api_port "$c") \
+        write_kubeconfig "$STATE/kube-proxy-$c.kubeconfig" kube-proxy system:kube-proxy
+    local first
+    first=$(first_region_of "$c")
+    cat >"$STATE/kube-proxy-$c.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-clientConnection: { kubeconfig: $STATE/kube-proxy.kubeconfig }
+clientConnection: { kubeconfig: $STATE/kube-proxy-$c.kubeconfig }
 mode: iptables
 clusterCIDR: $POD_NET
-hostnameOverride: $(node_name "${REGIONS[0]}")
-bindAddress: $HOST_IP
-healthzBindAddress: 127.0.0.1:$((10256 + 1000))
-metricsBindAddress: 127.0.0.1:$((10249 + 1000))
+hostnameOverride: $(node_name "$first")
+bindAddress: $ip
+healthzBindAddress: 127.0.0.1:$((10256 + 1000 + n))
+metricsBindAddress: 127.0.0.1:$((10249 + 1000 + n))
 # 0: leave the machine's conntrack table size alone.
 conntrack: { maxPerCore: 0, min: 0 }
 EOF
-    # One kube-proxy serves both nodes: they share this machine's network namespace.
-    start kube-proxy "$K8S_BIN/kube-proxy" --config "$STATE/kube-proxy.yaml"
+    # One kube-proxy serves a cluster's nodes: they share a network namespace.
+    start_in "$c" "kube-proxy-$c" "$K8S_BIN/kube-proxy" --config "$STATE/kube-proxy-$c.yaml"
 
-    cat >"$STATE/Corefile" <<EOF
+    cat >"$STATE/Corefile-$c" <<EOF
 .:53 {
-    bind $HOST_IP
-    ready 127.0.0.1:18181
+    bind $ip
+    ready 127.0.0.1:$((18181 + n))
     errors
     loadbalance
     cache 5
     kubernetes cluster.local in-addr.arpa ip6.arpa {
-        kubeconfig $CLUSTER_STATE/kubeconfig
+        kubeconfig $dir/kubeconfig
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
     }
 }
 EOF
-    start coredns "$K8S_BIN/coredns" -conf "$STATE/Corefile"
+    start_in "$c" "coredns-$c" "$K8S_BIN/coredns" -conf "$STATE/Corefile-$c"
 }
 
-nodes_ready() {
+nodes_ready() { # CLUSTER: each of its nodes Ready
     local out
-    out=$(k get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status} {.spec.taints[*].key}{"\n"}{end}')
-    [[ $(grep -c ' True *$' <<<"$out") -eq ${#REGIONS[@]} ]]
+    out=$(kc "$1" get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status} {.spec.taints[*].key}{"\n"}{end}')
+    [[ $(grep -c ' True *$' <<<"$out") -eq $(regions_of "$1" | wc -l) ]]
 }
 
 # CoreDNS's ready plugin answers 200 once the kubernetes plugin has synced with the API.
-dns_ready() { curl -sf -o /dev/null "http://127.0.0.1:18181/ready"; }
+dns_ready() { # CLUSTER
+    in_cluster "$1" curl -sf -o /dev/null "http://127.0.0.1:$((18181 + $([[ $1 == east ]] && echo 1 || echo 0)))/ready"
+}
+
+# East's network namespace and the veth pair that is its only link to this machine (and so
+# to the home cluster): a route to its pod subnet here, a default route back there.
+make_east_netns() {
+    start netns-east unshare --net sleep infinity
+    local pid= i
+    for ((i = 0; i < 50; i++)); do
+        pid=$(pid_of netns-east) && [[ "$(readlink "/proc/$pid/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && break
+        pid=
+        sleep 0.1
+    done
+    [[ -n "$pid" ]] || ndie "no network namespace for cluster east (unshare --net)"
+    in_cluster east ip link set lo up
+    ip link add "$WAN_LINK" type veth peer name wan netns "$pid"
+    ip addr add "$WAN_HOST_IP/30" dev "$WAN_LINK"
+    ip link set "$WAN_LINK" up
+    in_cluster east ip addr add "$EAST_IP/30" dev wan
+    in_cluster east ip link set wan up
+    in_cluster east ip route add default via "$WAN_HOST_IP"
+    in_cluster east sysctl -q -w net.ipv4.ip_forward=1
+    local r
+    for r in $(regions_of east); do ip route add "$(subnet_of "$r")" via "$EAST_IP"; done
+}
 
 # ---- commands ------------------------------------------------------------------------------
 
 cmd_up() {
     need_root "nodes.sh up"
+    [[ "$CLUSTERS" == 1 || "$CLUSTERS" == 2 ]] || ndie "NODES_CLUSTERS must be 1 or 2, not '$CLUSTERS'"
     [[ -d /sys/fs/cgroup/cpu || -f /sys/fs/cgroup/cgroup.controllers ]] || ndie "no cgroup support found under /sys/fs/cgroup"
     [[ -s "$IMAGES_HOME/cirrus.oci.tar" && -s "$IMAGES_HOME/pause.oci.tar" ]] || ndie "no images in $IMAGES_HOME (run tests/nodes/image.sh)"
     [[ -x "$K8S_BIN/kubelet" && -x "$K8S_BIN/coredns" ]] || ndie "kubelet or coredns missing (run tests/nodes/install.sh)"
     if [[ -e "$MARKER" ]]; then
         nlog "up: removing the leftovers of an earlier run"
-        cmd_down
+        (cmd_down)
     fi
     ip -4 -o addr show | grep -q " inet ${POD_NET%.*.*}\." &&
         ndie "this machine already uses addresses in $POD_NET"
+    ((CLUSTERS == 1)) || ! ip -4 -o addr show | grep -q " inet ${WAN_NET%.*}\." ||
+        ndie "this machine already uses addresses in $WAN_NET"
     local t0=$SECONDS
     mkdir -p "$STATE" "$LOGS" "$PIDS" "$RUN"
     touch "$MARKER"
+    echo "$CLUSTERS" >"$STATE/clusters"
     trap 'rc=$?; if ((rc)); then nlog "up failed; tearing down"; tail_logs; cmd_down; fi' EXIT
     save_host
     ip addr add "$HOST_IP/32" dev lo
@@ -363,20 +442,26 @@ cmd_up() {
 
     CLUSTER_STATE_DIR=$CLUSTER_STATE CLUSTER_NODES_PER_POOL=0 CLUSTER_API_ADDRESS=$HOST_IP \
         "$NODES_DIR/../cluster/cluster.sh" up
-    # For write_kubeconfig (tests/cluster/lib.sh): the API server's address and port.
-    API_ADDRESS=$HOST_IP
-    # shellcheck disable=SC1091
-    source "$CLUSTER_STATE/ports"
+    if ((CLUSTERS == 2)); then
+        nlog "up: cluster east in a network namespace of its own, joined by $WAN_LINK ($WAN_HOST_IP <-> $EAST_IP)"
+        make_east_netns
+        in_cluster east env CLUSTER_STATE_DIR="$(cluster_dir east)" CLUSTER_NODES_PER_POOL=0 \
+            CLUSTER_API_ADDRESS="$EAST_IP" "$NODES_DIR/../cluster/cluster.sh" up
+    fi
 
-    local r
+    local r c
     for r in "${REGIONS[@]}"; do
-        nlog "up: node $(node_name "$r") (region $r, pods $(subnet_of "$r") on bridge $(bridge_of "$r"))"
+        nlog "up: node $(node_name "$r") (region $r, cluster $(cluster_of "$r"), pods $(subnet_of "$r") on bridge $(bridge_of "$r"))"
         start_node "$r"
     done
-    nlog "up: kube-proxy and CoreDNS ($HOST_IP:53)"
-    start_services
-    wait_for "Ready nodes" "$START_TIMEOUT" "kubelet-r1" nodes_ready
-    wait_for "CoreDNS" 30 coredns dns_ready
+    for c in $(clusters); do
+        nlog "up: kube-proxy and CoreDNS of cluster $c ($(cluster_ip "$c"):53)"
+        start_services "$c"
+    done
+    for c in $(clusters); do
+        wait_for "Ready nodes (cluster $c)" "$START_TIMEOUT" "kubelet-$(first_region_of "$c")" nodes_ready "$c"
+        wait_for "CoreDNS (cluster $c)" 30 "coredns-$c" dns_ready "$c"
+    done
     trap - EXIT
     nlog "up: ready in $((SECONDS - t0))s; eval \"\$(tests/nodes/nodes.sh env)\""
 }
@@ -394,14 +479,16 @@ cmd_down() {
     [[ -e "$STATE" ]] || { nlog "down: nothing at $STATE"; return 0; }
     [[ -e "$MARKER" ]] || ndie "$STATE was not made by nodes.sh up; not removing it"
     need_root "nodes.sh down"
-    local r
-    if [[ -s "$CLUSTER_STATE/kubeconfig" ]] && k get --raw /readyz >/dev/null 2>&1; then
-        nlog "down: deleting pods through the API (their networks are torn down by CNI)"
-        k delete pods --all-namespaces --all --wait=false --grace-period=5 >/dev/null 2>&1 || true
+    [[ -s "$STATE/clusters" ]] && CLUSTERS=$(cat "$STATE/clusters")
+    local r c
+    for c in $(clusters); do
+        [[ -s "$(cluster_dir "$c")/kubeconfig" ]] && kc "$c" get --raw /readyz >/dev/null 2>&1 || continue
+        nlog "down: deleting the pods of cluster $c through its API (their networks are torn down by CNI)"
+        kc "$c" delete pods --all-namespaces --all --wait=false --grace-period=5 >/dev/null 2>&1 || true
         local deadline=$((SECONDS + 30))
-        while ((SECONDS < deadline)) && [[ -n "$(k get pods -A -o name 2>/dev/null)" ]]; do sleep 0.5; done
-    fi
-    stop coredns kube-proxy
+        while ((SECONDS < deadline)) && [[ -n "$(kc "$c" get pods -A -o name 2>/dev/null)" ]]; do sleep 0.5; done
+    done
+    for c in home east; do stop "coredns-$c" "kube-proxy-$c"; done
     for r in "${REGIONS[@]}"; do stop "kubelet-$r"; done
     # Containers the API could not delete (a failed run), then the shims, which outlive
     # containerd.
@@ -410,9 +497,14 @@ cmd_down() {
         pkill -KILL -f "containerd-shim-runc-v2 .*-address $RUN/$r/containerd.sock" 2>/dev/null || true
         stop "containerd-$r"
     done
-    if [[ -d "$CLUSTER_STATE" ]]; then
-        CLUSTER_STATE_DIR=$CLUSTER_STATE "$NODES_DIR/../cluster/cluster.sh" down || true
-    fi
+    for c in home east; do
+        [[ -d "$(cluster_dir "$c")" ]] || continue
+        CLUSTER_STATE_DIR=$(cluster_dir "$c") "$NODES_DIR/../cluster/cluster.sh" down || true
+    done
+    # East's namespace goes with its last process, and with it its end of the veth pair, its
+    # bridge and its iptables rules; the other end goes with its peer.
+    stop netns-east
+    ip link del "$WAN_LINK" 2>/dev/null || true
     unmount_under "$STATE"
     unmount_under "$RUN"
     for r in "${REGIONS[@]}"; do
@@ -427,22 +519,28 @@ cmd_down() {
     nlog "down: stopped, machine state restored, $STATE removed"
 }
 
-cmd_env() {
-    [[ -s "$CLUSTER_STATE/kubeconfig" ]] || ndie "no nodes running at $STATE (run: nodes.sh up)"
-    CLUSTER_STATE_DIR=$CLUSTER_STATE "$NODES_DIR/../cluster/cluster.sh" env
+cmd_env() { # [CLUSTER]
+    local c=${1:-home}
+    [[ -s "$STATE/clusters" ]] && CLUSTERS=$(cat "$STATE/clusters")
+    [[ $c == home || ($c == east && $CLUSTERS == 2) ]] || ndie "no cluster '$c' here (clusters: $(clusters))"
+    [[ -s "$(cluster_dir "$c")/kubeconfig" ]] || ndie "no nodes running at $STATE (run: nodes.sh up)"
+    CLUSTER_STATE_DIR=$(cluster_dir "$c") CLUSTER_API_ADDRESS=$(cluster_ip "$c") "$NODES_DIR/../cluster/cluster.sh" env
     echo "export CIRRUS_NODES_STATE='$STATE'"
 }
 
 cmd_shape() { # MBIT|off: limit what enters each region's bridge from outside the region
     need_root "nodes.sh shape"
-    local r
+    [[ -s "$STATE/clusters" ]] && CLUSTERS=$(cat "$STATE/clusters")
+    local r c
     for r in "${REGIONS[@]}"; do
-        tc qdisc del dev "$(bridge_of "$r")" root 2>/dev/null || true
+        c=$(cluster_of "$r")
+        in_cluster "$c" tc qdisc del dev "$(bridge_of "$r")" root 2>/dev/null || true
         [[ "$1" == off ]] && continue
-        # The bridge device's egress carries only what the host routes into the region: the
-        # other region's packets (and the host's own: DNS answers, probes, API replies).
-        # Pod-to-pod traffic inside the region, Services included, is bridged and not shaped.
-        tc qdisc add dev "$(bridge_of "$r")" root tbf rate "${1}mbit" burst 32kb latency 400ms
+        # The bridge device's egress carries only what its node's network namespace routes
+        # into the region: the other region's packets (and the node's own: DNS answers,
+        # probes, API replies). Pod-to-pod traffic inside the region, Services included, is
+        # bridged and not shaped.
+        in_cluster "$c" tc qdisc add dev "$(bridge_of "$r")" root tbf rate "${1}mbit" burst 32kb latency 400ms
     done
     if [[ "$1" == off ]]; then nlog "shape: off"; else nlog "shape: ${1} Mbit/s into each region"; fi
 }
@@ -450,10 +548,10 @@ cmd_shape() { # MBIT|off: limit what enters each region's bridge from outside th
 case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
-env) cmd_env ;;
+env) cmd_env "${2:-}" ;;
 shape) [[ -n "${2:-}" ]] || ndie "usage: nodes.sh shape MBIT|off"; cmd_shape "$2" ;;
 *)
-    echo "usage: $0 up|down|env|shape MBIT|off" >&2
+    echo "usage: $0 up|down|env [east]|shape MBIT|off" >&2
     exit 2
     ;;
 esac
