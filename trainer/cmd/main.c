@@ -17,6 +17,7 @@
 #include "../bench.h"
 #include "../bench_collective.h"
 #include "../model/cpu/blas_kernel.h"
+#include "../model/cpu/denormals.h"
 #include "../ckpt/checkpoint.h"
 #include "cli.h"
 #include "../../common/flags.h"
@@ -219,6 +220,13 @@ int main(int argc, char **argv)
         return EXIT_BAD_INPUT;
     }
     const char *cmd = argv[1];
+    /* The commands that run the model's kernels flush subnormals (denormals.h: they made
+     * GEMMs ever slower as training went on). The gateway's codecs and outer optimizer,
+     * the client's merges and the certificates keep IEEE arithmetic, for whose edge cases
+     * they are specified and tested (tests/unit/test_codec.c, test_wan_codec.c). */
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "stage") || !strcmp(cmd, "bench") ||
+        !strcmp(cmd, "sample"))
+        cpu_flush_denormals();
 #ifndef __SANITIZE_ADDRESS__ /* the sanitizers report crashes their own way */
     static char what[64];
     snprintf(what, sizeof what, "cirrus-trainer %s", cmd);

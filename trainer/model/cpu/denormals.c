@@ -1,0 +1,21 @@
+/* denormals: see denormals.h. */
+#include "denormals.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* MXCSR bits: FTZ (flush to zero, bit 15) and DAZ (denormals are zero, bit 6). */
+#define MXCSR_FTZ 0x8000u
+#define MXCSR_DAZ 0x0040u
+#endif
+
+void cpu_flush_denormals(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+#elif defined(__aarch64__)
+    /* FPCR.FZ (bit 24): subnormal inputs and results are zero. */
+    unsigned long fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr | (1ul << 24)));
+#endif
+}
