@@ -119,8 +119,8 @@ typedef struct progress_target {
     const char *url;    /* http://GATEWAY-SERVICE.NAMESPACE.svc:PORT/status */
 } progress_target;
 
-/* From now on read these n gateways for job `key` ("namespace/name") whose metadata.uid is
- * uid, replacing the job's earlier targets: a region no longer listed (or listed with
+/* From now on read these n gateways for job `key` ("namespace/name") whose identity is uid
+ * (its metadata.uid, or in a copy the home job's: ctl_job_identity), replacing the job's earlier targets: a region no longer listed (or listed with
  * another URL or uid) is forgotten with its result. n == 0 forgets the job. A job new to
  * this module is read at once; a region added to a known job joins the job's schedule.
  * A no-op when the worker does not run (period_s 0). */

@@ -108,8 +108,13 @@ machine_snapshot() {
     iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//; s/^/iptables /'
     ip -o link show | awk -F': ' '{ print "link", $2 }' | sort
     ip -o addr show | awk '{ print "addr", $2, $4 }' | sort
+    ip -4 route show | sed 's/^/route /' | sort
     awk '{ print "mount", $2 }' /proc/self/mounts | sort
     for d in "${GLOBAL_DIRS_CHECKED[@]}"; do [[ ! -e "$d" ]] || echo "dir $d"; done
+    # Processes left running from the nodes' state or sockets (containerd, kubelets, the
+    # control planes, shims), and cluster east's namespace holder.
+    pgrep -f -- "${NODES_STATE_DIR:-$REPO_DIR/build/nodes}/|/run/cirrus-nodes/|^cirrus-east-netns " |
+        grep -vx "$$" | sed 's/^/process /' | sort
 }
 # Lines of diff BEFORE AFTER that are a leftover or a loss.
 machine_changes() {

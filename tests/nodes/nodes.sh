@@ -24,7 +24,9 @@
 # by `down` (also after a failed `up`): the address $HOST_IP on lo; the sysctls the kubelet,
 # kube-proxy and the bridges change; iptables and ip6tables rules (saved and restored whole);
 # the bridges; cgroups under /<node name>; mounts under $STATE; /run/containerd, /var/lib/cni,
-# /etc/cni and /var/lib/kubelet when they did not exist before.
+# /etc/cni and /var/lib/kubelet when they did not exist before; with NODES_CLUSTERS=2 also
+# the veth pair $WAN_LINK and the route to east's pods through it (east's namespace, with its
+# bridge and iptables rules, goes with its last process).
 #
 # The regions' bridges are joined through the host (east's also through the veth pair);
 # `nodes.sh shape MBIT` limits what is routed into each region's bridge (tc tbf), which is the
@@ -49,25 +51,30 @@ HOST_IP=10.89.0.1 # on lo: kube-apiserver, the kubelets, CoreDNS
 POD_NET=10.89.0.0/16                # region rN's pods: 10.89.N.0/24 on bridge cirrus-rN
 REGIONS=(r1 r2)
 CLUSTERS=${NODES_CLUSTERS:-1} # 1: both regions' nodes in one cluster; 2: r2 in cluster east
-# Cluster east's side of the veth pair (NODES_CLUSTERS=2), and this machine's.
-WAN_NET=10.88.0.0/30 WAN_HOST_IP=10.88.0.1 EAST_IP=10.88.0.2 WAN_LINK=cirrus-wan
+# The veth pair to cluster east (NODES_CLUSTERS=2): this machine's end and east's, in
+# $POD_NET (whose being free `up` checks) but outside every region's pod subnet.
+WAN_NET=10.89.254.0/30 WAN_HOST_IP=10.89.254.1 EAST_IP=10.89.254.2 WAN_LINK=cirrus-wan
 START_TIMEOUT=${NODES_START_TIMEOUT:-120}
 GLOBAL_DIRS=(/run/containerd /var/lib/cni /etc/cni /var/lib/kubelet /var/log/containers /var/log/pods)
 
-k() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_STATE/kubeconfig" "$@"; }
 kc() { local c=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$(cluster_dir "$c")/kubeconfig" "$@"; } # CLUSTER ARGS...
 region_index() { echo "${1#r}"; }
 # The layout: which cluster runs a region, where a cluster's state is, its address.
-clusters() { ((CLUSTERS == 2)) && echo home east || echo home; }
-cluster_of() { ((CLUSTERS == 2)) && [[ $1 == r2 ]] && echo east || echo home; }
+clusters() { [[ $CLUSTERS == 2 ]] && echo home east || echo home; }
+cluster_of() { [[ $CLUSTERS == 2 && $1 == r2 ]] && echo east || echo home; }
 regions_of() { local r; for r in "${REGIONS[@]}"; do [[ $(cluster_of "$r") != "$1" ]] || echo "$r"; done; }
 first_region_of() { local r; for r in $(regions_of "$1"); do echo "$r"; return 0; done; }
 cluster_dir() { [[ $1 == east ]] && echo "$STATE/cluster-east" || echo "$CLUSTER_STATE"; }
 cluster_ip() { [[ $1 == east ]] && echo "$EAST_IP" || echo "$HOST_IP"; }
 node_ip() { cluster_ip "$(cluster_of "$1")"; }
-api_port() { sed -n 's/^CLUSTER_API_PORT=//p' "$(cluster_dir "$1")/ports"; }
+api_port() { # CLUSTER: its API server's port (from cluster.sh's ports file)
+    local p
+    p=$(sed -n 's/^CLUSTER_API_PORT=//p' "$(cluster_dir "$1")/ports" 2>/dev/null)
+    [[ -n "$p" ]] || ndie "no API server port for cluster $1 in $(cluster_dir "$1")/ports"
+    echo "$p"
+}
 # in_cluster CLUSTER COMMAND...: run COMMAND in that cluster's network namespace. East's is
-# held by a process of its own (netns-east) rather than a name under /run/netns, so that
+# held by a process of its own (netns-east: a sleep) rather than a name under /run/netns, so that
 # nothing global is mounted for it and it goes when its last process does.
 in_cluster() {
     local c=$1; shift
@@ -395,7 +402,8 @@ dns_ready() { # CLUSTER
 # East's network namespace and the veth pair that is its only link to this machine (and so
 # to the home cluster): a route to its pod subnet here, a default route back there.
 make_east_netns() {
-    start netns-east unshare --net sleep infinity
+    # A sleep named cirrus-east-netns (the tests look for one left over).
+    start netns-east unshare --net bash -c 'exec -a cirrus-east-netns sleep infinity'
     local pid= i
     for ((i = 0; i < 50; i++)); do
         pid=$(pid_of netns-east) && [[ "$(readlink "/proc/$pid/ns/net")" != "$(readlink /proc/self/ns/net)" ]] && break
@@ -411,6 +419,8 @@ make_east_netns() {
     in_cluster east ip link set wan up
     in_cluster east ip route add default via "$WAN_HOST_IP"
     in_cluster east sysctl -q -w net.ipv4.ip_forward=1
+    # Here too (saved in SYSCTLS): what comes in over the veth pair is routed to r1's bridge.
+    sysctl -q -w net.ipv4.ip_forward=1
     local r
     for r in $(regions_of east); do ip route add "$(subnet_of "$r")" via "$EAST_IP"; done
 }
@@ -429,8 +439,6 @@ cmd_up() {
     fi
     ip -4 -o addr show | grep -q " inet ${POD_NET%.*.*}\." &&
         ndie "this machine already uses addresses in $POD_NET"
-    ((CLUSTERS == 1)) || ! ip -4 -o addr show | grep -q " inet ${WAN_NET%.*}\." ||
-        ndie "this machine already uses addresses in $WAN_NET"
     local t0=$SECONDS
     mkdir -p "$STATE" "$LOGS" "$PIDS" "$RUN"
     touch "$MARKER"
@@ -488,6 +496,8 @@ cmd_down() {
         local deadline=$((SECONDS + 30))
         while ((SECONDS < deadline)) && [[ -n "$(kc "$c" get pods -A -o name 2>/dev/null)" ]]; do sleep 0.5; done
     done
+    # (coredns and kube-proxy: their names in a state directory of an older nodes.sh)
+    stop coredns kube-proxy
     for c in home east; do stop "coredns-$c" "kube-proxy-$c"; done
     for r in "${REGIONS[@]}"; do stop "kubelet-$r"; done
     # Containers the API could not delete (a failed run), then the shims, which outlive
@@ -511,7 +521,7 @@ cmd_down() {
         ip link del "$(bridge_of "$r")" 2>/dev/null || true
         remove_cgroups "$(node_name "$r")"
     done
-    [[ -s "$SAVED/lo-address" ]] && ip addr del "$(cat "$SAVED/lo-address")/32" dev lo 2>/dev/null
+    [[ -s "$SAVED/lo-address" ]] && { ip addr del "$(cat "$SAVED/lo-address")/32" dev lo 2>/dev/null || true; }
     # The kubelets link container logs into /var/log/containers whatever podLogsDir says.
     find /var/log/containers -maxdepth 1 -type l -lname "$STATE/*" -delete 2>/dev/null || true
     restore_host

@@ -11,14 +11,18 @@
  * set_flush_denormal. The processes that run the model (train, stage, bench, sample) flush;
  * every stage of every region does, so results stay identical across processes and
  * machines. The gateway and the client do not: their codecs are specified bit for bit in
- * IEEE binary32, subnormal edge cases included.
+ * IEEE binary32, subnormal edge cases included. The stage's q8 activation codec does run
+ * flushed: a block whose largest value is under ~127 x 2^-126 gets a zero scale and
+ * decodes to zeros (never NaN or Inf), where IEEE arithmetic would keep a few codes.
  */
 #ifndef CIRRUS_DENORMALS_H
 #define CIRRUS_DENORMALS_H
 
 /* Flush subnormal results to zero and read subnormal operands as zero in this thread and in
- * the threads it starts afterwards (OpenMP's and OpenBLAS's pools inherit it): call first
- * thing in main(), before any thread exists. No-op on CPUs it does not know. */
+ * the threads it starts afterwards (a new thread copies its creator's floating-point
+ * control state; the OpenMP team the kernels run in is made at their first parallel region,
+ * and the model's GEMMs run single-threaded OpenBLAS inside it): call first thing in main(),
+ * before any thread exists. No-op on CPUs it does not know. */
 void cpu_flush_denormals(void);
 
 #endif
