@@ -67,6 +67,7 @@ first_region_of() { local r; for r in $(regions_of "$1"); do echo "$r"; return 0
 cluster_dir() { [[ $1 == east ]] && echo "$STATE/cluster-east" || echo "$CLUSTER_STATE"; }
 cluster_ip() { [[ $1 == east ]] && echo "$EAST_IP" || echo "$HOST_IP"; }
 node_ip() { cluster_ip "$(cluster_of "$1")"; }
+cluster_slot() { [[ $1 == east ]] && echo 1 || echo 0; } # offsets its services' local ports
 api_port() { # CLUSTER: its API server's port (from cluster.sh's ports file)
     local p
     p=$(sed -n 's/^CLUSTER_API_PORT=//p' "$(cluster_dir "$1")/ports" 2>/dev/null)
@@ -345,7 +346,7 @@ start_node() { # REGION
 start_services() { # CLUSTER: its kube-proxy and CoreDNS, in its network namespace
     local c=$1 dir ip n
     dir=$(cluster_dir "$c") ip=$(cluster_ip "$c")
-    n=$([[ $c == east ]] && echo 1 || echo 0)
+    n=$(cluster_slot "$c")
     local client_ext="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
@@ -396,7 +397,7 @@ nodes_ready() { # CLUSTER: each of its nodes Ready
 
 # CoreDNS's ready plugin answers 200 once the kubernetes plugin has synced with the API.
 dns_ready() { # CLUSTER
-    in_cluster "$1" curl -sf -o /dev/null "http://127.0.0.1:$((18181 + $([[ $1 == east ]] && echo 1 || echo 0)))/ready"
+    in_cluster "$1" curl -sf -o /dev/null "http://127.0.0.1:$((18181 + $(cluster_slot "$1")))/ready"
 }
 
 # East's network namespace and the veth pair that is its only link to this machine (and so
