@@ -37,6 +37,9 @@ int wan_check_join(outer_lane *os, const wan_join *j, const char *cert_region,
                    cirrus_error *err);
 /* TCP keepalive on a WAN connection (see wan_link.c). */
 void wan_keep_alive(net_conn *c);
+/* When the latest bytes on TCP socket fd reached the kernel, on net_now_ms's clock (see
+ * wan_accept.c); now for a socket TCP_INFO does not answer for. */
+int64_t wan_last_arrival_ms(int fd);
 /* What region j said of its latest round (JOIN): it is back. */
 void wan_note_round(outer_lane *os, int j, uint64_t round);
 
